@@ -1,0 +1,3 @@
+from ckpt_audit.cli import main
+
+main()

@@ -1,0 +1,189 @@
+"""The scanner's model of checkpoints on disk: frozen, plain, serialisable data.
+
+Run ─< Checkpoint ─< Component ─< ShardFile, with Findings attached at every level. Every other part of
+ckpt-audit (catalog, rules, prune, export, TUI) speaks in these nouns; only `layouts/` knows file names.
+Paths are absolute strings, so results serialise to JSON and SQLite as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+
+
+class Severity(IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Status(StrEnum):
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"
+    CORRUPT = "corrupt"
+    UNCOMMITTED = "uncommitted"  # newer than the tracker
+    HUSK = "husk"  # only data.pt (or nothing resumable) left after retention
+    IN_PROGRESS = "in-progress"  # being written now: never called corrupt
+
+
+class FileKind(StrEnum):
+    MODEL = "model"
+    OPTIM = "optim"
+    EXTRA_STATE = "extra_state"
+    FSDP_CONFIG = "fsdp_config"
+    DATA = "data"  # global_step_N/data.pt (or data_{dp}.pt)
+    HF = "huggingface"  # anything under huggingface/
+    LORA = "lora_adapter"
+    TRACKER = "tracker"
+    DCP_METADATA = "dcp_metadata"  # DCP/Megatron .metadata
+    DISTCP = "distcp"  # __R_k.distcp
+    COMMON = "common"  # Megatron common.pt
+    MEGATRON_METADATA = "megatron_metadata"  # dist_ckpt/metadata.json
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    severity: Severity
+    code: str  # stable slug, e.g. "missing-rank"; documented in the README
+    path: str
+    message: str
+    rank: int | None = None
+    tensor: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "severity": self.severity.label,
+            "code": self.code,
+            "path": self.path,
+            "message": self.message,
+            "rank": self.rank,
+            "tensor": self.tensor,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardFile:
+    path: str
+    kind: FileKind
+    size_bytes: int
+    mtime_ns: int
+    inode: int
+    rank: int | None = None
+    world_size: int | None = None  # from the file name, when it carries one
+    hash: str | None = None  # xxh3-128 hex; None when unreadable
+    crc_ok: bool | None = None  # None: not a zip, or CRCs disabled at save (all zero)
+
+    @property
+    def size_str(self) -> str:
+        return format_size(self.size_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Component:
+    """One role of a checkpoint (actor, critic; "" for SFT shards directly in global_step_N)."""
+
+    role: str
+    path: str
+    layout: str  # "verl-fsdp", "verl-megatron", "dcp", ...
+    world_size: int | None
+    files: tuple[ShardFile, ...] = ()
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    run_path: str
+    step: int
+    path: str
+    status: Status
+    components: tuple[Component, ...] = ()
+    files: tuple[ShardFile, ...] = ()  # step-level files such as data.pt
+    findings: tuple[Finding, ...] = ()
+    mtime_ns: int = 0  # newest mtime of anything inside
+
+    @property
+    def all_files(self) -> tuple[ShardFile, ...]:
+        return self.files + tuple(f for c in self.components for f in c.files)
+
+    @property
+    def all_findings(self) -> tuple[Finding, ...]:
+        return self.findings + tuple(f for c in self.components for f in c.findings)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.all_files)
+
+    @property
+    def size_str(self) -> str:
+        return format_size(self.size_bytes)
+
+    @property
+    def world_size(self) -> int | None:
+        sizes = {c.world_size for c in self.components if c.world_size is not None}
+        return sizes.pop() if len(sizes) == 1 else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """A `<project>/<experiment>` directory holding global_step_N directories and (usually) a tracker."""
+
+    path: str
+    layout: str
+    tracker_step: int | None = None
+    checkpoints: tuple[Checkpoint, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    metrics_path: str | None = None  # the run's metrics JSONL, when one sits beside it
+
+    @property
+    def name(self) -> str:
+        parts = self.path.rstrip("/").split("/")
+        return "/".join(parts[-2:])
+
+    @property
+    def latest_complete(self) -> Checkpoint | None:
+        done = [c for c in self.checkpoints if c.status is Status.COMPLETE]
+        return max(done, key=lambda c: c.step) if done else None
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(c.size_bytes for c in self.checkpoints)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanResult:
+    roots: tuple[str, ...]
+    runs: tuple[Run, ...] = ()
+    findings: tuple[Finding, ...] = ()  # not attached to any run (e.g. a broken link under a root)
+    started_ns: int = 0
+    finished_ns: int = 0
+    files_hashed: int = 0  # files actually read this scan
+    files_reused: int = 0  # files whose recorded hash was reused by stat
+    bytes_hashed: int = 0
+    deep: bool = False
+
+    @property
+    def all_findings(self) -> tuple[Finding, ...]:
+        out = list(self.findings)
+        for run in self.runs:
+            out.extend(run.findings)
+            for ckpt in run.checkpoints:
+                out.extend(ckpt.all_findings)
+        return tuple(out)
+
+
+def format_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
