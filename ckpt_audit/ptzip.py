@@ -1,0 +1,330 @@
+"""The zip structure of a torch `.pt` file, read from its central directory without `zipfile`.
+
+torch.save writes a zip of *stored* (uncompressed) entries, all under one top-level folder named for the file stem
+at save time (`model_world_size_4_rank_0/data.pkl`, `.../data/0`, ...). Everything here costs a few small reads at
+the file tail (plus one 30-byte local header per entry whose payload is wanted), never a pass over tensor data.
+zipfile is avoided because it opens local headers one by one, raises on the first oddity and offers no CRC check
+that can share the hashing pass.
+
+No torch import: the scan path uses this module.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+ZIP_MAGIC = b"PK\x03\x04"
+_EOCD_SIG = b"PK\x05\x06"
+_EOCD64_SIG = b"PK\x06\x06"
+_EOCD64_LOC_SIG = b"PK\x06\x07"
+_CDH_SIG = b"PK\x01\x02"
+_EOCD_LEN = 22
+_EOCD64_LOC_LEN = 20
+_EOCD64_LEN = 56
+_CDH_LEN = 46
+LOCAL_HEADER_LEN = 30
+_MAX_COMMENT = 0xFFFF
+_MAX_CD_BYTES = 256 * 1024 * 1024  # a sane bound: a real torch .pt has ~100 bytes of directory per entry
+
+# First bytes of the legacy (pre-1.6, `_use_new_zipfile_serialization=False`) torch format: a pickled magic number.
+_LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+
+
+class ZipFormatError(ValueError):
+    """The file is not a readable zip archive; the message is one line meant for a finding."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZipEntry:
+    name: str  # full name inside the archive, prefix included
+    header_offset: int  # offset of the local file header
+    compressed_size: int
+    size: int  # uncompressed size; equals compressed_size for stored entries
+    crc: int  # CRC-32 recorded in the central directory (0 for every entry when torch saved without CRC)
+    method: int  # 0 stored, 8 deflate
+
+    @property
+    def stored(self) -> bool:
+        return self.method == 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PtArchive:
+    """The central directory of one .pt zip, plus what torch's layout makes of it."""
+
+    file_size: int
+    cd_offset: int
+    cd_size: int
+    entries: tuple[ZipEntry, ...]
+    prefix: str | None  # the common top-level folder (torch: the file stem at save time); None if entries disagree
+    problems: tuple[str, ...] = ()  # structural oddities that do not stop reading (e.g. mixed prefixes)
+    _by_name: dict[str, ZipEntry] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_name = self._by_name
+        cut = len(self.prefix) + 1 if self.prefix is not None else 0
+        for e in self.entries:
+            by_name[e.name[cut:] if self.prefix is not None else e.name] = e
+
+    def get(self, record: str) -> ZipEntry | None:
+        """An entry by its name below the prefix, as torch names records: `data.pkl`, `data/0`, `version`."""
+        return self._by_name.get(record)
+
+    def has(self, record: str) -> bool:
+        return record in self._by_name
+
+    @property
+    def records(self) -> tuple[str, ...]:
+        return tuple(self._by_name)
+
+    @property
+    def data_entries(self) -> dict[str, ZipEntry]:
+        """Storage payloads keyed by storage key (`data/3` -> "3"), as the pickle's persistent ids name them."""
+        return {name[5:]: e for name, e in self._by_name.items() if name.startswith("data/")}
+
+    @property
+    def has_data_pkl(self) -> bool:
+        return self.has("data.pkl")
+
+    @property
+    def has_byteorder(self) -> bool:
+        return self.has("byteorder")
+
+    @property
+    def has_version(self) -> bool:
+        return self.has("version") or self.has(".data/version")
+
+    @property
+    def has_format_version(self) -> bool:
+        return self.has(".format_version")
+
+    @property
+    def crc_disabled(self) -> bool:
+        """True when every non-empty entry records CRC 0: torch saved with set_crc32_options(False)."""
+        sized = [e for e in self.entries if e.size > 0]
+        return bool(sized) and all(e.crc == 0 for e in sized)
+
+    @property
+    def torch_problems(self) -> tuple[str, ...]:
+        """What a torch zip checkpoint must have and this one lacks (empty for a well-formed file)."""
+        out = list(self.problems)
+        if not self.has_data_pkl:
+            out.append("no data.pkl entry: not a torch.save archive")
+        if not self.has_version:
+            out.append("no version entry")
+        for e in self.entries:
+            if not e.stored:
+                out.append(f"entry {e.name} is compressed (method {e.method}); torch writes stored entries")
+                break
+        return tuple(out)
+
+
+def sniff(head: bytes) -> str:
+    """Classify a file by its first bytes: 'zip', 'legacy-torch', 'empty' or 'other'."""
+    if not head:
+        return "empty"
+    if head.startswith(ZIP_MAGIC):
+        return "zip"
+    if head.startswith(_LEGACY_TORCH_MAGIC[: len(head)]) and len(head) >= 3:
+        return "legacy-torch"
+    return "other"
+
+
+def not_a_zip_message(head: bytes, file_size: int) -> str:
+    kind = sniff(head)
+    if kind == "empty" or file_size == 0:
+        return "empty file (0 bytes), not a zip archive"
+    if kind == "legacy-torch":
+        return "legacy torch pickle format (not a zip archive); saved with _use_new_zipfile_serialization=False"
+    return f"not a zip archive (starts with {head[:4].hex() or 'nothing'})"
+
+
+def _pread_exact(fd: int, n: int, offset: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = os.pread(fd, n - len(out), offset + len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def read_archive(fd: int, file_size: int | None = None) -> PtArchive:
+    """Parse the central directory of the zip open at `fd`. Raises ZipFormatError (one-line reason) or OSError."""
+    if file_size is None:
+        file_size = os.fstat(fd).st_size
+    head = _pread_exact(fd, 4, 0)
+    if not head.startswith(ZIP_MAGIC):
+        raise ZipFormatError(not_a_zip_message(head, file_size))
+    if file_size < _EOCD_LEN + LOCAL_HEADER_LEN:
+        raise ZipFormatError(f"truncated: {file_size} bytes is too short for a zip archive")
+    tail_len = min(file_size, _EOCD_LEN + _MAX_COMMENT + _EOCD64_LOC_LEN)
+    tail_at = file_size - tail_len
+    tail = _pread_exact(fd, tail_len, tail_at)
+    if len(tail) < tail_len:
+        raise ZipFormatError("truncated: file shrank while its tail was read")
+    eocd = _find_eocd(tail)
+    if eocd < 0:
+        raise ZipFormatError("truncated or damaged: no end-of-central-directory record at the file tail")
+    (_, disk, cd_disk, n_here, n_total, cd_size, cd_offset, _clen) = struct.unpack_from("<4sHHHHIIH", tail, eocd)
+    if disk != 0 or cd_disk != 0 or n_here != n_total:
+        raise ZipFormatError("multi-disk zip archives are not torch checkpoints")
+    n_entries = n_total
+    eocd_abs = tail_at + eocd
+    if n_total == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
+        n_entries, cd_size, cd_offset = _read_zip64_eocd(fd, tail, eocd, tail_at, file_size)
+    if cd_offset + cd_size > file_size or cd_offset < 0:
+        raise ZipFormatError(
+            f"truncated: central directory claims bytes {cd_offset}..{cd_offset + cd_size} of a {file_size}-byte file"
+        )
+    if cd_size > _MAX_CD_BYTES:
+        raise ZipFormatError(f"implausible central directory of {cd_size} bytes")
+    if cd_offset + cd_size > eocd_abs:
+        raise ZipFormatError("damaged: central directory overlaps its end record")
+    cd = _pread_exact(fd, cd_size, cd_offset)
+    if len(cd) < cd_size:
+        raise ZipFormatError("truncated: central directory cut short")
+    entries = _parse_central_directory(cd, n_entries, cd_offset)
+    problems: list[str] = []
+    for e in entries:
+        if e.header_offset + LOCAL_HEADER_LEN + e.compressed_size > cd_offset:
+            raise ZipFormatError(f"damaged: entry {e.name} extends into the central directory")
+    prefix = _common_prefix(entries)
+    if prefix is None and entries:
+        problems.append("entries do not share one top-level folder")
+    return PtArchive(
+        file_size=file_size,
+        cd_offset=cd_offset,
+        cd_size=cd_size,
+        entries=entries,
+        prefix=prefix,
+        problems=tuple(problems),
+    )
+
+
+def open_archive(path: str | os.PathLike[str]) -> PtArchive:
+    """read_archive for a path. Raises ZipFormatError or OSError."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return read_archive(fd)
+    finally:
+        os.close(fd)
+
+
+def payload_offset(fd: int, entry: ZipEntry) -> int:
+    """Where the entry's bytes start: after its local header, whose name/extra lengths may differ from the CD's."""
+    hdr = _pread_exact(fd, LOCAL_HEADER_LEN, entry.header_offset)
+    return entry.header_offset + parse_local_header(hdr, entry.name)
+
+
+def parse_local_header(hdr: bytes | memoryview, name: str) -> int:
+    """Length of a local header (fixed part + name + extra) from its first 30 bytes; ZipFormatError if not one."""
+    if len(hdr) < LOCAL_HEADER_LEN:
+        raise ZipFormatError(f"truncated: local header of {name} cut short")
+    if bytes(hdr[:4]) != ZIP_MAGIC:
+        raise ZipFormatError(f"damaged: no local header where the directory puts {name}")
+    name_len, extra_len = struct.unpack_from("<HH", hdr, 26)
+    return LOCAL_HEADER_LEN + name_len + extra_len
+
+
+def read_entry(fd: int, entry: ZipEntry, *, limit: int = 1 << 30) -> bytes:
+    """The stored bytes of one entry (used for data.pkl and other small records). Raises ZipFormatError."""
+    if not entry.stored:
+        raise ZipFormatError(f"entry {entry.name} is compressed (method {entry.method}); not a torch archive")
+    if entry.compressed_size > limit:
+        raise ZipFormatError(f"entry {entry.name} is {entry.compressed_size} bytes, over the {limit}-byte limit")
+    at = payload_offset(fd, entry)
+    data = _pread_exact(fd, entry.compressed_size, at)
+    if len(data) < entry.compressed_size:
+        raise ZipFormatError(f"truncated: entry {entry.name} cut short")
+    return data
+
+
+def _find_eocd(tail: bytes) -> int:
+    # Scan backwards: a comment could contain the signature, so take the last one whose comment length fits.
+    pos = len(tail)
+    while True:
+        pos = tail.rfind(_EOCD_SIG, 0, pos)
+        if pos < 0 or pos + _EOCD_LEN > len(tail):
+            if pos < 0:
+                return -1
+            continue
+        (clen,) = struct.unpack_from("<H", tail, pos + 20)
+        if pos + _EOCD_LEN + clen == len(tail):
+            return pos
+        if pos == 0:
+            return -1
+
+
+def _read_zip64_eocd(fd: int, tail: bytes, eocd: int, tail_at: int, file_size: int) -> tuple[int, int, int]:
+    loc = eocd - _EOCD64_LOC_LEN
+    if loc < 0 or tail[loc : loc + 4] != _EOCD64_LOC_SIG:
+        raise ZipFormatError("damaged: zip64 end record locator missing")
+    (_, _disk, rec_off, _ndisks) = struct.unpack_from("<4sIQI", tail, loc)
+    if rec_off + _EOCD64_LEN > file_size:
+        raise ZipFormatError("truncated: zip64 end record beyond the end of the file")
+    rec = _pread_exact(fd, _EOCD64_LEN, rec_off)
+    if len(rec) < _EOCD64_LEN or rec[:4] != _EOCD64_SIG:
+        raise ZipFormatError("damaged: zip64 end record missing")
+    (_, _sz, _vm, _vn, _d, _cd_d, _n_here, n_total, cd_size, cd_offset) = struct.unpack_from("<4sQHHIIQQQQ", rec, 0)
+    return n_total, cd_size, cd_offset
+
+
+def _parse_central_directory(cd: bytes, n_entries: int, cd_offset: int) -> tuple[ZipEntry, ...]:
+    entries = []
+    pos = 0
+    for i in range(n_entries):
+        if pos + _CDH_LEN > len(cd) or cd[pos : pos + 4] != _CDH_SIG:
+            raise ZipFormatError(f"damaged: central directory entry {i} of {n_entries} is not where expected")
+        (_, _vm, _vn, flags, method, _t, _d, crc, csize, usize, nlen, xlen, clen, _dsk, _ia, _ea, hoff) = (
+            struct.unpack_from("<4sHHHHHHIIIHHHHHII", cd, pos)
+        )
+        raw_name = cd[pos + _CDH_LEN : pos + _CDH_LEN + nlen]
+        extra = cd[pos + _CDH_LEN + nlen : pos + _CDH_LEN + nlen + xlen]
+        if pos + _CDH_LEN + nlen + xlen + clen > len(cd):
+            raise ZipFormatError(f"damaged: central directory entry {i} runs past the directory")
+        name = raw_name.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
+        if csize == 0xFFFFFFFF or usize == 0xFFFFFFFF or hoff == 0xFFFFFFFF:
+            usize, csize, hoff = _zip64_extra(extra, usize, csize, hoff, name)
+        entries.append(
+            ZipEntry(name=name, header_offset=hoff, compressed_size=csize, size=usize, crc=crc, method=method)
+        )
+        pos += _CDH_LEN + nlen + xlen + clen
+    return tuple(entries)
+
+
+def _zip64_extra(extra: bytes, usize: int, csize: int, hoff: int, name: str) -> tuple[int, int, int]:
+    pos = 0
+    while pos + 4 <= len(extra):
+        tag, ln = struct.unpack_from("<HH", extra, pos)
+        if tag == 0x0001:
+            body = extra[pos + 4 : pos + 4 + ln]
+            vals = [v[0] for v in struct.iter_unpack("<Q", body[: len(body) // 8 * 8])]
+            it = iter(vals)
+            try:
+                if usize == 0xFFFFFFFF:
+                    usize = next(it)
+                if csize == 0xFFFFFFFF:
+                    csize = next(it)
+                if hoff == 0xFFFFFFFF:
+                    hoff = next(it)
+            except StopIteration:
+                raise ZipFormatError(f"damaged: zip64 extra field of {name} too short") from None
+            return usize, csize, hoff
+        pos += 4 + ln
+    raise ZipFormatError(f"damaged: entry {name} needs a zip64 extra field and has none")
+
+
+def _common_prefix(entries: tuple[ZipEntry, ...]) -> str | None:
+    prefix = None
+    for e in entries:
+        top, sep, _ = e.name.partition("/")
+        if not sep:
+            return None
+        if prefix is None:
+            prefix = top
+        elif top != prefix:
+            return None
+    return prefix
