@@ -1,0 +1,410 @@
+"""Retention: which checkpoints to keep, as a pure plan over scanned runs.
+
+Policies compose as a union (a checkpoint is kept if ANY rule keeps it), the way Orbax's
+`AnyPreservationPolicy` does. Rules only ever look at COMPLETE checkpoints: incomplete, corrupt, husk and
+stale uncommitted directories are removed first and never count toward N. On top of every rule sit the
+invariants no policy or hand selection can break: the newest complete checkpoint of each run, the tracker's
+target, pinned and in-progress checkpoints are kept.
+
+`plan_prune()` is pure (no clock, no filesystem): the caller passes `now_ns` and, for best-N, the metric
+values (`read_metric()` is the one function here that reads a file). `ckpt_audit.prune.execute()` carries a
+plan out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal, Protocol
+
+from ckpt_audit.models import Checkpoint, Run, Status, format_size
+
+NS_PER_S = 1_000_000_000
+DEFAULT_STALE_AFTER_NS = 3600 * NS_PER_S  # an uncommitted save older than this is abandoned, not running
+
+
+class Reason(StrEnum):
+    """Why a checkpoint stays or goes; stable slugs (JSON, catalog, docs)."""
+
+    # kept, and no policy or selection can change that
+    NEWEST_COMPLETE = "newest-complete"
+    TRACKER_TARGET = "tracker-target"
+    PINNED = "pinned"
+    IN_PROGRESS = "in-progress"
+    # kept by a rule
+    KEEP_LAST = "keep-last"
+    KEEP_EVERY = "keep-every"
+    KEEP_WITHIN = "keep-within"
+    KEEP_BEST = "keep-best"
+    NO_RULES = "no-rules"  # no keep rule given: complete checkpoints stay, only broken ones go
+    UNCOMMITTED_RECENT = "uncommitted-recent"  # newer than the tracker but young: maybe an async save
+    NEWEST_OF_PARTIAL_RUN = "newest-of-partial-run"  # run with nothing complete (e.g. one node's disk)
+    # deleted
+    INCOMPLETE = "incomplete"
+    CORRUPT = "corrupt"
+    HUSK = "husk"
+    UNCOMMITTED_STALE = "uncommitted-stale"
+    NOT_KEPT = "not-kept"  # complete, but no rule keeps it
+    SELECTED = "selected"  # picked by hand
+    # a hand selection or pin that could not be honoured
+    UNKNOWN_PATH = "unknown-path"
+
+    @property
+    def protected(self) -> bool:
+        return self in PROTECTED
+
+
+PROTECTED = frozenset({Reason.NEWEST_COMPLETE, Reason.TRACKER_TARGET, Reason.PINNED, Reason.IN_PROGRESS})
+
+EXPLAIN: dict[Reason, str] = {
+    Reason.NEWEST_COMPLETE: "newest complete checkpoint of its run (never deleted)",
+    Reason.TRACKER_TARGET: "the tracker names it: resume loads it (never deleted)",
+    Reason.PINNED: "pinned (never deleted)",
+    Reason.IN_PROGRESS: "being written now (never deleted)",
+    Reason.KEEP_LAST: "among the last N complete",
+    Reason.KEEP_EVERY: "step is a multiple of K",
+    Reason.KEEP_WITHIN: "newer than the keep-within duration",
+    Reason.KEEP_BEST: "among the best N by the metric",
+    Reason.NO_RULES: "no keep rule given: complete checkpoints are kept",
+    Reason.UNCOMMITTED_RECENT: "newer than the tracker but recent: may still be committing",
+    Reason.NEWEST_OF_PARTIAL_RUN: "newest of a run with no complete checkpoint (maybe one node's share)",
+    Reason.INCOMPLETE: "incomplete: cannot be resumed",
+    Reason.CORRUPT: "corrupt: cannot be resumed",
+    Reason.HUSK: "husk: nothing resumable left in it",
+    Reason.UNCOMMITTED_STALE: "newer than the tracker and abandoned",
+    Reason.NOT_KEPT: "complete, but no keep rule keeps it",
+    Reason.SELECTED: "selected by hand",
+    Reason.UNKNOWN_PATH: "matches no scanned checkpoint",
+}
+
+_BROKEN = {Status.INCOMPLETE: Reason.INCOMPLETE, Status.CORRUPT: Reason.CORRUPT, Status.HUSK: Reason.HUSK}
+
+
+# ---------------------------------------------------------------------------------------------------- rules
+
+
+class Rule(Protocol):
+    reason: Reason
+
+    def keeps(self, run: Run, complete: Sequence[Checkpoint], now_ns: int) -> frozenset[str]:
+        """Paths (of `complete`, sorted newest first) this rule keeps."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepLast:
+    n: int
+    reason: Reason = field(default=Reason.KEEP_LAST, init=False, repr=False)
+
+    def keeps(self, run: Run, complete: Sequence[Checkpoint], now_ns: int) -> frozenset[str]:
+        return frozenset(c.path for c in complete[: max(self.n, 0)])
+
+    def describe(self) -> str:
+        return f"keep the last {self.n} complete"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepEvery:
+    k: int
+    reason: Reason = field(default=Reason.KEEP_EVERY, init=False, repr=False)
+
+    def keeps(self, run: Run, complete: Sequence[Checkpoint], now_ns: int) -> frozenset[str]:
+        if self.k <= 0:
+            return frozenset()
+        return frozenset(c.path for c in complete if c.step % self.k == 0)
+
+    def describe(self) -> str:
+        return f"keep every step divisible by {self.k}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepWithin:
+    duration_ns: int
+    reason: Reason = field(default=Reason.KEEP_WITHIN, init=False, repr=False)
+
+    def keeps(self, run: Run, complete: Sequence[Checkpoint], now_ns: int) -> frozenset[str]:
+        cutoff = now_ns - self.duration_ns
+        return frozenset(c.path for c in complete if c.mtime_ns >= cutoff)
+
+    def describe(self) -> str:
+        return f"keep those newer than {format_duration(self.duration_ns)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepBest:
+    """Best N by a metric; `values` maps run path -> step -> value (see `read_metric`).
+
+    A checkpoint whose step has no finite value is never kept by this rule (other rules may keep it).
+    Ties break toward the newer step, so the choice is deterministic.
+    """
+
+    n: int
+    metric: str
+    mode: Literal["min", "max"] = "min"
+    values: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    reason: Reason = field(default=Reason.KEEP_BEST, init=False, repr=False)
+
+    def keeps(self, run: Run, complete: Sequence[Checkpoint], now_ns: int) -> frozenset[str]:
+        series = self.values.get(run.path, {})
+        scored = [(series[c.step], c) for c in complete if c.step in series and math.isfinite(series[c.step])]
+        sign = 1.0 if self.mode == "min" else -1.0
+        scored.sort(key=lambda vc: (sign * vc[0], -vc[1].step))
+        return frozenset(c.path for _, c in scored[: max(self.n, 0)])
+
+    def describe(self) -> str:
+        return f"keep the best {self.n} by {self.mode} {self.metric}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """The union of `rules`; with no rules every complete checkpoint is kept (prune removes only broken ones)."""
+
+    rules: tuple[KeepLast | KeepEvery | KeepWithin | KeepBest, ...] = ()
+    stale_after_ns: int = DEFAULT_STALE_AFTER_NS
+
+    def describe(self) -> str:
+        if not self.rules:
+            return "no keep rule: keep every complete checkpoint"
+        return "; ".join(r.describe() for r in self.rules)
+
+
+# ---------------------------------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanItem:
+    """One checkpoint's fate: the scanned checkpoint itself (prune re-checks it against disk) and why."""
+
+    checkpoint: Checkpoint
+    reasons: tuple[Reason, ...]
+
+    @property
+    def path(self) -> str:
+        return self.checkpoint.path
+
+    @property
+    def run_path(self) -> str:
+        return self.checkpoint.run_path
+
+    @property
+    def step(self) -> int:
+        return self.checkpoint.step
+
+    @property
+    def size_bytes(self) -> int:
+        return self.checkpoint.size_bytes
+
+    @property
+    def protected(self) -> bool:
+        return any(r.protected for r in self.reasons)
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "run": self.run_path,
+            "step": self.step,
+            "status": str(self.checkpoint.status),
+            "size_bytes": self.size_bytes,
+            "reasons": [str(r) for r in self.reasons],
+            "protected": self.protected,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refusal:
+    """A path the caller asked about (selected for deletion, or pinned) that the plan did not honour."""
+
+    path: str
+    reasons: tuple[Reason, ...]
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "reasons": [str(r) for r in self.reasons]}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrunePlan:
+    """What goes (in deletion order: broken first, then oldest), what stays, and why."""
+
+    policy: Policy
+    now_ns: int
+    delete: tuple[PlanItem, ...] = ()
+    keep: tuple[PlanItem, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(i.size_bytes for i in self.delete)
+
+    @property
+    def bytes_kept(self) -> int:
+        return sum(i.size_bytes for i in self.keep)
+
+    @property
+    def empty(self) -> bool:
+        return not self.delete
+
+    def to_dict(self) -> dict:
+        return {
+            "policy": self.policy.describe(),
+            "now_ns": self.now_ns,
+            "bytes_freed": self.bytes_freed,
+            "bytes_kept": self.bytes_kept,
+            "delete": [i.to_dict() for i in self.delete],
+            "keep": [i.to_dict() for i in self.keep],
+            "refused": [r.to_dict() for r in self.refused],
+        }
+
+
+def plan_prune(
+    runs: Sequence[Run],
+    policy: Policy,
+    *,
+    now_ns: int,
+    pins: frozenset[str] = frozenset(),
+    select: frozenset[str] = frozenset(),
+) -> PrunePlan:
+    """Decide every checkpoint of `runs`. Pure: same inputs, same plan.
+
+    `pins` and `select` are checkpoint paths (as in `Checkpoint.path`). A selected checkpoint is deleted even
+    if a rule keeps it, unless an invariant protects it; then it is kept and listed in `refused`.
+    """
+    known = {c.path for r in runs for c in r.checkpoints}
+    delete: list[tuple[tuple, PlanItem]] = []
+    keep: list[PlanItem] = []
+    refused: list[Refusal] = [
+        Refusal(path=p, reasons=(Reason.UNKNOWN_PATH,)) for p in sorted((select | pins) - known)
+    ]
+
+    for run in sorted(runs, key=lambda r: r.path):
+        for ckpt, reasons in _decide_run(run, policy, now_ns=now_ns, pins=pins):
+            keeping = any(_is_keep(r) for r in reasons)
+            if ckpt.path in select:
+                if any(r.protected for r in reasons):
+                    refused.append(Refusal(path=ckpt.path, reasons=tuple(r for r in reasons if r.protected)))
+                else:
+                    reasons, keeping = (*(r for r in reasons if not _is_keep(r)), Reason.SELECTED), False
+            item = PlanItem(checkpoint=ckpt, reasons=_ordered(reasons))
+            if keeping:
+                keep.append(item)
+            else:
+                broken = any(r in _DELETE_FIRST for r in reasons)
+                delete.append(((0 if broken else 1, ckpt.mtime_ns, ckpt.step, ckpt.path), item))
+
+    delete.sort(key=lambda pair: pair[0])
+    return PrunePlan(
+        policy=policy,
+        now_ns=now_ns,
+        delete=tuple(item for _, item in delete),
+        keep=tuple(keep),
+        refused=tuple(sorted(refused, key=lambda r: r.path)),
+    )
+
+
+_DELETE_FIRST = frozenset({Reason.INCOMPLETE, Reason.CORRUPT, Reason.HUSK, Reason.UNCOMMITTED_STALE})
+_DELETE = _DELETE_FIRST | {Reason.NOT_KEPT, Reason.SELECTED}
+_ORDER = {r: i for i, r in enumerate(Reason)}
+
+
+def _is_keep(reason: Reason) -> bool:
+    return reason not in _DELETE and reason is not Reason.UNKNOWN_PATH
+
+
+def _ordered(reasons: Iterable[Reason]) -> tuple[Reason, ...]:
+    return tuple(sorted(set(reasons), key=_ORDER.__getitem__))
+
+
+def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) -> list[tuple[Checkpoint, list]]:
+    ckpts = sorted(run.checkpoints, key=lambda c: (c.step, c.path))
+    complete = sorted((c for c in ckpts if c.status is Status.COMPLETE), key=lambda c: (-c.step, c.path))
+    newest = complete[0].path if complete else None
+
+    kept_by: dict[str, list[Reason]] = {}
+    for rule in policy.rules:
+        for path in rule.keeps(run, complete, now_ns):
+            kept_by.setdefault(path, []).append(rule.reason)
+
+    # With nothing complete we may be looking at one node's share of a multi-node run: keep its newest.
+    partial_newest = None
+    if newest is None:
+        candidates = [c for c in ckpts if c.status not in (Status.HUSK, Status.IN_PROGRESS)]
+        partial_newest = candidates[-1].path if candidates else None
+
+    out = []
+    for c in ckpts:
+        reasons: list[Reason] = []
+        if c.path == newest:
+            reasons.append(Reason.NEWEST_COMPLETE)
+        if run.tracker_step is not None and c.step == run.tracker_step:
+            reasons.append(Reason.TRACKER_TARGET)
+        if c.path in pins:
+            reasons.append(Reason.PINNED)
+        if c.status is Status.IN_PROGRESS:
+            reasons.append(Reason.IN_PROGRESS)
+        if c.status is Status.COMPLETE:
+            reasons.extend(kept_by.get(c.path, ()))
+            if not policy.rules:
+                reasons.append(Reason.NO_RULES)
+            elif c.path not in kept_by:
+                reasons.append(Reason.NOT_KEPT)
+        elif c.status is Status.UNCOMMITTED:
+            fresh = c.mtime_ns >= now_ns - policy.stale_after_ns
+            reasons.append(Reason.UNCOMMITTED_RECENT if fresh else Reason.UNCOMMITTED_STALE)
+        elif c.status in _BROKEN:
+            reasons.append(_BROKEN[c.status])
+        if c.path == partial_newest:
+            reasons.append(Reason.NEWEST_OF_PARTIAL_RUN)
+        # A protected or kept checkpoint carries no delete reasons except what it *is* (broken, stale).
+        if any(_is_keep(r) for r in reasons):
+            reasons = [r for r in reasons if r is not Reason.NOT_KEPT]
+        out.append((c, reasons))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+
+def read_metric(runs: Sequence[Run], metric: str) -> dict[str, dict[int, float]]:
+    """Read `metric` per step from each run's metrics JSONL (the last record of a step wins: resumed runs
+    log a step again). Unreadable lines and runs without a metrics file are skipped."""
+    out: dict[str, dict[int, float]] = {}
+    for run in runs:
+        if not run.metrics_path:
+            continue
+        series: dict[int, float] = {}
+        try:
+            with open(run.metrics_path, encoding="utf-8") as fh:
+                for line in fh:
+                    try:
+                        rec = json.loads(line)
+                        step, value = int(rec["step"]), float(rec[metric])
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                    series[step] = value
+        except OSError:
+            continue
+        out[run.path] = series
+    return out
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
+
+
+def parse_duration(text: str) -> int:
+    """'90m', '36h', '7d', '2w' or plain seconds -> nanoseconds. Raises ValueError."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90m, 36h, 7d, 2w)")
+    return int(float(m.group(1)) * _UNIT_S[m.group(2)] * NS_PER_S)
+
+
+def format_duration(ns: int) -> str:
+    s = ns / NS_PER_S
+    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size and s % size == 0:
+            return f"{int(s // size)}{unit}"
+    return f"{s:g}s"
