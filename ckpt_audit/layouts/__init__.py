@@ -1,0 +1,69 @@
+"""Layout plug-ins: the only code that knows checkpoint file names.
+
+A layout is a module exposing `LAYOUT`, an object with the `Layout` protocol below. To add one (Megatron
+`dist_ckpt`, plain DCP, HF Trainer, ...), write `ckpt_audit/layouts/<name>.py` and add one line to `LAYOUTS`.
+
+The scanner asks every layout, in order, which directories of the walked `Tree` are runs (`find_runs`); the first
+layout to claim a directory builds it (`build_run`). Run layouts that contain per-role directories (verl PPO's
+`actor/`, `critic/`) first offer each role directory to every layout's `build_component`, so a component format
+(e.g. Megatron `dist_ckpt/` under a verl step) plugs into the verl run structure without knowing about it.
+
+Layouts must stay torch-free and do no IO: everything they need is in the `Tree` and the `FileFacts`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Protocol
+
+from ckpt_audit.models import Component, Run
+from ckpt_audit.tree import FileFacts, Tree
+
+# module path of each layout plug-in, in priority order (first claim wins).
+LAYOUTS: tuple[str, ...] = (
+    "ckpt_audit.layouts.verl_fsdp",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanContext:
+    now_ns: int  # wall clock at scan start
+    in_progress_window_ns: int = 120 * 10**9  # a checkpoint touched this recently (and uncommitted) is being written
+    changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
+
+
+class Layout(Protocol):
+    name: str  # e.g. "verl-fsdp"; stored as Run.layout / Component.layout
+
+    def find_runs(self, tree: Tree) -> Iterable[str]:
+        """Directories of `tree` that are runs in this layout (absolute paths)."""
+        ...
+
+    def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:
+        """The model of one run, findings and statuses included (via `ckpt_audit.rules`)."""
+        ...
+
+    def build_component(
+        self, role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext
+    ) -> Component | None:
+        """A role directory in this layout's format as a Component with its findings, or None if not ours."""
+        ...
+
+
+@cache
+def load_layouts() -> tuple[Layout, ...]:
+    return tuple(importlib.import_module(name).LAYOUT for name in LAYOUTS)
+
+
+def component_for(
+    role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext
+) -> Component | None:
+    """The first layout that recognises `role_dir` builds its component."""
+    for layout in load_layouts():
+        comp = layout.build_component(role, role_dir, tree, facts, ctx)
+        if comp is not None:
+            return comp
+    return None

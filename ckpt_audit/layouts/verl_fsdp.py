@@ -1,0 +1,193 @@
+"""verl's FSDP checkpoint trees (reference/verl-format.md §0-§1): PPO/GRPO, SFT and the older names.
+
+    <run>/latest_checkpointed_iteration.txt
+    <run>/global_step_N/{actor,critic}/model_world_size_W_rank_R.pt (+ optim_, extra_state_, fsdp_config.json,
+                                       huggingface/, lora_adapter/)
+    <run>/global_step_N/data.pt                      PPO: dataloader state, written after every role
+    <run>/global_step_N/model_world_size_W_rank_R.pt SFT: shards directly in the step directory (data_{dp}.pt too)
+    .../model_rank_R.pt                              v0.2-era names without the world size
+    <run>/global_steps_N/                            the docs' typo, never read by verl: flagged misnamed-step
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from ckpt_audit.codes import finding
+from ckpt_audit.layouts import ScanContext, component_for
+from ckpt_audit.models import Checkpoint, Component, FileKind, Run, ShardFile, Status
+from ckpt_audit.rules import shards, status, tracker
+from ckpt_audit.tree import FileFacts, Tree
+
+NAME = "verl-fsdp"
+TRACKER = "latest_checkpointed_iteration.txt"
+STEP_RE = re.compile(r"global_step_(\d+)")
+MISNAMED_STEP_RE = re.compile(r"(?:global[_-]?steps?[_-]?|global_steps_)(\d+)", re.IGNORECASE)
+SHARD_RE = re.compile(r"(model|optim|extra_state)_(?:world_size_(\d+)_)?rank_(\d+)\.pt")
+DATA_RE = re.compile(r"data(?:_\d+)?\.pt")
+ROLE_NAMES = frozenset({"actor", "critic", "ref", "reward", "rm"})
+_KINDS = {"model": FileKind.MODEL, "optim": FileKind.OPTIM, "extra_state": FileKind.EXTRA_STATE}
+
+
+def classify(name: str, rel_parts: tuple[str, ...]) -> tuple[FileKind, int | None, int | None]:
+    """(kind, rank, world_size) of a file inside a component, from its name and its path below the component."""
+    if rel_parts and rel_parts[0] == "huggingface":
+        return FileKind.HF, None, None
+    if rel_parts and rel_parts[0] == "lora_adapter":
+        return FileKind.LORA, None, None
+    if rel_parts:
+        return FileKind.OTHER, None, None
+    if m := SHARD_RE.fullmatch(name):
+        return _KINDS[m.group(1)], int(m.group(3)), int(m.group(2)) if m.group(2) else None
+    if name == "fsdp_config.json":
+        return FileKind.FSDP_CONFIG, None, None
+    if DATA_RE.fullmatch(name):
+        return FileKind.DATA, None, None
+    return FileKind.OTHER, None, None
+
+
+def step_of(name: str) -> tuple[int | None, bool]:
+    """(step, misnamed) for a directory name; (None, False) when it is not a step directory at all."""
+    if m := STEP_RE.fullmatch(name):
+        return int(m.group(1)), False
+    if m := MISNAMED_STEP_RE.fullmatch(name):
+        return int(m.group(1)), True
+    return None, False
+
+
+def shard_file(facts: FileFacts, kind: FileKind, rank: int | None, world_size: int | None) -> ShardFile:
+    return ShardFile(
+        path=facts.path,
+        kind=kind,
+        size_bytes=facts.size_bytes,
+        mtime_ns=facts.mtime_ns,
+        inode=facts.inode,
+        rank=rank,
+        world_size=world_size,
+        hash=facts.hash,
+        crc_ok=facts.crc_ok,
+    )
+
+
+class VerlFsdp:
+    name = NAME
+
+    def find_runs(self, tree: Tree) -> Iterable[str]:
+        for d, subdirs in tree.dirs.items():
+            if TRACKER in tree.file_names(d) or any(step_of(s)[0] is not None for s in subdirs):
+                # a step directory is never itself a run (verl's SFT nests nothing below it)
+                if step_of(d.rsplit("/", 1)[-1])[0] is None:
+                    yield d
+
+    def build_component(
+        self, role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext
+    ) -> Component | None:
+        if not any(SHARD_RE.fullmatch(n) for n in tree.file_names(role_dir)):
+            return None
+        return self._component(role, role_dir, tree, facts)
+
+    def _component(self, role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Component:
+        files: list[ShardFile] = []
+        file_findings = []
+        cut = len(role_dir) + 1
+        stop = frozenset(f"{role_dir}/{s}" for s in tree.subdirs(role_dir) if role == "" and _is_role(s, tree, role_dir))
+        for path in tree.files_below(role_dir, stop=stop):
+            fact = facts.get(path)
+            if fact is None:
+                continue
+            parts = tuple(path[cut:].split("/"))
+            kind, rank, ws = classify(parts[-1], parts[:-1])
+            if role == "" and kind is FileKind.DATA:
+                continue  # SFT: the step's data_{dp}.pt belongs to the checkpoint, not the component
+            files.append(shard_file(fact, kind, rank, ws))
+            file_findings.extend(fact.findings)
+        config_fact = facts.get(f"{role_dir}/fsdp_config.json")
+        comp = Component(role=role, path=role_dir, layout=NAME, world_size=None, files=tuple(files))
+        ws, found = shards.check_fsdp_shards(comp, config_text=config_fact.text if config_fact else None)
+        return replace(comp, world_size=ws, findings=tuple(file_findings) + found)
+
+    def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:
+        tracker_fact = facts.get(f"{run_dir}/{TRACKER}")
+        tracker_step, run_findings = tracker.read_tracker(
+            f"{run_dir}/{TRACKER}", tracker_fact.text if tracker_fact else None, present=tracker_fact is not None
+        )
+        if tracker_fact is not None:
+            run_findings = tuple(tracker_fact.findings) + run_findings
+        checkpoints = []
+        for sub in tree.subdirs(run_dir):
+            step, misnamed = step_of(sub)
+            if step is None:
+                continue
+            ckpt = self._checkpoint(run_dir, f"{run_dir}/{sub}", step, tree, facts, ctx)
+            if misnamed:
+                ckpt = replace(ckpt, findings=ckpt.findings + (
+                    finding("misnamed-step", ckpt.path, f"{sub!r} is not named global_step_{step}; verl never reads it"),
+                ))
+            checkpoints.append(ckpt)
+        checkpoints.sort(key=lambda c: (c.step, c.path))
+        judged = tuple(status.judge(c, tracker_step=tracker_step, ctx=ctx) for c in checkpoints)
+        run_findings += tracker.check_run(run_dir, tracker_step, judged, tracker_known=tracker_fact is not None)
+        metrics = f"{run_dir}/metrics.jsonl"
+        return Run(
+            path=run_dir,
+            layout=NAME,
+            tracker_step=tracker_step,
+            checkpoints=judged,
+            findings=run_findings,
+            metrics_path=metrics if metrics in facts else None,
+        )
+
+    def _checkpoint(
+        self, run_dir: str, step_dir: str, step: int, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext
+    ) -> Checkpoint:
+        components: list[Component] = []
+        claimed: set[str] = set()
+        for sub in tree.subdirs(step_dir):
+            role_dir = f"{step_dir}/{sub}"
+            if not _is_role(sub, tree, step_dir):
+                continue
+            comp = component_for(sub, role_dir, tree, facts, ctx) or self._component(sub, role_dir, tree, facts)
+            components.append(comp)
+            claimed.add(role_dir)
+        sft = any(SHARD_RE.fullmatch(n) for n in tree.file_names(step_dir))
+        if sft:
+            components.insert(0, self._component("", step_dir, tree, facts))
+        step_files: list[ShardFile] = []
+        step_findings = []
+        in_components = {f.path for c in components for f in c.files}
+        for path in tree.files_below(step_dir, stop=frozenset(claimed)):
+            fact = facts.get(path)
+            if fact is None or path in in_components:
+                continue
+            rel = tuple(path[len(step_dir) + 1 :].split("/"))
+            kind = FileKind.DATA if len(rel) == 1 and DATA_RE.fullmatch(rel[0]) else FileKind.OTHER
+            step_files.append(shard_file(fact, kind, None, None))
+            step_findings.extend(fact.findings)
+        mtime = max((f.mtime_ns for f in step_files), default=0)
+        mtime = max([mtime] + [f.mtime_ns for c in components for f in c.files])
+        ckpt = Checkpoint(
+            run_path=run_dir,
+            step=step,
+            path=step_dir,
+            status=Status.INCOMPLETE,  # placeholder; status.judge decides
+            components=tuple(components),
+            files=tuple(step_files),
+            findings=tuple(step_findings),
+            mtime_ns=mtime,
+        )
+        return replace(ckpt, findings=ckpt.findings + shards.check_step(ckpt, sft=sft))
+
+
+def _is_role(name: str, tree: Tree, parent: str) -> bool:
+    """A role directory: verl's role names, or any sub-directory holding shard files or a dist_ckpt/."""
+    if name in ("huggingface", "lora_adapter"):
+        return False
+    if name in ROLE_NAMES:
+        return True
+    d = f"{parent}/{name}"
+    return any(SHARD_RE.fullmatch(n) for n in tree.file_names(d)) or "dist_ckpt" in tree.subdirs(d)
+
+
+LAYOUT = VerlFsdp()

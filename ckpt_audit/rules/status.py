@@ -1,0 +1,61 @@
+"""A checkpoint's status, derived from its findings, the tracker and how recently it was written."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ckpt_audit.codes import CODES, finding
+from ckpt_audit.layouts import ScanContext
+from ckpt_audit.models import Checkpoint, FileKind, Finding, Severity, Status
+
+
+def is_resumable_role(role: str) -> bool:
+    # after retention a step may keep critic/ while actor/ is gone: still a husk for resuming the policy
+    return role != "critic"
+
+
+def is_husk(ckpt: Checkpoint) -> bool:
+    return not any(
+        is_resumable_role(c.role) and any(f.kind is FileKind.MODEL or f.kind is FileKind.DISTCP for f in c.files)
+        for c in ckpt.components
+    )
+
+
+def is_in_progress(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanContext) -> bool:
+    if any(f.path in ctx.changed_paths for f in ckpt.all_files):
+        return True
+    committed = tracker_step is not None and ckpt.step <= tracker_step
+    recent = ctx.now_ns - ckpt.mtime_ns < ctx.in_progress_window_ns
+    return recent and not committed
+
+
+def _soften(found: tuple[Finding, ...]) -> tuple[Finding, ...]:
+    return tuple(replace(f, severity=Severity.INFO) if f.severity > Severity.INFO else f for f in found)
+
+
+def judge(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanContext) -> Checkpoint:
+    """The checkpoint with its status set (and, while it is being written, its findings softened to info)."""
+    if is_in_progress(ckpt, tracker_step=tracker_step, ctx=ctx):
+        # a checkpoint being written is short of files by nature: report what is missing, never call it corrupt
+        return replace(
+            ckpt,
+            status=Status.IN_PROGRESS,
+            components=tuple(replace(c, findings=_soften(c.findings)) for c in ckpt.components),
+            findings=_soften(ckpt.findings) + (finding("in-progress", ckpt.path, "being written now; judged on a later scan"),),
+        )
+    errors = [f for f in ckpt.all_findings if f.severity is Severity.ERROR]
+    husk = is_husk(ckpt)
+    if any(CODES[f.code].corrupts for f in errors if f.code in CODES):
+        st = Status.CORRUPT
+    elif tracker_step is not None and ckpt.step > tracker_step:
+        st = Status.UNCOMMITTED
+    elif husk:
+        st = Status.HUSK
+    elif errors:
+        st = Status.INCOMPLETE
+    else:
+        st = Status.COMPLETE
+    extra: tuple[Finding, ...] = ()
+    if st is Status.HUSK:
+        extra = (finding("husk", ckpt.path, "no resumable model shards left (only data.pt or critic/)"),)
+    return replace(ckpt, status=st, findings=ckpt.findings + extra)

@@ -1,0 +1,47 @@
+"""The tracker `latest_checkpointed_iteration.txt` and the run as a whole (reference/verl-format.md §4, §7.1)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from ckpt_audit.codes import finding
+from ckpt_audit.models import Checkpoint, Finding, Status
+
+_STEP = re.compile(r"\s*(\d+)\s*")
+
+
+def read_tracker(path: str, text: str | None, *, present: bool) -> tuple[int | None, tuple[Finding, ...]]:
+    """(step, findings). verl reads `int(f.read().decode())`: whitespace is fine, anything else crashes resume."""
+    if not present or text is None:
+        return None, ()
+    if not text.strip():
+        return None, (finding("tracker-empty", path, "tracker file is empty: resume raises ValueError"),)
+    m = _STEP.fullmatch(text)
+    if m is None:
+        return None, (finding("tracker-invalid", path, f"tracker holds {text[:40]!r}, not a step number"),)
+    return int(m.group(1)), ()
+
+
+def check_run(
+    run_dir: str, tracker_step: int | None, checkpoints: Sequence[Checkpoint], *, tracker_known: bool
+) -> tuple[Finding, ...]:
+    found: list[Finding] = []
+    tracker_path = f"{run_dir}/latest_checkpointed_iteration.txt"
+    if not tracker_known and checkpoints:
+        found.append(finding("tracker-missing", tracker_path, "no tracker: resume_mode=auto trains from scratch"))
+    if tracker_step is not None:
+        target = [c for c in checkpoints if c.path == f"{run_dir}/global_step_{tracker_step}"]
+        if not target:
+            found.append(finding(
+                "tracker-dangling", tracker_path,
+                f"tracker names step {tracker_step} but global_step_{tracker_step} does not exist: verl trains from scratch",
+            ))
+        elif target[0].status not in (Status.COMPLETE, Status.IN_PROGRESS):
+            found.append(finding(
+                "tracker-dangling", tracker_path,
+                f"tracker names step {tracker_step}, which is {target[0].status.value}: resume fails or loses state",
+            ))
+    if checkpoints and not any(c.status in (Status.COMPLETE, Status.IN_PROGRESS) for c in checkpoints):
+        found.append(finding("no-complete-checkpoint", run_dir, f"none of {len(checkpoints)} checkpoint(s) is complete"))
+    return tuple(found)

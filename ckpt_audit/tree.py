@@ -1,0 +1,88 @@
+"""What a scan observed under its roots, before any judgement: the map half of the scan.
+
+The walker fills a `Tree` (directory -> child dirs and file names) from stat calls alone; the readers then turn
+each file into `FileFacts` (stat, hash, CRC verdict, structure, per-file findings). A `Partial` bundles both for one
+root or subtree. Partials are plain, serialisable data, so one node can scan its local disk and another can merge:
+completeness across a run is judged only after merging (`scanner.reduce`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from ckpt_audit.models import Finding
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PtFacts:
+    """What the zip directory and the restricted unpickler showed of one torch `.pt` file."""
+
+    prefix: str | None  # top-level folder inside the zip (torch: the file stem at save time)
+    n_tensors: int = 0
+    n_dtensors: int = 0
+    mesh_sizes: tuple[int, ...] = ()  # distinct DeviceMesh sizes seen on DTensors
+    top_keys: tuple[str, ...] = ()  # top-level dict keys, when the pickle is a dict
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FileFacts:
+    path: str
+    size_bytes: int
+    mtime_ns: int
+    inode: int
+    hash: str | None = None  # xxh3-128 hex; None when the file could not be read
+    crc_ok: bool | None = None  # None: not a zip, or CRCs disabled at save
+    pt: PtFacts | None = None
+    text: str | None = None  # content of small JSON/tracker files the rules need
+    findings: tuple[Finding, ...] = ()  # per-file findings (truncated, crc-mismatch, unreadable, ...)
+    reused: bool = False  # hash (and structure) taken from the previous scan because the stat matched
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tree:
+    """Directory structure as listed: absolute dir path -> child directory names / file names (no symlinks)."""
+
+    dirs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def subdirs(self, path: str) -> tuple[str, ...]:
+        return self.dirs.get(path, ())
+
+    def file_names(self, path: str) -> tuple[str, ...]:
+        return self.files.get(path, ())
+
+    def has_dir(self, path: str) -> bool:
+        return path in self.dirs
+
+    def walk(self, top: str) -> Iterator[str]:
+        """Every directory at or below `top`, parents first."""
+        stack = [top]
+        while stack:
+            d = stack.pop()
+            if d not in self.dirs:
+                continue
+            yield d
+            stack.extend(f"{d}/{name}" for name in reversed(self.dirs[d]))
+
+    def files_below(self, top: str, *, stop: frozenset[str] = frozenset()) -> Iterator[str]:
+        """Every file path at or below `top`, not descending into the directories in `stop`."""
+        stack = [top]
+        while stack:
+            d = stack.pop()
+            for name in self.files.get(d, ()):
+                yield f"{d}/{name}"
+            stack.extend(c for c in (f"{d}/{n}" for n in self.dirs.get(d, ())) if c not in stop)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Partial:
+    """The serialisable result of scanning one root (or one node's copy of it)."""
+
+    root: str
+    tree: Tree
+    facts: Mapping[str, FileFacts]
+    findings: tuple[Finding, ...] = ()  # about the walk itself (links out of the root, loops, unreadable dirs)
+    files_hashed: int = 0
+    files_reused: int = 0
+    bytes_hashed: int = 0
