@@ -1,0 +1,586 @@
+"""Export a checkpoint to a HuggingFace model directory by streaming its shards.
+
+verl's merger loads every rank's shard fully, concatenates everything in memory and only then saves: peak
+memory is about twice the model. Here each rank file is opened once with
+`torch.load(weights_only=True, mmap=True, map_location="cpu")`, so tensors are views into the files, and
+the output safetensors are written one tensor at a time: a dim-0 shard is cast and written piece by piece, a
+Shard(d>0) tensor is assembled into one buffer of its final size. After each tensor its source pages are
+dropped from this process (madvise), so peak memory stays near the largest tensor, not the model.
+
+Handled shapes: FSDP1/FSDP2 DTensors with Shard(0) or Shard(1), uneven and empty trailing shards, HSDP
+(`(Replicate(), Shard(d))`: only the first replica is read), world size 1 plain tensors, tied embeddings
+(lm_head dropped when the config ties it and the two are equal), LoRA keys (base exported, adapter beside
+it, not fused), Megatron checkpoints with HF weights in `huggingface/`.
+
+What was written is then checked against an independent computation: every tensor read back with the
+safetensors library must equal `torch.cat` of its shards, bit for bit after the cast.
+torch is imported lazily: `ckpt-audit scan` must never pay for it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import mmap
+import os
+import re
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODEL_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+WEIGHT_FILE_RE = re.compile(r"(\.safetensors|\.bin)$|^(model\.safetensors|pytorch_model\.bin)\.index\.json$")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+SAFETENSORS_DTYPE = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
+DEFAULT_MAX_SHARD = 5 * 10**9
+TIED = ("lm_head.weight", "model.embed_tokens.weight")
+
+
+class ExportError(Exception):
+    """The checkpoint cannot be exported; the message is one line for the user."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExportedFile:
+    path: str  # absolute, in the final directory
+    size_bytes: int
+    hash: str  # xxh3-128 hex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExportResult:
+    source: str  # the step (or role) directory asked for
+    role_dir: str  # where the weights came from
+    out_dir: str
+    source_kind: str  # "fsdp-shards" | "hf-weights"
+    world_size: int | None
+    dtype: str  # torch dtype name of floating tensors in the export, e.g. "float32"
+    tensors: int
+    total_bytes: int  # tensor bytes in the export
+    files: tuple[ExportedFile, ...] = ()
+    lora_dir: str | None = None
+    warnings: tuple[str, ...] = ()
+    verified: bool = False
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source, "role_dir": self.role_dir, "out_dir": self.out_dir,
+            "source_kind": self.source_kind, "world_size": self.world_size, "dtype": self.dtype,
+            "tensors": self.tensors, "total_bytes": self.total_bytes, "verified": self.verified,
+            "lora_dir": self.lora_dir, "warnings": list(self.warnings),
+            "files": [{"path": f.path, "size_bytes": f.size_bytes, "hash": f.hash} for f in self.files],
+        }
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '2GiB', '1000' -> bytes (decimal units like transformers; *iB binary). ValueError."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 500MB, 5GB)")
+    unit = (m.group(2) or "B").upper()
+    base = 1024 if "I" in unit else 1000
+    power = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit[0]]
+    return int(float(m.group(1)) * base**power)
+
+
+def export_checkpoint(
+    step_dir: str | Path,
+    to: str | Path,
+    *,
+    dtype: str | None = None,
+    force: bool = False,
+    role: str = "actor",
+    max_shard_size: int = DEFAULT_MAX_SHARD,
+    verify: bool = True,
+    catalog=None,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> ExportResult:
+    """Merge `step_dir`'s `role` into a HuggingFace directory at `to`. Raises ExportError with a one-line reason.
+
+    `dtype`: "bf16" | "fp16" | "fp32" (floating tensors only), default the checkpoint's own. The directory
+    appears at `to` only when complete (written to a sibling temp dir, then renamed).
+    """
+    import torch  # lazy: see module docstring
+
+    src = Path(step_dir).resolve()
+    out = Path(to).resolve()
+    if dtype and dtype not in DTYPES:
+        raise ExportError(f"unknown dtype {dtype!r} (use bf16, fp16 or fp32)")
+    target = getattr(torch, DTYPES[dtype]) if dtype else None
+    if out.exists() and not force:
+        raise ExportError(f"{out} exists (use --force to replace it)")
+    if out == src or src in out.parents:
+        raise ExportError("refusing to write the export inside the checkpoint")
+    role_dir = _role_dir(src, role)
+    hf_dir = role_dir / "huggingface"
+
+    tmp = out.parent / f".{out.name}.ckpt-audit-tmp-{uuid.uuid4().hex[:8]}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
+    try:
+        if _model_shards(role_dir):
+            source = _ShardSource(role_dir)
+        elif _hf_weights(hf_dir):
+            source = _HfSource(hf_dir)
+        elif (role_dir / "dist_ckpt").is_dir():
+            raise ExportError(f"{role_dir}: Megatron dist_ckpt without HF weights in huggingface/ is not supported")
+        else:
+            raise ExportError(f"{role_dir}: no model shards (model_world_size_W_rank_R.pt) and no HF weights")
+        result = _export(source, src, tmp, out, target=target, max_shard_size=max_shard_size, verify=verify,
+                         progress=progress, hf_dir=hf_dir, torch=torch)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if catalog is not None:
+        catalog.record_export(result)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------- sources
+
+
+@dataclass(slots=True, kw_only=True)
+class _Tensor:
+    """One output tensor: where its pieces are and how they join."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: object  # torch.dtype of the source
+    pieces: list = field(default_factory=list)  # torch tensors (mmap-backed views), in join order
+    dim: int | None = None  # concatenation dim; None: a single piece
+
+
+def _role_dir(src: Path, role: str) -> Path:
+    if not src.is_dir():
+        raise ExportError(f"{src}: not a directory")
+    if (src / role).is_dir():
+        return src / role
+    if _model_shards(src) or (src / "huggingface").is_dir():  # SFT layout, or the role dir itself
+        return src
+    raise ExportError(f"{src}: no {role}/ directory and no model shards")
+
+
+def _model_shards(d: Path) -> dict[int, dict[int, Path]]:
+    by_w: dict[int, dict[int, Path]] = {}
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return {}
+    for name in names:
+        if m := MODEL_RE.match(name):
+            by_w.setdefault(int(m[1]), {})[int(m[2])] = d / name
+    return by_w
+
+
+def _hf_weights(hf: Path) -> list[Path]:
+    return sorted(hf.glob("*.safetensors")) if hf.is_dir() else []
+
+
+class _ShardSource:
+    kind = "fsdp-shards"
+
+    def __init__(self, role_dir: Path) -> None:
+        import torch
+        import torch.distributed.tensor  # noqa: F401 - registers DTensor for weights_only loading
+
+        logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)  # "unpickled before PGs"
+        by_w = _model_shards(role_dir)
+        self.world_size = _world_size(role_dir, by_w)
+        files = by_w[self.world_size]
+        missing = sorted(set(range(self.world_size)) - set(files))
+        if missing:
+            raise ExportError(f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} "
+                              f"of {self.world_size}")
+        first = _load(files[0])
+        mesh, names = _mesh_of(first, self.world_size)
+        # HSDP: ranks along the leading (replicate) mesh dims hold copies; read the first replica only.
+        self.ranks = [int(r) for r in mesh.reshape(-1, mesh.shape[-1])[0].tolist()]
+        self.mesh_names = names
+        self.states = {0: first} if self.ranks[0] == 0 else {}
+        for r in self.ranks:
+            if r not in self.states:
+                self.states[r] = _load(files[r])
+        if 0 not in self.ranks:
+            raise ExportError(f"{role_dir}: rank 0 is not in the first replica of mesh {mesh.tolist()}")
+        self.warnings: list[str] = []
+        self.tensors = self._plan(torch)
+        self.ranges = mapped_ranges({str(files[r]) for r in self.ranks})
+
+    def _plan(self, torch) -> list[_Tensor]:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        keys0 = list(self.states[0].keys())
+        for r, sd in self.states.items():
+            if set(sd.keys()) != set(keys0):
+                extra = sorted(set(sd.keys()) ^ set(keys0))[:3]
+                raise ExportError(f"rank {r} and rank 0 hold different keys (e.g. {', '.join(extra)})")
+        out = []
+        for key in keys0:
+            v0 = self.states[0][key]
+            if not isinstance(v0, torch.Tensor):
+                self.warnings.append(f"{key}: not a tensor ({type(v0).__name__}); skipped")
+                continue
+            if isinstance(v0, DTensor):
+                placements = tuple(v0.placements)
+                for r in self.ranks:
+                    if tuple(self.states[r][key].placements) != placements:
+                        raise ExportError(f"{key}: placements differ between rank 0 and rank {r}")
+                if any(not isinstance(p, Replicate) for p in placements[:-1]):
+                    raise ExportError(f"{key}: placements {placements} shard a replicate mesh dim; unsupported")
+                last = placements[-1]
+                t = _Tensor(name=key, shape=tuple(v0.shape), dtype=v0.dtype)
+                if isinstance(last, Replicate):
+                    t.pieces = [v0._local_tensor]
+                elif type(last) is Shard:
+                    t.dim = last.dim
+                    t.pieces = [self.states[r][key]._local_tensor for r in self.ranks]
+                    joined = sum(p.shape[t.dim] for p in t.pieces)
+                    if joined != t.shape[t.dim]:
+                        raise ExportError(f"{key}: shards join to {joined} along dim {t.dim}, not {t.shape[t.dim]}")
+                else:
+                    raise ExportError(f"{key}: placement {last} is not supported (only Shard(d) and Replicate)")
+            else:  # world size 1 (FSDP NO_SHARD) saves plain tensors
+                copies = [self.states[r][key] for r in self.ranks]
+                t = _Tensor(name=key, shape=tuple(v0.shape), dtype=v0.dtype, pieces=[v0])
+                if len(copies) > 1 and not all(c.shape == v0.shape and torch.equal(c, v0) for c in copies[1:]):
+                    t.dim, t.pieces = 0, copies  # what verl's merger does with plain tensors
+                    t.shape = (sum(c.shape[0] for c in copies), *v0.shape[1:])
+                    self.warnings.append(f"{key}: plain tensor differs across ranks; concatenated on dim 0")
+            out.append(t)
+        return out
+
+
+class _HfSource:
+    """HF safetensors already in huggingface/ (Megatron with mbridge, or FSDP saved with hf_model)."""
+
+    kind = "hf-weights"
+    world_size = None
+
+    def __init__(self, hf: Path) -> None:
+        from safetensors import safe_open
+
+        self.warnings: list[str] = []
+        self.handles = [safe_open(str(p), framework="pt") for p in _hf_weights(hf)]
+        self.tensors = []
+        for h in self.handles:
+            for key in h.keys():
+                sl = h.get_slice(key)
+                t = h.get_tensor(key)  # mmap-backed by safetensors
+                self.tensors.append(_Tensor(name=key, shape=tuple(sl.get_shape()), dtype=t.dtype, pieces=[t]))
+
+
+def _world_size(role_dir: Path, by_w: dict[int, dict[int, Path]]) -> int:
+    if len(by_w) == 1:
+        return next(iter(by_w))
+    try:
+        w = int(json.loads((role_dir / "fsdp_config.json").read_text())["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        w = None
+    if w in by_w:
+        return w
+    raise ExportError(f"{role_dir}: shard sets for several world sizes ({sorted(by_w)}) and no fsdp_config.json "
+                      "naming one of them")
+
+
+def _load(path: Path):
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    except Exception as exc:  # a corrupt or unsafe shard is the user's problem, told in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"{path}: cannot load safely ({first[:200]})") from None
+
+
+def _mesh_of(state: dict, world_size: int):
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    for key in sorted(state):
+        v = state[key]
+        if isinstance(v, DTensor):
+            mesh = v.device_mesh.mesh.cpu()
+            if mesh.numel() != world_size:
+                raise ExportError(f"device mesh {mesh.tolist()} does not cover world size {world_size}")
+            return mesh, tuple(v.device_mesh.mesh_dim_names or ())
+    return torch.arange(world_size).reshape(1, world_size), ("fsdp",)
+
+
+# ---------------------------------------------------------------------------------------------------- export
+
+
+def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, verify, progress, hf_dir, torch):
+    warnings = list(source.warnings)
+    config = _read_config(hf_dir)
+    tensors = source.tensors
+
+    names = {t.name for t in tensors}
+    if config.get("tie_word_embeddings") and set(TIED) <= names:
+        lm, emb = (next(t for t in tensors if t.name == n) for n in TIED)
+        if _same(lm, emb, torch):
+            tensors = [t for t in tensors if t.name != TIED[0]]
+        else:
+            warnings.append("tie_word_embeddings is true but lm_head.weight differs from embed_tokens; kept both")
+
+    base, lora = [], []
+    for t in tensors:
+        (lora if "lora_" in t.name else base).append(t)
+    if lora:
+        for t in base:
+            t.name = t.name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        warnings.append(f"LoRA adapter ({len(lora)} tensors) exported to lora_adapter/ beside the model; it is "
+                        "NOT fused into the base weights")
+
+    out_dtype = target or _dominant_float(base, torch)
+    total = len(base) + len(lora)
+    counter = [0]
+
+    def tick(name: str) -> None:
+        counter[0] += 1
+        if progress is not None:
+            progress(counter[0], total, name)
+
+    ranges = getattr(source, "ranges", [])
+    _write_model(tmp, base, target, max_shard_size, tick, ranges, torch)
+    lora_dir = None
+    if lora:
+        (tmp / "lora_adapter").mkdir()
+        _write_file(tmp / "lora_adapter" / "adapter_model.safetensors", lora, target, tick, ranges, torch)
+        adapter_cfg = hf_dir.parent / "lora_adapter" / "adapter_config.json"  # verl writes it beside actor/
+        if adapter_cfg.is_file():
+            shutil.copy2(adapter_cfg, tmp / "lora_adapter" / "adapter_config.json")
+        lora_dir = str(out / "lora_adapter")
+
+    _copy_hf_files(hf_dir, tmp, out_dtype, torch)
+    verified = False
+    if verify:
+        _verify(tmp, base + lora, target, ranges, torch)
+        verified = True
+
+    from ckpt_audit.hashing import digest_file
+
+    files = []
+    for p in sorted(tmp.rglob("*")):
+        if p.is_file():
+            d = digest_file(str(p))
+            files.append(ExportedFile(path=str(out / p.relative_to(tmp)), size_bytes=d.size_bytes, hash=d.hash))
+    return ExportResult(
+        source=str(src), role_dir=str(hf_dir.parent), out_dir=str(out), source_kind=source.kind,
+        world_size=source.world_size, dtype=str(out_dtype).removeprefix("torch."), tensors=total,
+        total_bytes=sum(_nbytes(t, target, torch) for t in base + lora), files=tuple(files), lora_dir=lora_dir,
+        warnings=tuple(warnings), verified=verified,
+    )
+
+
+def _write_model(tmp: Path, tensors: list[_Tensor], target, max_shard_size: int, tick, ranges, torch) -> None:
+    groups: list[list[_Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        n = _nbytes(t, target, torch)
+        if groups[-1] and size + n > max_shard_size:
+            groups.append([])
+            size = 0
+        groups[-1].append(t)
+        size += n
+    if len(groups) == 1:
+        _write_file(tmp / "model.safetensors", groups[0], target, tick, ranges, torch)
+        return
+    weight_map = {}
+    for i, group in enumerate(groups, 1):
+        name = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        _write_file(tmp / name, group, target, tick, ranges, torch)
+        weight_map.update({t.name: name for t in group})
+    index = {"metadata": {"total_size": sum(_nbytes(t, target, torch) for t in tensors)},
+             "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _write_file(path: Path, tensors: list[_Tensor], target, tick, ranges, torch) -> None:
+    """Write a safetensors file by hand, so tensors stream in one at a time (save_file wants them all)."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for t in tensors:
+        n = _nbytes(t, target, torch)
+        dt = str(_out_dtype(t, target, torch)).removeprefix("torch.")
+        header[t.name] = {"dtype": SAFETENSORS_DTYPE[dt], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format asks for an 8-byte aligned start of data
+    with open(path, "wb") as fh:
+        fh.write(len(raw).to_bytes(8, "little"))
+        fh.write(raw)
+        for t in tensors:
+            for chunk in _chunks(t, target, torch):
+                fh.write(_bytes_view(chunk, torch))
+            _release(t, ranges)
+            tick(t.name)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _chunks(t: _Tensor, target, torch) -> Iterator:
+    dtype = _out_dtype(t, target, torch)
+    if t.dim is None:
+        yield t.pieces[0].to(dtype).contiguous()
+    elif t.dim == 0:  # the bytes of a dim-0 concatenation are the pieces' bytes in order: no full buffer
+        for p in t.pieces:
+            if p.numel():
+                yield p.to(dtype).contiguous()
+    else:
+        buf = torch.empty(t.shape, dtype=dtype)
+        start = 0
+        for p in t.pieces:
+            n = p.shape[t.dim]
+            buf.narrow(t.dim, start, n).copy_(p)  # copy_ casts
+            start += n
+        yield buf
+
+
+def _verify(tmp: Path, tensors: list[_Tensor], target, ranges, torch) -> None:
+    """Every tensor read back (safetensors' own reader) equals torch.cat of its shards, as cast, bit for bit."""
+    from safetensors import safe_open
+
+    files = sorted(tmp.glob("*.safetensors")) + sorted((tmp / "lora_adapter").glob("*.safetensors"))
+    found: dict[str, tuple] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for key in h.keys():
+                found[key] = (f, h.get_tensor(key))
+    expected = {t.name for t in tensors}
+    if set(found) != expected:
+        raise ExportError(f"export check failed: keys differ ({sorted(set(found) ^ expected)[:3]})")
+    for t in tensors:
+        got = found.pop(t.name)[1]
+        dtype = _out_dtype(t, target, torch)
+        want = (t.pieces[0] if t.dim is None else torch.cat(list(t.pieces), dim=t.dim)).to(dtype)
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape) or not torch.equal(
+            _bytes_of(got, torch), _bytes_of(want, torch)
+        ):
+            raise ExportError(f"export check failed: {t.name} differs from the concatenation of its shards")
+        del got, want
+        _release(t, ranges)
+
+
+def _same(a: _Tensor, b: _Tensor, torch) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype or a.dim != b.dim or len(a.pieces) != len(b.pieces):
+        return False
+    return all(torch.equal(_bytes_of(x, torch), _bytes_of(y, torch)) for x, y in zip(a.pieces, b.pieces))
+
+
+def _bytes_of(t, torch):
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _bytes_view(t, torch) -> memoryview:
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _out_dtype(t: _Tensor, target, torch):
+    return target if target is not None and t.dtype.is_floating_point else t.dtype
+
+
+def _nbytes(t: _Tensor, target, torch) -> int:
+    n = 1
+    for s in t.shape:
+        n *= s
+    return n * _out_dtype(t, target, torch).itemsize
+
+
+def _dominant_float(tensors: list[_Tensor], torch):
+    sizes: dict = {}
+    for t in tensors:
+        if t.dtype.is_floating_point:
+            sizes[t.dtype] = sizes.get(t.dtype, 0) + _nbytes(t, None, torch)
+    return max(sizes, key=sizes.get) if sizes else torch.float32
+
+
+def _read_config(hf: Path) -> dict:
+    try:
+        return json.loads((hf / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _copy_hf_files(hf: Path, tmp: Path, out_dtype, torch) -> None:
+    """config, generation config, tokenizer and custom code; never the weights (we just wrote those)."""
+    if not hf.is_dir():
+        return
+    for p in sorted(hf.iterdir()):
+        if p.is_file() and not WEIGHT_FILE_RE.search(p.name):
+            shutil.copy2(p, tmp / p.name)
+    cfg = tmp / "config.json"
+    if cfg.is_file():
+        data = json.loads(cfg.read_text())
+        name = str(out_dtype).removeprefix("torch.")
+        data["torch_dtype" if "torch_dtype" in data and "dtype" not in data else "dtype"] = name
+        cfg.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    if out.exists() or out.is_symlink():
+        old = out.parent / f".{out.name}.ckpt-audit-old-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+        os.rename(tmp, out)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+    else:
+        os.rename(tmp, out)
+
+
+# ---------------------------------------------------------------------------------------------------- memory
+
+_PAGE = mmap.PAGESIZE
+_MADV_DONTNEED = 4
+_libc = None
+if sys.platform.startswith("linux"):
+    try:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        _libc = None
+
+
+def mapped_ranges(paths: set[str]) -> list[tuple[int, int]]:
+    """Address ranges of this process mapped from `paths` (Linux /proc/self/maps; empty elsewhere)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].strip() in paths:
+                    lo, hi = parts[0].split("-")
+                    ranges.append((int(lo, 16), int(hi, 16)))
+    except OSError:
+        return []
+    return ranges
+
+
+def _release(t: _Tensor, ranges: list[tuple[int, int]]) -> None:
+    """Drop the pages of `t`'s source pieces from this process. Only pages inside a mapping of a shard file
+    are touched: those are clean pages of a private read-only-used mapping, and touching them again simply
+    re-reads the file (on anonymous memory MADV_DONTNEED would zero data, so nothing else is ever passed).
+    Without this the mapped pages of every shard stay resident and RSS grows to the model's size."""
+    if _libc is None or not ranges:
+        return
+    for p in t.pieces:
+        try:
+            storage = p.untyped_storage()
+            ptr, n = storage.data_ptr(), storage.nbytes()
+        except Exception:  # noqa: BLE001 - best effort: memory accounting only
+            continue
+        lo, hi = -(-ptr // _PAGE) * _PAGE, (ptr + n) // _PAGE * _PAGE  # whole pages inside the piece
+        for mlo, mhi in ranges:
+            a, b = max(lo, mlo), min(hi, mhi)
+            if b > a:
+                _libc.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), _MADV_DONTNEED)

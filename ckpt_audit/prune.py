@@ -1,0 +1,278 @@
+"""Carry out a PrunePlan, crash-safe.
+
+Each checkpoint is first renamed, in one atomic `rename(2)` inside its own directory, to
+`.ckpt-audit-trash-<name>-<exec_id>`: no `global_step_*` glob matches it any more, the tracker never names
+it, and the name says what it was and which execution marked it. Only then are its files removed. A kill at
+any moment therefore leaves each checkpoint either intact under its own name or clearly marked for deletion,
+never a half-deleted `global_step_N` that looks resumable. Every execution starts by finishing what an
+earlier, killed one left marked (`reclaim_trash`).
+
+Before marking, each checkpoint is re-checked against the plan by stat: still a real directory, every
+planned file unchanged (size, mtime, inode), nothing inside written after the scan, and the tracker not
+pointing at it now. Anything else is skipped, never deleted. Nothing outside the plan is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from ckpt_audit.retention import PlanItem, PrunePlan
+
+TRASH_PREFIX = ".ckpt-audit-trash-"
+TRASH_RE = re.compile(r"^\.ckpt-audit-trash-(?P<name>.+)-(?P<exec_id>[0-9a-f]{12})$")
+TRACKER = "latest_checkpointed_iteration.txt"
+# Test seam for the kill test: SIGKILL this process right after its k-th filesystem mutation.
+KILL_AFTER_ENV = "CKPT_AUDIT_TEST_KILL_AFTER_OPS"
+
+
+class Action(StrEnum):
+    DELETED = "deleted"
+    SKIPPED = "skipped"  # no longer looks as planned: left alone
+    FAILED = "failed"  # marked, but removal failed (permissions, ...): stays marked for a later run
+    RECLAIMED = "reclaimed"  # trash left by an earlier, interrupted execution, now removed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    path: str  # the checkpoint path (for reclaimed trash: the trash directory)
+    action: Action
+    detail: str = ""  # why skipped/failed; for reclaimed, the execution that marked it
+    step: int | None = None
+    run_path: str | None = None
+    size_bytes: int = 0  # bytes removed (planned size for deletions; counted for reclaimed trash)
+    reasons: tuple[str, ...] = ()  # the plan's reasons
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "action": str(self.action), "detail": self.detail, "step": self.step,
+                "run": self.run_path, "size_bytes": self.size_bytes, "reasons": list(self.reasons)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PruneResult:
+    exec_id: str
+    started_ns: int
+    finished_ns: int
+    outcomes: tuple[Outcome, ...] = ()
+
+    def count(self, action: Action) -> int:
+        return sum(o.action is action for o in self.outcomes)
+
+    @property
+    def bytes_freed(self) -> int:
+        return sum(o.size_bytes for o in self.outcomes if o.action in (Action.DELETED, Action.RECLAIMED))
+
+    @property
+    def ok(self) -> bool:
+        return not any(o.action is Action.FAILED for o in self.outcomes)
+
+    def to_dict(self) -> dict:
+        return {"exec_id": self.exec_id, "started_ns": self.started_ns, "finished_ns": self.finished_ns,
+                "bytes_freed": self.bytes_freed, "outcomes": [o.to_dict() for o in self.outcomes]}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrashDir:
+    path: str
+    original_name: str
+    exec_id: str
+
+
+def new_exec_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def execute(
+    plan: PrunePlan,
+    *,
+    catalog=None,
+    progress: Callable[[Outcome], None] | None = None,
+    reclaim_dirs: Iterable[str] = (),
+    exec_id: str | None = None,
+) -> PruneResult:
+    """Delete `plan.delete` in order; first finish trash left in the plan's run dirs (and `reclaim_dirs`).
+
+    Idempotent: running the same plan again skips what is already gone. `catalog` (a `Catalog`) gets the
+    plan before anything is touched and each outcome as it happens.
+    """
+    exec_id = exec_id or new_exec_id()
+    ops = _OpCounter.from_env()
+    started = time.time_ns()
+    if catalog is not None:
+        catalog.record_prune_start(exec_id=exec_id, plan=plan, started_ns=started)
+    outcomes: list[Outcome] = []
+
+    def done(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        if catalog is not None:
+            catalog.record_prune_outcome(exec_id=exec_id, outcome=outcome)
+        if progress is not None:
+            progress(outcome)
+
+    dirs = {os.path.dirname(i.path) for i in (*plan.delete, *plan.keep)} | {i.run_path for i in plan.delete}
+    for trash in find_trash(sorted(dirs | set(reclaim_dirs))):
+        done(_reclaim(trash, ops))
+    for item in plan.delete:
+        done(_delete(item, exec_id, ops))
+
+    result = PruneResult(exec_id=exec_id, started_ns=started, finished_ns=time.time_ns(), outcomes=tuple(outcomes))
+    if catalog is not None:
+        catalog.record_prune_finish(exec_id=exec_id, result=result)
+    return result
+
+
+def find_trash(dirs: Iterable[str]) -> list[TrashDir]:
+    """Directories marked for deletion by an earlier execution, directly inside `dirs`."""
+    found = []
+    for d in dirs:
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for name in names:
+            if m := TRASH_RE.match(name):
+                found.append(TrashDir(path=os.path.join(d, name), original_name=m["name"], exec_id=m["exec_id"]))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------- steps
+
+
+def _delete(item: PlanItem, exec_id: str, ops: _OpCounter) -> Outcome:
+    base = {"path": item.path, "step": item.step, "run_path": item.run_path,
+            "reasons": tuple(str(r) for r in item.reasons)}
+    if why := changed_since_plan(item):
+        return Outcome(action=Action.SKIPPED, detail=why, **base)
+    parent, name = os.path.split(item.path)
+    trash = os.path.join(parent, f"{TRASH_PREFIX}{name}-{exec_id}")
+    try:
+        os.rename(item.path, trash)  # the one step that takes it out of the trainer's sight
+        ops.tick()
+        _fsync_dir(parent)  # the mark is durable before the first file goes
+        _remove_tree(trash, ops)
+    except OSError as exc:
+        return Outcome(action=Action.FAILED, detail=f"{type(exc).__name__}: {exc.strerror or exc}", **base)
+    return Outcome(action=Action.DELETED, size_bytes=item.size_bytes, **base)
+
+
+def _reclaim(trash: TrashDir, ops: _OpCounter) -> Outcome:
+    size = _tree_size(trash.path)
+    try:
+        _remove_tree(trash.path, ops)
+    except OSError as exc:
+        return Outcome(path=trash.path, action=Action.FAILED, detail=f"{type(exc).__name__}: {exc.strerror or exc}")
+    return Outcome(path=trash.path, action=Action.RECLAIMED, size_bytes=size,
+                   detail=f"marked by execution {trash.exec_id} ({trash.original_name})")
+
+
+def changed_since_plan(item: PlanItem) -> str | None:
+    """Why `item` no longer looks as it did when planned, or None if it still does."""
+    ckpt = item.checkpoint
+    try:
+        st = os.lstat(ckpt.path)
+    except FileNotFoundError:
+        return "gone already"
+    except OSError as exc:
+        return f"cannot stat: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "no longer a directory"
+    tracker = _tracker_step(ckpt.run_path)
+    if tracker is not None and tracker == ckpt.step:
+        return "the tracker names it now"
+    planned = {f.path: f for f in ckpt.all_files}
+    for f in planned.values():
+        try:
+            fst = os.lstat(f.path)
+        except OSError:
+            return f"planned file vanished: {os.path.relpath(f.path, ckpt.path)}"
+        if fst.st_size != f.size_bytes or fst.st_mtime_ns != f.mtime_ns or (f.inode and fst.st_ino != f.inode):
+            return f"planned file changed: {os.path.relpath(f.path, ckpt.path)}"
+    limit = max([ckpt.mtime_ns, *(f.mtime_ns for f in planned.values())])
+    for dirpath, _dirs, files in os.walk(ckpt.path):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            if p in planned:
+                continue
+            try:
+                if os.lstat(p).st_mtime_ns > limit:
+                    return f"written since the scan: {os.path.relpath(p, ckpt.path)}"
+            except OSError:
+                continue
+    return None
+
+
+def _tracker_step(run_path: str) -> int | None:
+    try:
+        return int(Path(run_path, TRACKER).read_bytes().decode().strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _remove_tree(top: str, ops: _OpCounter) -> None:
+    """Bottom-up removal that never follows a symlink (a link inside is removed, not its target)."""
+    st = os.lstat(top)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(top)
+        ops.tick()
+        return
+    for dirpath, dirs, files in os.walk(top, topdown=False, followlinks=False):
+        for name in files:
+            os.unlink(os.path.join(dirpath, name))
+            ops.tick()
+        for name in dirs:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                os.unlink(p)
+            else:
+                os.rmdir(p)
+            ops.tick()
+    os.rmdir(top)
+    ops.tick()
+
+
+def _tree_size(top: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(top, followlinks=False):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _OpCounter:
+    def __init__(self, kill_after: int | None) -> None:
+        self.kill_after = kill_after
+        self.n = 0
+
+    @classmethod
+    def from_env(cls) -> _OpCounter:
+        raw = os.environ.get(KILL_AFTER_ENV)
+        return cls(int(raw) if raw and raw.isdigit() else None)
+
+    def tick(self) -> None:
+        self.n += 1
+        if self.kill_after is not None and self.n >= self.kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
