@@ -3,12 +3,13 @@
 torch.load never checks the CRCs that torch.save records, so a flipped bit in a checkpoint without a manifest goes
 unnoticed until training diverges. Checking them costs one more pass over bytes already in cache: each chunk is read
 once (readinto a reused per-thread buffer; no mmap, so a file truncated under us is a short read, not a SIGBUS) and
-fed, in L2-sized slices, first to xxh3 and then to the CRC of whichever entry payloads the slice covers. Both
+fed first to xxh3 and then to the CRC of whichever entry payloads the slice covers. Both
 release the GIL, so two worker threads use both cores. See docs/readers.md for the measured figures.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
 import threading
@@ -35,8 +36,7 @@ try:  # isal's crc32 runs ~4x faster than the system zlib's here (perf-limits.md
 except ImportError:  # pragma: no cover - isal is a declared dependency
     _crc32 = zlib.crc32
 
-CHUNK = 8 * 1024 * 1024  # read size: 1-8 MiB reads are fastest here; 64 MiB is 30-55 % slower
-SLICE = 1024 * 1024  # hash+CRC granularity, so the CRC pass finds the slice still in L2
+CHUNK = 2 * 1024 * 1024  # read size: 1-2 MiB was fastest for read+hash+CRC here (docs/readers.md); 64 MiB is slower
 ZIP_SUFFIXES = (".pt", ".pth")  # files expected to be torch zips: anything else is a zip only if it says so
 
 _local = threading.local()
@@ -60,9 +60,13 @@ class FileDigest:
 
 
 def _buffer() -> memoryview:
+    # An anonymous mmap is page-aligned. A bytearray's start is wherever malloc puts it, and a read() into a
+    # destination that is not 64-byte aligned ran ~4x slower here (1.8 vs 7-8 GB/s warm; docs/readers.md).
     mv = getattr(_local, "mv", None)
     if mv is None:
-        mv = _local.mv = memoryview(bytearray(CHUNK))
+        buf = mmap.mmap(-1, CHUNK)
+        buf.write(b"\0" * CHUNK)  # fault the pages in once, outside any timed read
+        mv = _local.mv = memoryview(buf)
     return mv
 
 
@@ -193,19 +197,15 @@ def _stream(fd: int, checker: _CrcChecker | None) -> tuple[str, int]:
     mv = _buffer()
     h = xxhash.xxh3_128()
     pos = 0
-    readinto = os.readv
     bufs = [mv]
     while True:
-        k = readinto(fd, bufs)
+        k = os.readv(fd, bufs)
         if not k:
             break
-        if checker is None:
-            h.update(mv[:k])
-        else:
-            for s in range(0, k, SLICE):
-                piece = mv[s : min(s + SLICE, k)]
-                h.update(piece)
-                checker.feed(pos + s, piece)
+        piece = mv[:k]
+        h.update(piece)
+        if checker is not None:
+            checker.feed(pos, piece)  # the CRC pass finds the chunk still in cache
         pos += k
     return h.hexdigest(), pos
 

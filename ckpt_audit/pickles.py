@@ -1,0 +1,760 @@
+"""Read the structure of a pickle without running it: a restricted unpickler that resolves no globals.
+
+Every GLOBAL / STACK_GLOBAL / INST becomes a `Stub` class named for (module, name); calling it (REDUCE), NEWOBJ and
+BUILD on it only record their arguments and state. So nothing named by the file is imported or executed: a
+`posix.system` in a pickle is a record, not a call. A handful of pure data constructors (`collections.OrderedDict`,
+`torch.Size`, `builtins.set`, `_codecs.encode`, ...) produce the plain Python value they stand for, because
+callers want dicts and tuples, and building those runs no code from the file.
+
+On top of that, `read_pt_structure` reads a torch `.pt` zip: the pickle in `data.pkl` gives the key tree, and each
+tensor record (`torch._utils._rebuild_tensor_v2`, DTensor's `_rebuild_from_type_v2`) gives dtype, shape, stride,
+storage key, numel and location, checked against the zip entries. No torch import (the scan path uses this).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from ckpt_audit.ptzip import PtArchive, ZipEntry, ZipFormatError, payload_offset, read_archive, read_entry
+
+MAX_PICKLE_BYTES = 512 * 1024 * 1024  # data.pkl of a real shard is KiBs to a few MiB
+_MAX_NODES = 5_000_000  # bound the walk of a hostile DAG (shared references) so it cannot blow up
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stubs: what the restricted unpickler builds instead of importing anything
+
+
+class _GlobalMeta(type):
+    def __repr__(cls) -> str:
+        return f"<global {cls._qualname}>"
+
+
+class Stub(metaclass=_GlobalMeta):
+    """An object the pickle asked for. `args` are the REDUCE/NEWOBJ arguments, `state` what BUILD passed,
+    `setitems`/`appended` what SETITEM(S)/APPEND(S) added. Attribute access falls back to the fields of the state,
+    so a dataclass pickled by NEWOBJ+BUILD (DCP's Metadata) reads like the real object: `meta.state_dict_metadata`.
+    """
+
+    __slots__ = ("args", "kwargs", "state", "setitems", "appended")
+    _module: str = ""
+    _name: str = ""
+    _qualname: str = ""
+    _plain: Callable[..., Any] | None = None  # pure data constructor that stands in for this global
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls._plain is not None:
+            try:
+                return cls._plain(*args, **kwargs)
+            except (TypeError, ValueError, LookupError, OverflowError):
+                pass  # odd arguments: keep the record instead
+        self = object.__new__(cls)
+        self.args = args
+        self.kwargs = kwargs
+        self.state = None
+        self.setitems = None
+        self.appended = None
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    # BUILD
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    # SETITEM(S) on an object that is not a dict (e.g. a stubbed mapping type)
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self.setitems is None:
+            self.setitems = {}
+        self.setitems[key] = value
+
+    # APPEND(S)
+    def append(self, value: Any) -> None:
+        if self.appended is None:
+            self.appended = []
+        self.appended.append(value)
+
+    def extend(self, values: Any) -> None:
+        for v in values:
+            self.append(v)
+
+    # REDUCE whose callable is itself a built record (e.g. the result of a stubbed getattr)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = _stub_class("<call>", "")
+        out = call(*args, **kwargs)
+        out.state = {"callee": self}
+        return out
+
+    @property
+    def qualname(self) -> str:
+        return type(self)._qualname
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The BUILD state as one dict: a plain state dict, or the merge of a (dict, slots) pair."""
+        st = self.state
+        if isinstance(st, dict):
+            return {str(k): v for k, v in st.items()}
+        if isinstance(st, tuple) and len(st) == 2:
+            out: dict[str, Any] = {}
+            for part in st:
+                if isinstance(part, dict):
+                    out.update({str(k): v for k, v in part.items()})
+            return out
+        return {}
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        try:
+            return self.fields[attr]
+        except KeyError:
+            raise AttributeError(f"{self.qualname} record has no field {attr!r}") from None
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(a) for a in self.args)
+        if self.state is not None:
+            inner += (", " if inner else "") + f"state={self.state!r}"
+        text = f"{self.qualname}({inner})"
+        return text if len(text) < 300 else text[:297] + "..."
+
+
+def _bytes_from_codecs(text: str, encoding: str = "utf-8") -> bytes:
+    if encoding.replace("-", "").replace("_", "").lower() not in ("latin1", "utf8", "ascii", "iso88591"):
+        raise LookupError(encoding)  # only plain text codecs: no codec lookup on the file's say-so
+    return text.encode(encoding)
+
+
+def _device_str(kind: str, index: int | None = None) -> str:
+    if not isinstance(kind, str):
+        raise TypeError("device")
+    return kind if index is None or ":" in kind else f"{kind}:{int(index)}"
+
+
+def _plain_str(value: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError("layout")
+    return value
+
+
+# Pure data constructors: building these values runs no code from the file.
+_PLAIN: dict[tuple[str, str], Callable[..., Any]] = {
+    ("collections", "OrderedDict"): dict,
+    ("collections", "defaultdict"): lambda *a: {},
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "list"): list,
+    ("builtins", "tuple"): tuple,
+    ("builtins", "dict"): dict,
+    ("builtins", "bytearray"): bytearray,
+    ("builtins", "bytes"): bytes,
+    ("builtins", "complex"): complex,
+    ("builtins", "slice"): slice,
+    ("__builtin__", "set"): set,
+    ("__builtin__", "frozenset"): frozenset,
+    ("_codecs", "encode"): _bytes_from_codecs,
+    ("torch", "Size"): tuple,
+    ("torch", "device"): _device_str,
+    ("torch.serialization", "_get_layout"): _plain_str,
+}
+
+_STUB_CACHE: dict[tuple[str, str], type[Stub]] = {}
+
+
+def _stub_class(module: str, name: str) -> type[Stub]:
+    key = (module, name)
+    cls = _STUB_CACHE.get(key)
+    if cls is None:
+        qual = f"{module}.{name}" if module and name else (module or name)
+        cls = _GlobalMeta(
+            "Stub", (Stub,), {"__slots__": (), "_module": module, "_name": name, "_qualname": qual,
+                              "_plain": _PLAIN.get(key)}
+        )
+        _STUB_CACHE[key] = cls
+    return cls
+
+
+def global_name(obj: Any) -> str | None:
+    """`module.name` of a stubbed global (the class itself, as for dtypes: `torch.float32`), else None."""
+    if isinstance(obj, type) and issubclass(obj, Stub):
+        return obj._qualname
+    return None
+
+
+def is_record(obj: Any, *qualnames: str) -> bool:
+    """True if obj is a record built from one of the given globals (or any global when none are given)."""
+    return isinstance(obj, Stub) and (not qualnames or type(obj)._qualname in qualnames)
+
+
+@dataclass(frozen=True, slots=True)
+class PersistentRef:
+    """A persistent id in the pickle (torch: a storage); what it names is resolved by the caller, never here."""
+
+    pid: Any
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, file: BinaryIO, persistent: Callable[[Any], Any] | None) -> None:
+        super().__init__(file, encoding="latin1")
+        self.seen: set[str] = set()
+        self._persistent = persistent
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.seen.add(f"{module}.{name}")
+        return _stub_class(str(module), str(name))
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._persistent(pid) if self._persistent is not None else PersistentRef(pid)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Loaded:
+    root: Any
+    globals_seen: frozenset[str]
+
+
+def restricted_load(
+    data: bytes | bytearray | memoryview | BinaryIO, *, persistent_load: Callable[[Any], Any] | None = None
+) -> Any:
+    """Unpickle `data` into plain Python values and `Stub` records; nothing from the file is imported or run.
+
+    Raises pickle.UnpicklingError (or ValueError/EOFError on garbage). For DCP `.metadata`:
+    `meta = restricted_load(open(p, "rb"))`; `meta.state_dict_metadata` is the dict of the real Metadata.
+    """
+    return restricted_load_ex(data, persistent_load=persistent_load).root
+
+
+def restricted_load_ex(
+    data: bytes | bytearray | memoryview | BinaryIO, *, persistent_load: Callable[[Any], Any] | None = None
+) -> Loaded:
+    """restricted_load plus the set of globals the pickle referenced."""
+    f = io.BytesIO(bytes(data)) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    u = _RestrictedUnpickler(f, persistent_load)
+    root = u.load()
+    return Loaded(root=root, globals_seen=frozenset(u.seen))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch .pt structure
+
+# storage class name -> (dtype name, item size in bytes)
+_STORAGE_DTYPES: dict[str, tuple[str, int]] = {
+    "DoubleStorage": ("float64", 8),
+    "FloatStorage": ("float32", 4),
+    "HalfStorage": ("float16", 2),
+    "BFloat16Storage": ("bfloat16", 2),
+    "LongStorage": ("int64", 8),
+    "IntStorage": ("int32", 4),
+    "ShortStorage": ("int16", 2),
+    "CharStorage": ("int8", 1),
+    "ByteStorage": ("uint8", 1),
+    "BoolStorage": ("bool", 1),
+    "ComplexDoubleStorage": ("complex128", 16),
+    "ComplexFloatStorage": ("complex64", 8),
+    "QInt8Storage": ("qint8", 1),
+    "QUInt8Storage": ("quint8", 1),
+    "QInt32Storage": ("qint32", 4),
+    "QUInt4x2Storage": ("quint4x2", 1),
+    "QUInt2x4Storage": ("quint2x4", 1),
+    "UntypedStorage": ("uint8", 1),  # numel counts bytes; the tensor's dtype comes from _rebuild_tensor_v3
+}
+
+# dtype name (as in `torch.<name>` globals) -> item size
+DTYPE_ITEMSIZE: dict[str, int] = {
+    "float64": 8, "double": 8, "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
+    "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8, "complex128": 16, "cdouble": 16, "complex64": 8, "cfloat": 8,
+    "complex32": 4, "chalf": 4, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1, "bits8": 1, "bits16": 2,
+}
+_DTYPE_ALIASES = {"double": "float64", "float": "float32", "half": "float16", "long": "int64", "int": "int32",
+                  "short": "int16", "cdouble": "complex128", "cfloat": "complex64", "chalf": "complex32"}
+
+_REBUILD_V2 = ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor")
+_REBUILD_V3 = "torch._utils._rebuild_tensor_v3"
+_REBUILD_PARAM = ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state")
+_REBUILD_FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
+_REBUILD_WRAPPER = "torch._utils._rebuild_wrapper_subclass"
+_REBUILD_META = "torch._utils._rebuild_meta_tensor_no_storage"
+_DTENSOR_TYPES = ("torch.distributed.tensor.DTensor", "torch.distributed._tensor.api.DTensor",
+                  "torch.distributed.tensor._api.DTensor", "torch.distributed._tensor.DTensor")
+_OTHER_REBUILDS = ("torch._utils._rebuild_qtensor", "torch._utils._rebuild_sparse_tensor",
+                   "torch._utils._rebuild_nested_tensor", "torch._utils._rebuild_device_tensor_from_numpy",
+                   "torch._utils._rebuild_device_tensor_from_cpu_tensor", "torch._utils._rebuild_xla_tensor",
+                   "torch._utils._rebuild_mtia_tensor")
+
+# Globals that torch.save emits for tensors, DTensors and optimizer/scheduler state; anything else in a scanned
+# file is worth a look (the scanner turns `unsafe_globals` into a finding).
+KNOWN_SAFE_GLOBALS: frozenset[str] = frozenset(
+    {
+        *(f"torch.{n}" for n in _STORAGE_DTYPES),
+        *(f"torch.{n}" for n in DTYPE_ITEMSIZE),
+        *_REBUILD_V2, _REBUILD_V3, *_REBUILD_PARAM, _REBUILD_FROM_TYPE, _REBUILD_WRAPPER, _REBUILD_META,
+        *_DTENSOR_TYPES,
+        "torch.Size", "torch.device", "torch.serialization._get_layout", "torch.Tensor", "torch.nn.parameter.Parameter",
+        "collections.OrderedDict", "collections.defaultdict", "builtins.set", "builtins.frozenset", "builtins.slice",
+        "builtins.complex", "builtins.bytearray", "_codecs.encode",
+        "torch.distributed.tensor._dtensor_spec.DTensorSpec", "torch.distributed.tensor._dtensor_spec.TensorMeta",
+        "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
+        "torch.distributed.tensor.placement_types.Shard", "torch.distributed.tensor.placement_types.Replicate",
+        "torch.distributed.tensor.placement_types.Partial", "torch.distributed.tensor.placement_types._StridedShard",
+        "torch.distributed.tensor.placement_types._Partial",
+        "torch.distributed.device_mesh.DeviceMesh", "torch.distributed._mesh_layout._MeshLayout",
+        "torch.distributed._mesh_layout._FlatLayout",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageRef:
+    """torch's persistent id for a storage: ('storage', <storage class>, key, location, numel)."""
+
+    storage_type: str  # e.g. "FloatStorage", "UntypedStorage"
+    dtype: str | None  # from the storage class; None when untyped
+    itemsize: int
+    key: str  # zip entry data/<key>
+    location: str  # "cpu", "cuda:0", ...
+    numel: int  # elements of `dtype` (bytes when untyped)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TensorInfo:
+    key: str  # dotted path of keys: "model.layers.0.weight", "state.0.exp_avg"
+    key_path: tuple[Any, ...]  # the same path as the real keys (ints stay ints), for keys that contain dots
+    dtype: str  # "float32", "bfloat16", ...
+    shape: tuple[int, ...]  # local shape (for a DTensor: this rank's chunk)
+    stride: tuple[int, ...]
+    storage_offset: int = 0
+    storage_key: str | None = None  # None for meta tensors (no storage)
+    storage_numel: int = 0
+    storage_nbytes: int = 0
+    device: str = "cpu"  # storage location string as saved ("cpu", "cuda:0")
+    requires_grad: bool = False
+    is_parameter: bool = False
+    is_dtensor: bool = False
+    global_shape: tuple[int, ...] | None = None  # DTensor only
+    placements: tuple[str, ...] = ()  # "Shard(0)", "Replicate()", "Partial(sum)", "_StridedShard(0, sf=2)"
+    mesh_shape: tuple[int, ...] | None = None
+    mesh_dim_names: tuple[str, ...] | None = None
+    mesh_device_type: str | None = None
+    mesh_ranks: tuple[int, ...] | None = None  # the mesh's ranks in row-major order, when its storage is readable
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_ITEMSIZE.get(self.dtype, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PtStructure:
+    path: str
+    prefix: str | None  # the zip's top-level folder: the file stem at save time
+    entries: tuple[ZipEntry, ...] = ()
+    keys: tuple[str, ...] = ()  # top-level keys of the saved dict (str() of each)
+    tensors: tuple[TensorInfo, ...] = ()
+    globals_seen: frozenset[str] = frozenset()
+    problems: tuple[str, ...] = ()  # one line each; empty for a well-formed file
+    byteorder: str | None = None  # "little" / "big" / None when the record is absent
+    storage_count: int = 0
+    tree: Any = field(default=None, repr=False, compare=False)  # restricted object tree, tensors as TensorInfo
+
+    @property
+    def unsafe_globals(self) -> frozenset[str]:
+        """Globals outside what torch.save emits for tensors and training state: the file asks for code."""
+        return frozenset(g for g in self.globals_seen if g not in KNOWN_SAFE_GLOBALS)
+
+    @property
+    def has_dtensors(self) -> bool:
+        return any(t.is_dtensor for t in self.tensors)
+
+    def tensor(self, key: str) -> TensorInfo | None:
+        for t in self.tensors:
+            if t.key == key:
+                return t
+        return None
+
+
+def read_pt_structure(path: str | os.PathLike[str]) -> PtStructure:
+    """Structure of a torch .pt zip without torch and without running its pickle. Raises OSError only;
+    a broken zip or pickle becomes `problems` (the first one says why nothing else could be read)."""
+    fspath = os.fspath(path)
+    fd = os.open(fspath, os.O_RDONLY)
+    try:
+        try:
+            archive = read_archive(fd)
+        except ZipFormatError as exc:
+            return PtStructure(path=fspath, prefix=None, problems=(str(exc),))
+        return _read_structure(fd, fspath, archive)
+    finally:
+        os.close(fd)
+
+
+def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
+    problems = list(archive.torch_problems)
+    base = dict(path=path, prefix=archive.prefix, entries=archive.entries)
+    byteorder = None
+    if (bo := archive.get("byteorder")) is not None:
+        try:
+            byteorder = read_entry(fd, bo, limit=64).decode("ascii", "replace").strip()
+        except ZipFormatError as exc:
+            problems.append(str(exc))
+    if byteorder not in (None, "little", "big"):
+        problems.append(f"byteorder record says {byteorder!r}")
+    pkl = archive.get("data.pkl")
+    if pkl is None:
+        return PtStructure(**base, problems=tuple(problems), byteorder=byteorder)
+    try:
+        raw = read_entry(fd, pkl, limit=MAX_PICKLE_BYTES)
+    except ZipFormatError as exc:
+        return PtStructure(**base, problems=(*problems, str(exc)), byteorder=byteorder)
+    storages: dict[str, StorageRef] = {}
+
+    def persistent(pid: Any) -> Any:
+        ref = _storage_ref(pid)
+        if ref is None:
+            return PersistentRef(pid)
+        prior = storages.setdefault(ref.key, ref)
+        if prior.numel != ref.numel or prior.storage_type != ref.storage_type:
+            problems.append(f"storage {ref.key} is referenced with two different types or sizes")
+        return ref
+
+    try:
+        loaded = restricted_load_ex(raw, persistent_load=persistent)
+    except Exception as exc:  # noqa: BLE001 - any failure of a hostile or damaged pickle is a problem, not a crash
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return PtStructure(**base, problems=(*problems, f"data.pkl does not unpickle: {msg}"), byteorder=byteorder)
+    walker = _Walker(fd, archive, storages, big_endian=byteorder == "big")
+    tree = walker.convert(loaded.root, ())
+    problems.extend(walker.problems)
+    problems.extend(_check_storages(archive, storages))
+    keys = tuple(str(k) for k in loaded.root) if isinstance(loaded.root, dict) else ()
+    return PtStructure(
+        **base,
+        keys=keys,
+        tensors=tuple(walker.tensors),
+        globals_seen=loaded.globals_seen,
+        problems=tuple(problems),
+        byteorder=byteorder,
+        storage_count=len(storages),
+        tree=tree,
+    )
+
+
+def _storage_ref(pid: Any) -> StorageRef | None:
+    if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+        return None
+    _, stype, key, location, numel = pid
+    sname = global_name(stype) or ""
+    short = sname.rpartition(".")[2]
+    dtype, itemsize = _STORAGE_DTYPES.get(short, (None, 1))
+    if short == "UntypedStorage":
+        dtype = None
+    if not isinstance(numel, int) or numel < 0:
+        numel = 0
+    return StorageRef(storage_type=short, dtype=dtype, itemsize=itemsize, key=str(key), location=str(location),
+                      numel=numel)
+
+
+def _check_storages(archive: PtArchive, storages: dict[str, StorageRef]) -> Iterator[str]:
+    data = archive.data_entries
+    for key, ref in sorted(storages.items(), key=lambda kv: _natural(kv[0])):
+        entry = data.get(key)
+        if entry is None:
+            yield f"storage {key} ({ref.numel} x {ref.storage_type}) has no zip entry data/{key}"
+        elif ref.nbytes > entry.size:
+            yield f"storage {key} needs {ref.nbytes} bytes ({ref.numel} x {ref.itemsize}) but data/{key} holds {entry.size}"
+    for key in sorted(set(data) - set(storages), key=_natural):
+        yield f"zip entry data/{key} is referenced by no tensor in data.pkl"
+
+
+def _natural(key: str) -> tuple[int, str]:
+    return (int(key), "") if key.isdigit() else (1 << 62, key)
+
+
+def _dtype_name(obj: Any) -> str | None:
+    name = global_name(obj)
+    if name is None or not name.startswith("torch."):
+        return None
+    short = name[6:]
+    return _DTYPE_ALIASES.get(short, short)
+
+
+def _int_tuple(v: Any) -> tuple[int, ...] | None:
+    if isinstance(v, (tuple, list)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return tuple(v)
+    return None
+
+
+def _placement_str(p: Any) -> str:
+    if not isinstance(p, Stub):
+        return repr(p)
+    short = p.qualname.rpartition(".")[2]
+    f = p.fields
+    if short == "Shard":
+        return f"Shard({f.get('dim', p.args[0] if p.args else '?')})"
+    if short == "_StridedShard":
+        return f"_StridedShard({f.get('dim', '?')}, sf={f.get('split_factor', '?')})"
+    if short == "Replicate":
+        return "Replicate()"
+    if short in ("Partial", "_Partial"):
+        op = f.get("reduce_op", p.args[0] if p.args else "sum")
+        return f"Partial({op})"
+    return short + "()"
+
+
+class _Walker:
+    """Turns the restricted tree into plain values with TensorInfo leaves, collecting tensors and problems."""
+
+    def __init__(self, fd: int, archive: PtArchive, storages: dict[str, StorageRef], *, big_endian: bool) -> None:
+        self.fd = fd
+        self.archive = archive
+        self.storages = storages
+        self.big_endian = big_endian
+        self.tensors: list[TensorInfo] = []
+        self.problems: list[str] = []
+        self._nodes = 0
+        self._on_path: set[int] = set()
+        self._mesh_ranks: dict[str, tuple[int, ...] | None] = {}
+
+    def convert(self, obj: Any, path: tuple[Any, ...]) -> Any:
+        self._nodes += 1
+        if self._nodes > _MAX_NODES:
+            if self._nodes == _MAX_NODES + 1:
+                self.problems.append(f"data.pkl has over {_MAX_NODES} objects; structure read stopped")
+            return None
+        if isinstance(obj, (str, bytes, int, float, bool, type(None), complex)):
+            return obj
+        oid = id(obj)
+        if oid in self._on_path:
+            return None  # a reference cycle: keep the tree finite
+        self._on_path.add(oid)
+        try:
+            return self._convert(obj, path)
+        finally:
+            self._on_path.discard(oid)
+
+    def _convert(self, obj: Any, path: tuple[Any, ...]) -> Any:
+        if isinstance(obj, dict):
+            return {k: self.convert(v, (*path, k)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            out = [self.convert(v, (*path, i)) for i, v in enumerate(obj)]
+            return out if isinstance(obj, list) else tuple(out)
+        if isinstance(obj, Stub):
+            info = self._tensor(obj, path)
+            if info is not None:
+                self.tensors.append(info)
+                return info
+            return obj
+        return obj
+
+    # -- tensors -----------------------------------------------------------------------------------------------
+
+    def _tensor(self, rec: Stub, path: tuple[Any, ...], *, is_parameter: bool = False) -> TensorInfo | None:
+        q = rec.qualname
+        a = rec.args
+        if q in _REBUILD_V2 or q == _REBUILD_V3:
+            return self._plain_tensor(rec, path, is_parameter=is_parameter)
+        if q in _REBUILD_PARAM and a and isinstance(a[0], Stub):
+            rg = bool(a[1]) if len(a) > 1 and isinstance(a[1], bool) else False
+            inner = self._tensor(a[0], path, is_parameter=True)
+            return _replace(inner, requires_grad=rg) if inner is not None else None
+        if q == _REBUILD_FROM_TYPE:
+            return self._from_type(rec, path)
+        if q == _REBUILD_META and len(a) >= 3:
+            shape, stride = _int_tuple(a[1]), _int_tuple(a[2])
+            return TensorInfo(key=_dotted(path), key_path=path, dtype=_dtype_name(a[0]) or "?", shape=shape or (),
+                              stride=stride or (), device="meta")
+        if q in _OTHER_REBUILDS:
+            self.problems.append(f"{_dotted(path)}: tensor kind {q.rpartition('.')[2]} is not inspected")
+        return None
+
+    def _plain_tensor(self, rec: Stub, path: tuple[Any, ...], *, is_parameter: bool = False) -> TensorInfo | None:
+        a = rec.args
+        key = _dotted(path)
+        if len(a) < 4 or not isinstance(a[0], StorageRef):
+            self.problems.append(f"{key}: tensor record without a storage")
+            return None
+        st: StorageRef = a[0]
+        offset = a[1] if isinstance(a[1], int) else 0
+        shape, stride = _int_tuple(a[2]), _int_tuple(a[3])
+        if shape is None or stride is None or len(shape) != len(stride):
+            self.problems.append(f"{key}: tensor record with a malformed shape or stride")
+            return None
+        rg = bool(a[4]) if len(a) > 4 and isinstance(a[4], bool) else False
+        if rec.qualname == _REBUILD_V3:
+            dtype = _dtype_name(a[6]) if len(a) > 6 else None
+        else:
+            dtype = st.dtype
+        dtype = dtype or "?"
+        info = TensorInfo(key=key, key_path=path, dtype=dtype, shape=shape, stride=stride, storage_offset=offset,
+                          storage_key=st.key, storage_numel=st.numel, storage_nbytes=st.nbytes, device=st.location,
+                          requires_grad=rg, is_parameter=is_parameter)
+        self._check_extent(info, st)
+        return info
+
+    def _check_extent(self, t: TensorInfo, st: StorageRef) -> None:
+        if any(s < 0 for s in t.shape) or any(s < 0 for s in t.stride) or t.storage_offset < 0:
+            self.problems.append(f"{t.key}: negative size, stride or offset")
+            return
+        if t.numel == 0:
+            return
+        last = t.storage_offset + sum((n - 1) * s for n, s in zip(t.shape, t.stride))
+        item = DTYPE_ITEMSIZE.get(t.dtype, 1)
+        # typed storage: numel in elements of the storage dtype; untyped (v3): numel in bytes
+        need_bytes = (last + 1) * item
+        have_bytes = st.nbytes
+        if need_bytes > have_bytes:
+            self.problems.append(
+                f"{t.key}: shape {list(t.shape)} stride {list(t.stride)} offset {t.storage_offset} needs "
+                f"{need_bytes} bytes of storage {st.key}, which holds {have_bytes}"
+            )
+
+    def _from_type(self, rec: Stub, path: tuple[Any, ...]) -> TensorInfo | None:
+        a = rec.args
+        if len(a) < 3:
+            return None
+        func, new_type, fargs = a[0], a[1], a[2]
+        state = a[3] if len(a) > 3 else None
+        fname, tname = global_name(func), global_name(new_type)
+        if tname in _DTENSOR_TYPES:
+            return self._dtensor(fargs, state, path)
+        if fname in _REBUILD_V2 or fname == _REBUILD_V3:
+            # A Tensor subclass around a plain tensor (e.g. nn.Parameter subclasses): read the plain part.
+            inner = _stub_class(*fname.rsplit(".", 1))(*fargs) if isinstance(fargs, tuple) else None
+            return self._plain_tensor(inner, path) if isinstance(inner, Stub) else None
+        if tname:
+            self.problems.append(f"{_dotted(path)}: tensor subclass {tname} is not inspected")
+        return None
+
+    def _dtensor(self, wargs: Any, state: Any, path: tuple[Any, ...]) -> TensorInfo | None:
+        key = _dotted(path)
+        holder = _stub_class("<state>", "")()
+        holder.state = state
+        f = holder.fields
+        local = f.get("_local_tensor")
+        spec = f.get("_spec")
+        linfo = self._tensor(local, path) if isinstance(local, Stub) else None
+        if linfo is None:
+            self.problems.append(f"{key}: DTensor without a readable local tensor")
+            return None
+        global_shape = None
+        if isinstance(wargs, tuple) and len(wargs) >= 3:
+            global_shape = _int_tuple(wargs[2])
+        placements: tuple[str, ...] = ()
+        mesh_shape = mesh_names = mesh_dev = mesh_ranks = None
+        if isinstance(spec, Stub):
+            sf = spec.fields
+            pl = sf.get("placements")
+            if isinstance(pl, (tuple, list)):
+                placements = tuple(_placement_str(p) for p in pl)
+            meta = sf.get("tensor_meta")
+            if global_shape is None and isinstance(meta, Stub) and meta.args:
+                global_shape = _int_tuple(meta.args[0])
+            mesh = sf.get("mesh")
+            if isinstance(mesh, Stub):
+                mesh_shape, mesh_names, mesh_dev, mesh_ranks = self._mesh(mesh)
+        else:
+            self.problems.append(f"{key}: DTensor without a readable spec")
+        return _replace(linfo, is_dtensor=True, global_shape=global_shape, placements=placements,
+                        mesh_shape=mesh_shape, mesh_dim_names=mesh_names, mesh_device_type=mesh_dev,
+                        mesh_ranks=mesh_ranks)
+
+    def _mesh(self, mesh: Stub) -> tuple[Any, Any, Any, Any]:
+        f = mesh.fields
+        dev = f.get("device_type", f.get("_device_type"))
+        names = f.get("mesh_dim_names", f.get("_mesh_dim_names"))
+        names = tuple(str(n) for n in names) if isinstance(names, (tuple, list)) else None
+        shape: tuple[int, ...] | None = None
+        ranks: tuple[int, ...] | None = None
+        layout = f.get("_layout")
+        if isinstance(layout, Stub):  # torch >= 2.9: a CuTe-style layout, one _FlatLayout per mesh dim
+            axes = layout.fields.get("axes")
+            if isinstance(axes, (tuple, list)):
+                dims = []
+                for ax in axes:
+                    ashape = ax.fields.get("shape") if isinstance(ax, Stub) else None
+                    dims.append(_prod(ashape) if isinstance(ashape, (tuple, list, int)) else None)
+                if all(d is not None for d in dims):
+                    shape = tuple(dims)
+        rank_rec = f.get("_rank_map", f.get("mesh"))  # _rank_map (new) or mesh (older torch): an int tensor
+        if isinstance(rank_rec, Stub) and rank_rec.qualname in _REBUILD_V2:
+            rt = self._plain_tensor(rank_rec, ("<mesh>",))
+            if rt is not None:
+                if shape is None and f.get("mesh") is rank_rec:
+                    shape = rt.shape
+                ranks = self._read_ranks(rt)
+        return shape, names, str(dev) if dev is not None else None, ranks
+
+    def _read_ranks(self, t: TensorInfo) -> tuple[int, ...] | None:
+        if t.storage_key is None or t.dtype not in ("int32", "int64") or t.numel > 65536:
+            return None
+        cache_key = f"{t.storage_key}:{t.storage_offset}:{t.shape}:{t.stride}"
+        if cache_key in self._mesh_ranks:
+            return self._mesh_ranks[cache_key]
+        ranks = None
+        entry = self.archive.data_entries.get(t.storage_key)
+        if entry is not None and entry.stored and entry.size <= 8 * 65536 * 4:
+            try:
+                raw = os.pread(self.fd, entry.size, payload_offset(self.fd, entry))
+                fmt = ("<" if not self.big_endian else ">") + ("i" if t.dtype == "int32" else "q")
+                vals = [v[0] for v in struct.iter_unpack(fmt, raw[: len(raw) // struct.calcsize(fmt)
+                                                                   * struct.calcsize(fmt)])]
+                out = []
+                for idx in _strided_indices(t.shape, t.stride, t.storage_offset):
+                    out.append(vals[idx])
+                ranks = tuple(out)
+            except (ZipFormatError, OSError, IndexError):
+                ranks = None
+        self._mesh_ranks[cache_key] = ranks
+        return ranks
+
+
+def _strided_indices(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> Iterator[int]:
+    if not shape:
+        yield offset
+        return
+    idx = [0] * len(shape)
+    total = _prod(shape)
+    for _ in range(total):
+        yield offset + sum(i * s for i, s in zip(idx, stride))
+        for d in range(len(shape) - 1, -1, -1):
+            idx[d] += 1
+            if idx[d] < shape[d]:
+                break
+            idx[d] = 0
+
+
+def _prod(v: Any) -> int:
+    if isinstance(v, int):
+        return v
+    n = 1
+    for x in v:
+        n *= _prod(x)
+    return n
+
+
+def _replace(t: TensorInfo, **changes: Any) -> TensorInfo:
+    from dataclasses import replace
+
+    return replace(t, **changes)
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in path)
