@@ -1,0 +1,157 @@
+"""Catalog records of lifecycle actions: executed prune plans (with every reason) and exports (with hashes).
+
+Schema lives in `migrations.py` (`m_lifecycle_*`, appended). `LifecycleLog` wraps the catalog's sqlite-utils
+Database; `ckpt_audit.prune.execute(catalog=LifecycleLog(...))` writes through it. A prune's plan is written
+before anything is touched and each outcome as it happens, so a killed prune leaves a `started` row that says
+what it meant to do; the next one records reclaiming the trash the killed one left.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt_audit.export import ExportResult
+    from ckpt_audit.prune import Outcome, PruneResult
+    from ckpt_audit.retention import PrunePlan
+
+
+def create_lifecycle_tables(db) -> None:
+    """Body of the lifecycle migration (kept here, beside the code that writes the rows)."""
+    db.execute("""
+        CREATE TABLE prunes (
+            exec_id TEXT PRIMARY KEY,
+            started_ns INTEGER NOT NULL,
+            finished_ns INTEGER,               -- NULL: killed or still running
+            status TEXT NOT NULL,              -- started | finished
+            policy TEXT NOT NULL,
+            planned_delete INTEGER NOT NULL,
+            planned_bytes INTEGER NOT NULL,
+            bytes_freed INTEGER,
+            plan TEXT NOT NULL                 -- JSON: PrunePlan.to_dict()
+        )""")
+    db.execute("""
+        CREATE TABLE prune_items (
+            id INTEGER PRIMARY KEY,
+            exec_id TEXT NOT NULL REFERENCES prunes(exec_id),
+            path TEXT NOT NULL,
+            run_path TEXT,
+            step INTEGER,
+            action TEXT NOT NULL,              -- planned | kept | deleted | skipped | failed | reclaimed
+            reasons TEXT NOT NULL DEFAULT '[]',  -- JSON list of reason slugs
+            detail TEXT NOT NULL DEFAULT '',
+            size_bytes INTEGER NOT NULL DEFAULT 0,
+            at_ns INTEGER NOT NULL
+        )""")
+    db.execute("CREATE INDEX prune_items_path ON prune_items(path)")
+    db.execute("CREATE INDEX prune_items_exec ON prune_items(exec_id)")
+    db.execute("""
+        CREATE TABLE exports (
+            id INTEGER PRIMARY KEY,
+            created_ns INTEGER NOT NULL,
+            source TEXT NOT NULL,              -- the checkpoint (step dir) exported
+            role_dir TEXT NOT NULL,
+            out_dir TEXT NOT NULL,
+            source_kind TEXT NOT NULL,         -- fsdp-shards | hf-weights
+            world_size INTEGER,
+            dtype TEXT NOT NULL,
+            tensors INTEGER NOT NULL,
+            total_bytes INTEGER NOT NULL,
+            verified INTEGER NOT NULL,
+            warnings TEXT NOT NULL DEFAULT '[]',
+            source_files TEXT NOT NULL DEFAULT '[]'  -- JSON [[path, hash]] of the source as last scanned
+        )""")
+    db.execute("""
+        CREATE TABLE export_files (
+            id INTEGER PRIMARY KEY,
+            export_id INTEGER NOT NULL REFERENCES exports(id),
+            path TEXT NOT NULL,
+            size_bytes INTEGER NOT NULL,
+            hash TEXT NOT NULL
+        )""")
+    db.execute("CREATE INDEX export_files_export ON export_files(export_id)")
+
+
+class LifecycleLog:
+    """Writes prunes and exports into an open catalog (`db`: sqlite_utils.Database)."""
+
+    def __init__(self, db) -> None:
+        self.db = db
+
+    # ------------------------------------------------------------------ prune
+
+    def record_prune_start(self, *, exec_id: str, plan: PrunePlan, started_ns: int) -> None:
+        now = time.time_ns()
+        with self.db.atomic():
+            self.db["prunes"].insert({
+                "exec_id": exec_id, "started_ns": started_ns, "finished_ns": None, "status": "started",
+                "policy": plan.policy.describe(), "planned_delete": len(plan.delete),
+                "planned_bytes": plan.bytes_freed, "bytes_freed": None, "plan": json.dumps(plan.to_dict()),
+            })
+            rows = [_item_row(exec_id, i, "planned", now) for i in plan.delete]
+            rows += [_item_row(exec_id, i, "kept", now) for i in plan.keep]
+            if rows:
+                self.db["prune_items"].insert_all(rows, batch_size=500)
+
+    def record_prune_outcome(self, *, exec_id: str, outcome: Outcome) -> None:
+        with self.db.atomic():
+            self.db["prune_items"].insert({
+                "exec_id": exec_id, "path": outcome.path, "run_path": outcome.run_path, "step": outcome.step,
+                "action": str(outcome.action), "reasons": json.dumps(list(outcome.reasons)),
+                "detail": outcome.detail, "size_bytes": outcome.size_bytes, "at_ns": time.time_ns(),
+            })
+            if str(outcome.action) in ("deleted", "reclaimed") and self.db["checkpoints"].exists():
+                self.db.execute("UPDATE checkpoints SET present = 0 WHERE path = ?", [outcome.path])
+
+    def record_prune_finish(self, *, exec_id: str, result: PruneResult) -> None:
+        with self.db.atomic():
+            self.db.execute(
+                "UPDATE prunes SET finished_ns = ?, status = 'finished', bytes_freed = ? WHERE exec_id = ?",
+                [result.finished_ns, result.bytes_freed, exec_id],
+            )
+
+    def prunes(self) -> list[dict]:
+        return list(self.db.query("SELECT exec_id, started_ns, finished_ns, status, policy, planned_delete, "
+                                  "planned_bytes, bytes_freed FROM prunes ORDER BY started_ns"))
+
+    def prune_items(self, exec_id: str) -> list[dict]:
+        rows = self.db.query("SELECT * FROM prune_items WHERE exec_id = ? ORDER BY id", [exec_id])
+        return [{**r, "reasons": json.loads(r["reasons"])} for r in rows]
+
+    # ------------------------------------------------------------------ export
+
+    def record_export(self, result: ExportResult) -> int:
+        source_files: list = []
+        if self.db["files"].exists():
+            source_files = [[r["path"], r["hash"]] for r in self.db.query(
+                "SELECT path, hash FROM files WHERE checkpoint_path = ? AND present = 1 ORDER BY path",
+                [result.source])]
+        with self.db.atomic():
+            export_id = self.db["exports"].insert({
+                "created_ns": time.time_ns(), "source": result.source, "role_dir": result.role_dir,
+                "out_dir": result.out_dir, "source_kind": result.source_kind, "world_size": result.world_size,
+                "dtype": result.dtype, "tensors": result.tensors, "total_bytes": result.total_bytes,
+                "verified": int(result.verified), "warnings": json.dumps(list(result.warnings)),
+                "source_files": json.dumps(source_files),
+            }).last_pk
+            self.db["export_files"].insert_all(
+                [{"export_id": export_id, "path": f.path, "size_bytes": f.size_bytes, "hash": f.hash}
+                 for f in result.files], batch_size=500)
+        return int(export_id)
+
+    def exports(self) -> list[dict]:
+        out = []
+        for r in self.db.query("SELECT * FROM exports ORDER BY id"):
+            files = list(self.db.query("SELECT path, size_bytes, hash FROM export_files WHERE export_id = ? "
+                                       "ORDER BY path", [r["id"]]))
+            out.append({**r, "warnings": json.loads(r["warnings"]), "source_files": json.loads(r["source_files"]),
+                        "files": files})
+        return out
+
+
+def _item_row(exec_id: str, item, action: str, now: int) -> dict:
+    return {"exec_id": exec_id, "path": item.path, "run_path": item.run_path, "step": item.step,
+            "action": action, "reasons": json.dumps([str(r) for r in item.reasons]), "detail": "",
+            "size_bytes": item.size_bytes, "at_ns": now}
