@@ -16,6 +16,10 @@ from ckpt_audit.exitcodes import ExitCode
 
 # name -> "module:attribute"; one line per command.
 COMMANDS: dict[str, str] = {
+    "scan": "ckpt_audit.cli.scan:scan_command",
+    "ls": "ckpt_audit.cli.scan:ls_command",
+    "show": "ckpt_audit.cli.scan:show_command",
+    "demo": "ckpt_audit.cli.demo:demo_command",
 }
 
 

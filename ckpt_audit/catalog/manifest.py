@@ -1,0 +1,85 @@
+"""The previous manifest, read with bare sqlite3 so a scan starts reading files before sqlite_utils is imported.
+
+(`import sqlite_utils` alone costs 0.15-0.35 s here, the whole start-up budget: perf-limits.md §7.7.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+
+from ckpt_audit.codes import CODES, finding
+from ckpt_audit.models import FileKind, ShardFile
+from ckpt_audit.tree import FileFacts
+
+
+class CatalogError(Exception):
+    """The catalog cannot be opened or used: a one-line error, exit 3."""
+
+
+def probe(path: str | os.PathLike[str]) -> None:
+    """Raise CatalogError unless `path` is a usable (or creatable) SQLite catalog. Reads only."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CatalogError(f"catalog {path} is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(path):
+        probe_dir = parent
+        while not os.path.exists(probe_dir):
+            probe_dir = os.path.dirname(probe_dir)
+        if not os.path.isdir(probe_dir) or not os.access(probe_dir, os.W_OK):
+            raise CatalogError(f"cannot create catalog {path}: {probe_dir} is not a writable directory")
+        return
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            conn.execute("PRAGMA schema_version").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise CatalogError(f"catalog {path} is not a usable SQLite database: {exc}") from None
+
+
+def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> dict[str, FileFacts]:
+    """path -> FileFacts of every present file the catalog knows, for reuse by (size, mtime_ns, inode)."""
+    own = not isinstance(conn_or_path, sqlite3.Connection)
+    if own:
+        path = os.fspath(conn_or_path)  # type: ignore[arg-type]
+        if not os.path.exists(path):
+            return {}
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        except sqlite3.Error as exc:
+            raise CatalogError(f"catalog {path}: {exc}") from None
+    else:
+        conn = conn_or_path
+    try:
+        rows = conn.execute(
+            "SELECT path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings FROM files WHERE present = 1"
+        ).fetchall()
+    except sqlite3.OperationalError:
+        return {}  # a fresh catalog without tables yet
+    except sqlite3.DatabaseError as exc:
+        raise CatalogError(f"catalog is not a usable SQLite database: {exc}") from None
+    finally:
+        if own:
+            conn.close()
+    out: dict[str, FileFacts] = {}
+    for path, size, mtime, inode, h, crc, ff in rows:
+        found = tuple(finding(code, path, msg) for code, msg in json.loads(ff or "[]") if code in CODES)
+        out[path] = FileFacts(
+            path=path, size_bytes=size, mtime_ns=mtime, inode=inode, hash=h,
+            crc_ok=None if crc is None else bool(crc), findings=found,
+        )
+    return out
+
+
+def as_shard_files(facts: dict[str, FileFacts], kinds: dict[str, tuple[str, int | None, int | None]]) -> dict[str, ShardFile]:
+    return {
+        p: ShardFile(
+            path=p, kind=FileKind(kinds[p][0]), rank=kinds[p][1], world_size=kinds[p][2], size_bytes=f.size_bytes,
+            mtime_ns=f.mtime_ns, inode=f.inode, hash=f.hash, crc_ok=f.crc_ok,
+        )
+        for p, f in facts.items() if p in kinds
+    }

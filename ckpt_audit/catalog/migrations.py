@@ -1,0 +1,117 @@
+"""The catalog schema, only ever changed by appending a migration (simonw/llm style). Never edit an applied one.
+
+Other parts of ckpt-audit append their own migrations here (lifecycle: prunes, exports), one function each.
+"""
+
+from __future__ import annotations
+
+from sqlite_utils import Migrations
+
+MIGRATIONS = Migrations("ckpt_audit")
+
+
+@MIGRATIONS()
+def m001_initial(db) -> None:
+    db.execute("""
+        CREATE TABLE scans (
+            id INTEGER PRIMARY KEY,
+            started_ns INTEGER NOT NULL,
+            finished_ns INTEGER NOT NULL,
+            roots TEXT NOT NULL,              -- JSON list of absolute root paths
+            tool_version TEXT NOT NULL,
+            deep INTEGER NOT NULL DEFAULT 0,
+            rehash INTEGER NOT NULL DEFAULT 0,
+            files_hashed INTEGER NOT NULL DEFAULT 0,
+            files_reused INTEGER NOT NULL DEFAULT 0,
+            bytes_hashed INTEGER NOT NULL DEFAULT 0,
+            errors INTEGER NOT NULL DEFAULT 0,
+            warnings INTEGER NOT NULL DEFAULT 0
+        )""")
+    db.execute("""
+        CREATE TABLE runs (
+            path TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            layout TEXT NOT NULL,
+            tracker_step INTEGER,
+            metrics_path TEXT,
+            n_checkpoints INTEGER NOT NULL DEFAULT 0,
+            latest_complete_step INTEGER,
+            size_bytes INTEGER NOT NULL DEFAULT 0,
+            last_scan_id INTEGER NOT NULL REFERENCES scans(id),
+            present INTEGER NOT NULL DEFAULT 1
+        )""")
+    db.execute("""
+        CREATE TABLE checkpoints (
+            path TEXT PRIMARY KEY,
+            run_path TEXT NOT NULL REFERENCES runs(path),
+            step INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            world_size INTEGER,
+            size_bytes INTEGER NOT NULL DEFAULT 0,
+            n_files INTEGER NOT NULL DEFAULT 0,
+            mtime_ns INTEGER NOT NULL DEFAULT 0,
+            components TEXT NOT NULL DEFAULT '[]',  -- JSON [{role, path, layout, world_size}]
+            last_scan_id INTEGER NOT NULL REFERENCES scans(id),
+            present INTEGER NOT NULL DEFAULT 1
+        )""")
+    db.execute("CREATE INDEX checkpoints_run_status_step ON checkpoints(run_path, status, step)")
+    db.execute("""
+        CREATE TABLE files (
+            path TEXT PRIMARY KEY,
+            run_path TEXT NOT NULL REFERENCES runs(path),
+            checkpoint_path TEXT REFERENCES checkpoints(path),
+            role TEXT,
+            kind TEXT NOT NULL,
+            rank INTEGER,
+            world_size INTEGER,
+            size_bytes INTEGER NOT NULL,
+            mtime_ns INTEGER NOT NULL,
+            inode INTEGER NOT NULL,
+            hash TEXT,                        -- xxh3-128 hex; NULL when unreadable
+            crc_ok INTEGER,                   -- 1 ok, 0 mismatch, NULL not a zip / CRC disabled
+            file_findings TEXT NOT NULL DEFAULT '[]',  -- JSON [[code, message]] of per-file findings, reused by stat
+            last_scan_id INTEGER NOT NULL REFERENCES scans(id),
+            present INTEGER NOT NULL DEFAULT 1
+        )""")
+    db.execute("CREATE INDEX files_checkpoint ON files(checkpoint_path)")
+    db.execute("CREATE INDEX files_run ON files(run_path)")
+    db.execute("""
+        CREATE TABLE hash_history (
+            id INTEGER PRIMARY KEY,
+            path TEXT NOT NULL,
+            scan_id INTEGER NOT NULL REFERENCES scans(id),
+            hash TEXT,
+            size_bytes INTEGER NOT NULL,
+            mtime_ns INTEGER NOT NULL
+        )""")
+    db.execute("CREATE INDEX hash_history_path ON hash_history(path, scan_id)")
+    db.execute("""
+        CREATE TABLE findings (
+            id INTEGER PRIMARY KEY,
+            scan_id INTEGER NOT NULL REFERENCES scans(id),
+            severity TEXT NOT NULL,           -- info | warning | error
+            code TEXT NOT NULL,
+            path TEXT NOT NULL,
+            message TEXT NOT NULL,
+            rank INTEGER,
+            tensor TEXT,
+            run_path TEXT,
+            checkpoint_path TEXT
+        )""")
+    db.execute("CREATE INDEX findings_checkpoint ON findings(checkpoint_path, scan_id)")
+    db.execute("CREATE INDEX findings_scan ON findings(scan_id)")
+    db.execute("""
+        CREATE VIEW latest_complete_checkpoint AS
+        SELECT c.run_path, c.step, c.path, c.size_bytes, c.mtime_ns, c.last_scan_id
+        FROM checkpoints c
+        WHERE c.present = 1 AND c.status = 'complete' AND c.step = (
+            SELECT MAX(c2.step) FROM checkpoints c2
+            WHERE c2.run_path = c.run_path AND c2.present = 1 AND c2.status = 'complete')""")
+    db.execute("""
+        CREATE VIEW checkpoint_status AS
+        SELECT c.run_path, c.step, c.path, c.status, c.world_size, c.size_bytes, c.mtime_ns, c.last_scan_id,
+            (SELECT COUNT(*) FROM findings f WHERE f.checkpoint_path = c.path AND f.scan_id = c.last_scan_id
+                AND f.severity = 'error') AS errors,
+            (SELECT COUNT(*) FROM findings f WHERE f.checkpoint_path = c.path AND f.scan_id = c.last_scan_id
+                AND f.severity = 'warning') AS warnings
+        FROM checkpoints c WHERE c.present = 1""")

@@ -1,0 +1,235 @@
+"""The catalog: one SQLite file (WAL) recording every scan's manifest, statuses and findings.
+
+`record_scan` writes a whole scan in one transaction (a crash or kill mid-scan leaves the catalog as it was);
+the query methods answer `ls`, `show`, the TUI and lifecycle. The only module with SQL (plus migrations).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import sqlite_utils
+
+from ckpt_audit import __version__
+from ckpt_audit.catalog.manifest import CatalogError, as_shard_files, read_previous
+from ckpt_audit.catalog.migrations import MIGRATIONS
+from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
+from ckpt_audit.rules.files import PER_FILE_CODES
+from ckpt_audit.tree import FileFacts
+
+BATCH = 1000
+
+
+def open_catalog(path: str | os.PathLike[str]) -> Catalog:
+    """Open (creating if needed) the catalog at `path` with migrations applied. Raises CatalogError."""
+    path = os.fspath(path)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite_utils.Database(path)
+        db.execute("PRAGMA foreign_keys=ON")
+        db.execute("PRAGMA busy_timeout=5000")
+        db.enable_wal()
+        db.execute("PRAGMA synchronous=NORMAL")
+        MIGRATIONS.apply(db)
+    except (sqlite3.Error, OSError) as exc:
+        raise CatalogError(f"catalog {path} is unusable: {exc}") from None
+    return Catalog(db, path)
+
+
+class Catalog:
+    def __init__(self, db: sqlite_utils.Database, path: str) -> None:
+        self.db = db
+        self.path = path
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- writing ----------------------------------------------------------------------------------------------
+
+    def record_scan(self, result: ScanResult, *, rehash: bool = False) -> int:
+        """Record one scan in one transaction; returns the scan id."""
+        every = result.all_findings
+        with self.db.atomic():
+            scan_id = self.db["scans"].insert({
+                "started_ns": result.started_ns,
+                "finished_ns": result.finished_ns,
+                "roots": json.dumps(list(result.roots)),
+                "tool_version": __version__,
+                "deep": int(result.deep),
+                "rehash": int(rehash),
+                "files_hashed": result.files_hashed,
+                "files_reused": result.files_reused,
+                "bytes_hashed": result.bytes_hashed,
+                "errors": sum(1 for f in every if f.severity is Severity.ERROR),
+                "warnings": sum(1 for f in every if f.severity is Severity.WARNING),
+            }).last_pk
+            old_hash = dict(self.db.execute(
+                "SELECT path, hash FROM files WHERE present = 1").fetchall())
+            run_rows, ckpt_rows, file_rows, finding_rows, history = [], [], [], [], []
+            for run in result.runs:
+                run_rows.append(_run_row(run, scan_id))
+                finding_rows.extend(_finding_row(f, scan_id, run.path, None) for f in run.findings)
+                for ckpt in run.checkpoints:
+                    ckpt_rows.append(_checkpoint_row(ckpt, scan_id))
+                    finding_rows.extend(_finding_row(f, scan_id, run.path, ckpt.path) for f in ckpt.all_findings)
+                    per_file = _per_file_findings(ckpt.all_findings)
+                    for role, sf in _files_with_role(ckpt):
+                        file_rows.append(_file_row(sf, run.path, ckpt.path, role, scan_id, per_file.get(sf.path, [])))
+                        if sf.path not in old_hash or old_hash[sf.path] != sf.hash:
+                            history.append({"path": sf.path, "scan_id": scan_id, "hash": sf.hash,
+                                            "size_bytes": sf.size_bytes, "mtime_ns": sf.mtime_ns})
+            finding_rows.extend(_finding_row(f, scan_id, None, None) for f in result.findings)
+            self.db["runs"].upsert_all(run_rows, pk="path", batch_size=BATCH)
+            self.db["checkpoints"].upsert_all(ckpt_rows, pk="path", batch_size=BATCH)
+            self.db["files"].upsert_all(file_rows, pk="path", batch_size=BATCH)
+            if history:
+                self.db["hash_history"].insert_all(history, batch_size=BATCH)
+            if finding_rows:
+                self.db["findings"].insert_all(finding_rows, batch_size=BATCH)
+            for root in result.roots:  # what the roots no longer hold is kept, marked absent
+                below = root.rstrip("/") + "/"
+                for table in ("files", "checkpoints", "runs"):
+                    self.db.execute(
+                        f"UPDATE {table} SET present = 0 WHERE last_scan_id != ? AND present = 1 "
+                        "AND (path = ? OR substr(path, 1, ?) = ?)",
+                        [scan_id, root, len(below), below],
+                    )
+        return int(scan_id)
+
+    # -- reading ----------------------------------------------------------------------------------------------
+
+    def previous_facts(self) -> dict[str, FileFacts]:
+        return read_previous(self.db.conn)
+
+    def previous_manifest(self) -> dict[str, ShardFile]:
+        kinds = {p: (k, r, w) for p, k, r, w in self.db.execute(
+            "SELECT path, kind, rank, world_size FROM files WHERE present = 1").fetchall()}
+        return as_shard_files(self.previous_facts(), kinds)
+
+    def _rows(self, sql: str, params: list | tuple = ()) -> list[dict]:
+        cur = self.db.execute(sql, params)
+        cols = [c[0] for c in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def scans(self, limit: int = 20) -> list[dict]:
+        rows = self._rows("SELECT * FROM scans ORDER BY id DESC LIMIT ?", [limit])
+        for r in rows:
+            r["roots"] = json.loads(r["roots"])
+        return rows
+
+    def runs(self, *, include_absent: bool = False) -> list[dict]:
+        """Runs: path, name, layout, tracker_step, n_checkpoints, latest_complete_step, size_bytes, statuses."""
+        rows = self._rows(
+            "SELECT path, name, layout, tracker_step, metrics_path, n_checkpoints, latest_complete_step, size_bytes,"
+            " last_scan_id, present FROM runs" + ("" if include_absent else " WHERE present = 1") + " ORDER BY path")
+        counts: dict[str, dict[str, int]] = {}
+        for run_path, status, n in self.db.execute(
+                "SELECT run_path, status, COUNT(*) FROM checkpoints WHERE present = 1 GROUP BY run_path, status"):
+            counts.setdefault(run_path, {})[status] = n
+        for r in rows:
+            r["statuses"] = counts.get(r["path"], {})
+        return rows
+
+    def checkpoints(self, run_path: str | None = None) -> list[dict]:
+        """Present checkpoints (of one run, or all): run_path, step, path, status, world_size, size_bytes,
+        mtime_ns, errors, warnings — from the checkpoint_status view."""
+        where, params = ("WHERE run_path = ?", [run_path]) if run_path is not None else ("", [])
+        return self._rows(f"SELECT * FROM checkpoint_status {where} ORDER BY run_path, step", params)
+
+    def latest_complete(self) -> list[dict]:
+        return self._rows("SELECT * FROM latest_complete_checkpoint ORDER BY run_path")
+
+    def checkpoint_detail(self, path: str) -> dict | None:
+        """One checkpoint with its files and the findings of its latest scan; None if unknown."""
+        path = path.rstrip("/") or "/"
+        rows = self._rows("SELECT * FROM checkpoints WHERE path = ?", [path])
+        if not rows:
+            return None
+        ckpt = rows[0]
+        ckpt["components"] = json.loads(ckpt["components"])
+        ckpt["files"] = self._rows(
+            "SELECT path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash, crc_ok, present"
+            " FROM files WHERE checkpoint_path = ? ORDER BY path", [path])
+        for f in ckpt["files"]:
+            f["crc_ok"] = None if f["crc_ok"] is None else bool(f["crc_ok"])
+        ckpt["findings"] = self._rows(
+            "SELECT severity, code, path, message, rank, tensor FROM findings"
+            " WHERE checkpoint_path = ? AND scan_id = ? ORDER BY id", [path, ckpt["last_scan_id"]])
+        return ckpt
+
+    def file_history(self, path: str) -> list[dict]:
+        """Each recorded hash of one file: scan_id, started_ns, hash, size_bytes, mtime_ns (oldest first)."""
+        return self._rows(
+            "SELECT h.scan_id, s.started_ns, h.hash, h.size_bytes, h.mtime_ns FROM hash_history h"
+            " JOIN scans s ON s.id = h.scan_id WHERE h.path = ? ORDER BY h.scan_id", [path])
+
+    def findings(self, scan_id: int | None = None) -> list[dict]:
+        if scan_id is None:
+            row = self.db.execute("SELECT MAX(id) FROM scans").fetchone()
+            scan_id = row[0] if row else None
+        return self._rows("SELECT * FROM findings WHERE scan_id = ? ORDER BY id", [scan_id])
+
+
+def _files_with_role(ckpt: Checkpoint) -> Iterator[tuple[str | None, ShardFile]]:
+    for f in ckpt.files:
+        yield None, f
+    for c in ckpt.components:
+        for f in c.files:
+            yield c.role, f
+
+
+def _per_file_findings(found: tuple[Finding, ...]) -> dict[str, list[list[str]]]:
+    out: dict[str, list[list[str]]] = {}
+    for f in found:
+        if f.code in PER_FILE_CODES:
+            out.setdefault(f.path, []).append([f.code, f.message])
+    return out
+
+
+def _run_row(run: Run, scan_id: int) -> dict:
+    latest = run.latest_complete
+    return {
+        "path": run.path, "name": run.name, "layout": run.layout, "tracker_step": run.tracker_step,
+        "metrics_path": run.metrics_path, "n_checkpoints": len(run.checkpoints),
+        "latest_complete_step": latest.step if latest else None, "size_bytes": run.size_bytes,
+        "last_scan_id": scan_id, "present": 1,
+    }
+
+
+def _component_doc(c: Component) -> dict:
+    return {"role": c.role, "path": c.path, "layout": c.layout, "world_size": c.world_size}
+
+
+def _checkpoint_row(ckpt: Checkpoint, scan_id: int) -> dict:
+    return {
+        "path": ckpt.path, "run_path": ckpt.run_path, "step": ckpt.step, "status": ckpt.status.value,
+        "world_size": ckpt.world_size, "size_bytes": ckpt.size_bytes, "n_files": len(ckpt.all_files),
+        "mtime_ns": ckpt.mtime_ns, "components": json.dumps([_component_doc(c) for c in ckpt.components]),
+        "last_scan_id": scan_id, "present": 1,
+    }
+
+
+def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, scan_id: int, per_file: list) -> dict:
+    return {
+        "path": f.path, "run_path": run_path, "checkpoint_path": ckpt_path, "role": role, "kind": f.kind.value,
+        "rank": f.rank, "world_size": f.world_size, "size_bytes": f.size_bytes, "mtime_ns": f.mtime_ns,
+        "inode": f.inode, "hash": f.hash, "crc_ok": None if f.crc_ok is None else int(f.crc_ok),
+        "file_findings": json.dumps(per_file), "last_scan_id": scan_id, "present": 1,
+    }
+
+
+def _finding_row(f: Finding, scan_id: int, run_path: str | None, ckpt_path: str | None) -> dict:
+    return {
+        "scan_id": scan_id, "severity": f.severity.label, "code": f.code, "path": f.path, "message": f.message,
+        "rank": f.rank, "tensor": f.tensor, "run_path": run_path, "checkpoint_path": ckpt_path,
+    }

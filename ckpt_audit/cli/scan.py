@@ -1,0 +1,197 @@
+"""`ckpt-audit scan`, `ls` and `show`: hash and judge checkpoints; answer from the catalog."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, resolve_catalog
+from ckpt_audit.exitcodes import ExitCode
+
+
+@click.command("scan")
+@click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (with schema_version) to stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing when clean; else only the failing findings.")
+@click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
+              help="Exit 1 when a finding at or above this severity is present.")
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True, help="Hashing threads.")
+@click.option("--rehash", is_flag=True, help="Re-read every file, and report content that changed under an unchanged stat.")
+@click.option("--in-progress-window", type=click.FloatRange(0), default=300.0, show_default=True, metavar="SECONDS",
+              help="An uncommitted checkpoint written this recently is in-progress, not broken.")
+@catalog_option
+@click.pass_context
+def scan_command(ctx: click.Context, roots, as_json, quiet, fail_on, workers, rehash, in_progress_window, catalog) -> None:
+    """Hash, validate and catalog every checkpoint under ROOT... (cron-ready).
+
+    Walks each root (links out of it are reported, not followed), hashes every file of every run with xxh3-128
+    while checking the CRC-32 of each .pt zip entry, reads data.pkl without executing it, gives every checkpoint a
+    status and records the scan in the catalog. Unchanged files (size, mtime, inode) reuse their recorded hash.
+
+    Exit codes: 0 clean, 1 findings at/above --fail-on, 2 usage, 3 error (bad root or catalog), 4 another run holds
+    the catalog lock.
+
+    \b
+    Example:
+        ckpt-audit scan /ckpts
+        ckpt-audit scan -q --fail-on warning /ckpts /scratch/ckpts   # cron: mail only when something is wrong
+        ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
+    """
+    from ckpt_audit import lock, report, scanner
+    from ckpt_audit.catalog.manifest import CatalogError, probe, read_previous
+
+    threshold = report.FAIL_ON[fail_on]
+    try:
+        real_roots = [scanner.check_root(r) for r in roots]
+    except scanner.ScanError as exc:
+        raise CommandError(str(exc)) from None
+    cat_path = resolve_catalog(catalog)
+    try:
+        probe(cat_path)
+        with lock.hold(lock.lock_path_for(cat_path)):
+            previous = read_previous(cat_path)
+            with _progress(enabled=not as_json and not quiet) as progress:
+                result = scanner.scan(real_roots, workers=workers, rehash=rehash, previous=previous,
+                                      progress=progress, in_progress_window_s=in_progress_window)
+            from ckpt_audit.catalog import open_catalog
+
+            with open_catalog(cat_path) as cat:
+                scan_id = cat.record_scan(result, rehash=rehash)
+    except CatalogError as exc:
+        raise CommandError(str(exc)) from None
+    except lock.Locked as exc:
+        click.echo(f"ckpt-audit: {exc}", err=True)
+        ctx.exit(int(ExitCode.LOCKED))
+    code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
+    if as_json:
+        emit_json(report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code)))
+    else:
+        for line in report.render_text(result, quiet=quiet, fail_on=threshold):
+            click.echo(line)
+    ctx.exit(int(code))
+
+
+class _progress:
+    """A byte progress bar on stderr, only when stderr is a terminal (never in cron mail or pipes)."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar = None
+        self.done = 0
+
+    def __enter__(self):
+        return self.update if self.enabled else None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = click.progressbar(length=max(total, 1), label="hashing", file=sys.stderr)
+            self.bar.__enter__()
+        self.bar.update(done - self.done)
+        self.done = done
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def _open(catalog: Path | None):
+    from ckpt_audit.catalog import CatalogError, open_catalog
+
+    path = resolve_catalog(catalog)
+    if not path.exists():
+        raise CommandError(f"no catalog at {path}; run `ckpt-audit scan ROOT` first")
+    try:
+        return open_catalog(path)
+    except CatalogError as exc:
+        raise CommandError(str(exc)) from None
+
+
+@click.command("ls")
+@click.argument("run", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout.")
+@catalog_option
+def ls_command(run, as_json, catalog) -> None:
+    """List runs from the catalog, or one RUN's checkpoints with status, size and age.
+
+    RUN is a run directory or its `project/experiment` name.
+
+    \b
+    Example:
+        ckpt-audit ls
+        ckpt-audit ls demo/exp --json
+    """
+    from ckpt_audit.models import format_size
+    from ckpt_audit.report import age_str
+
+    with _open(catalog) as cat:
+        runs = cat.runs()
+        if run is None:
+            if as_json:
+                emit_json({"command": "ls", "runs": runs})
+                return
+            click.echo(f"{'run':<40} {'ckpts':>5} {'latest ok':>9} {'tracker':>7} {'size':>10}  statuses")
+            for r in runs:
+                st = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
+                click.echo(f"{r['name']:<40} {r['n_checkpoints']:>5} {_dash(r['latest_complete_step']):>9} "
+                           f"{_dash(r['tracker_step']):>7} {format_size(r['size_bytes']):>10}  {st}")
+            return
+        match = [r for r in runs if r["path"] == os.path.abspath(run).rstrip("/") or r["name"] == run.strip("/")]
+        if not match:
+            raise CommandError(f"no run {run!r} in the catalog")
+        rows = cat.checkpoints(match[0]["path"])
+        if as_json:
+            emit_json({"command": "ls", "run": match[0], "checkpoints": rows})
+            return
+        click.echo(f"{match[0]['name']}  ({match[0]['path']})")
+        click.echo(f"{'step':>8}  {'status':<12} {'W':>3} {'size':>10} {'age':>5} {'errors':>6} {'warnings':>8}")
+        for c in rows:
+            click.echo(f"{c['step']:>8}  {c['status']:<12} {_dash(c['world_size']):>3} {format_size(c['size_bytes']):>10} "
+                       f"{age_str(c['mtime_ns']):>5} {c['errors']:>6} {c['warnings']:>8}")
+
+
+@click.command("show")
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout.")
+@catalog_option
+def show_command(path, as_json, catalog) -> None:
+    """Show one checkpoint's files and findings, or one file's hash history, from the catalog.
+
+    \b
+    Example:
+        ckpt-audit show /ckpts/proj/exp/global_step_40
+        ckpt-audit show /ckpts/proj/exp/global_step_40/actor/model_world_size_8_rank_0.pt --json
+    """
+    from ckpt_audit.models import format_size
+
+    target = os.path.abspath(path).rstrip("/")
+    with _open(catalog) as cat:
+        detail = cat.checkpoint_detail(target) or cat.checkpoint_detail(os.path.realpath(target))
+        if detail is not None:
+            if as_json:
+                emit_json({"command": "show", "checkpoint": detail})
+                return
+            click.echo(f"{detail['path']}  step {detail['step']}  {detail['status']}  W {_dash(detail['world_size'])}"
+                       f"  {format_size(detail['size_bytes'])}")
+            for f in detail["files"]:
+                crc = {True: "crc ok", False: "CRC BAD", None: ""}[f["crc_ok"]]
+                click.echo(f"  {f['kind']:<12} {_dash(f['rank']):>4} {format_size(f['size_bytes']):>10} "
+                           f"{(f['hash'] or 'unreadable')[:16]:<16} {crc:<7} {f['path']}")
+            for x in detail["findings"]:
+                click.echo(f"  {x['severity']:<7} {x['code']:<24} {x['path']}: {x['message']}")
+            return
+        history = cat.file_history(target) or cat.file_history(os.path.realpath(target))
+        if not history:
+            raise CommandError(f"{target} is neither a catalogued checkpoint nor a catalogued file")
+        if as_json:
+            emit_json({"command": "show", "file": target, "history": history})
+            return
+        click.echo(target)
+        for h in history:
+            click.echo(f"  scan {h['scan_id']:>5}  {h['hash'] or 'unreadable'}  {format_size(h['size_bytes'])}")
+
+
+def _dash(v) -> str:
+    return "-" if v is None else str(v)

@@ -1,0 +1,103 @@
+"""Per-file findings from what the readers saw: one streaming digest plus the zip directory and data.pkl."""
+
+from __future__ import annotations
+
+import os
+
+from ckpt_audit.codes import finding
+from ckpt_audit.models import Finding
+
+ZIP_SUFFIXES = (".pt", ".pth")
+NONEMPTY_SUFFIXES = (".pt", ".pth", ".safetensors", ".bin", ".distcp", ".json")
+# globals a torch.save of tensors, optimizer, scheduler, RNG and dataloader state legitimately references
+SAFE_GLOBAL_PREFIXES = (
+    "torch.",
+    "collections.OrderedDict",
+    "collections.defaultdict",
+    "builtins.set",
+    "builtins.frozenset",
+    "builtins.slice",
+    "builtins.complex",
+    "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar",
+    "numpy.ndarray",
+    "numpy.dtype",
+    "numpy.dtypes.",
+    "_codecs.encode",
+)
+
+
+def stem(path: str) -> str:
+    name = os.path.basename(path)
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+def digest_findings(path: str, *, size: int, zip_error: str | None, crc_bad: tuple[str, ...],
+                    prefix: str | None, changed: bool) -> tuple[Finding, ...]:
+    """Findings from one FileDigest (passed as plain values so this stays a pure function)."""
+    out: list[Finding] = []
+    if changed:
+        out.append(finding("file-changed-during-scan", path, "size or mtime changed while the file was read"))
+    if size == 0:
+        if path.endswith(NONEMPTY_SUFFIXES):
+            out.append(finding("zero-byte", path, "empty file (0 bytes)"))
+        return tuple(out)
+    if zip_error is not None:
+        out.append(zip_finding(path, zip_error))
+    if crc_bad:
+        shown = ", ".join(crc_bad[:3]) + (f" and {len(crc_bad) - 3} more" if len(crc_bad) > 3 else "")
+        out.append(finding("crc-mismatch", path, f"CRC-32 mismatch in {len(crc_bad)} entr(y/ies): {shown}"))
+    if prefix is not None and path.endswith(ZIP_SUFFIXES) and prefix != stem(path):
+        out.append(finding("zip-prefix-mismatch", path, f"archive folder is {prefix!r}, file stem is {stem(path)!r}"))
+    return tuple(out)
+
+
+def zip_finding(path: str, zip_error: str) -> Finding:
+    if zip_error.startswith("truncated") or "past the end" in zip_error or "cut short" in zip_error:
+        return finding("truncated", path, zip_error)
+    if zip_error.startswith("empty file"):
+        return finding("zero-byte", path, zip_error)
+    if zip_error.startswith("legacy torch"):
+        return finding("legacy-pickle-format", path, zip_error)
+    if zip_error.startswith("not a zip"):
+        return finding("not-a-zip", path, zip_error)
+    if "no end-of-central-directory" in zip_error:
+        return finding("truncated", path, zip_error)
+    return finding("bad-zip", path, zip_error)
+
+
+def structure_findings(path: str, *, problems: tuple[str, ...], unsafe_globals: frozenset[str]) -> tuple[Finding, ...]:
+    """Findings from pickles.read_pt_structure: its one-line problems and globals outside the tensor allowlist."""
+    out: list[Finding] = []
+    for p in problems:
+        code = problem_code(p)
+        if code is not None:
+            out.append(finding(code, path, p))
+    if unsafe_globals:
+        out.append(finding("unsafe-pickle", path, "references " + ", ".join(sorted(unsafe_globals)[:5])))
+    return tuple(out)
+
+
+def problem_code(problem: str) -> str | None:
+    """The finding code of one PtStructure problem line; None for notes that are no defect."""
+    low = problem.lower()
+    if "is not inspected" in low or "referenced by no tensor" in low or "structure read stopped" in low:
+        return None
+    if low.startswith("truncated"):
+        return "truncated"
+    if "no data.pkl" in low or "no version entry" in low or "is compressed" in low:
+        return "not-a-torch-archive"
+    if low.startswith("storage ") or "bytes of storage" in low or "without a storage" in low:
+        return "storage-size-mismatch"
+    if low.startswith("damaged"):
+        return "bad-zip"
+    return "bad-pickle"
+
+
+# codes read_file attaches to one file; the catalog keeps them with the file so a stat-unchanged file reuses them
+PER_FILE_CODES = frozenset({
+    "zero-byte", "truncated", "crc-mismatch", "hash-drift", "not-a-zip", "bad-zip", "legacy-pickle-format",
+    "not-a-torch-archive", "zip-prefix-mismatch", "bad-pickle", "unsafe-pickle", "storage-size-mismatch",
+})

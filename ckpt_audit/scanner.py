@@ -1,0 +1,349 @@
+"""scan(): walk roots, hash and validate every file of every run, judge completeness.
+
+Map/reduce-shaped: `scan_partial(root)` walks one root and reads its files into a serialisable `Partial` (no
+judgement that needs another subtree); `reduce(partials)` merges them and lets the layouts build runs, so the same
+code can run one map task per node of a cluster and reduce centrally. No torch, no textual: this is the cron path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as statmod
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
+from pathlib import Path
+
+from ckpt_audit import hashing, pickles
+from ckpt_audit.codes import finding
+from ckpt_audit.layouts import Layout, ScanContext, load_layouts
+from ckpt_audit.models import Finding, ScanResult, ShardFile
+from ckpt_audit.rules import files as file_rules
+from ckpt_audit.tree import FileFacts, Partial, PtFacts, Tree
+
+TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json"})
+TEXT_LIMIT = 64 * 1024
+DEFAULT_IN_PROGRESS_WINDOW_S = 300.0
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total), called on the scanning thread
+
+
+class ScanError(Exception):
+    """A root that cannot be scanned at all (missing, not a directory): a one-line error, exit 3."""
+
+
+def scan(
+    roots: Sequence[str | Path],
+    *,
+    workers: int = 2,
+    rehash: bool = False,
+    previous: Mapping[str, FileFacts | ShardFile] | None = None,
+    progress: Progress | None = None,
+    deep: bool = False,
+    in_progress_window_s: float = DEFAULT_IN_PROGRESS_WINDOW_S,
+    now_ns: int | None = None,
+) -> ScanResult:
+    started = time.time_ns()
+    real_roots = [check_root(r) for r in roots]
+    layouts = load_layouts()
+    partials = [
+        scan_partial(r, workers=workers, rehash=rehash, previous=previous or {}, progress=progress, layouts=layouts)
+        for r in real_roots
+    ]
+    ctx = ScanContext(
+        now_ns=now_ns if now_ns is not None else started,
+        in_progress_window_ns=int(in_progress_window_s * 1e9),
+    )
+    result = reduce(partials, ctx=ctx, layouts=layouts)
+    return replace(result, started_ns=started, finished_ns=time.time_ns(), deep=deep)
+
+
+def check_root(root: str | Path) -> str:
+    path = os.path.abspath(os.fspath(root))
+    if not os.path.exists(path):
+        raise ScanError(f"root {path} does not exist")
+    if not os.path.isdir(path):
+        raise ScanError(f"root {path} is not a directory")
+    return os.path.realpath(path)
+
+
+# -- map ------------------------------------------------------------------------------------------------------
+
+
+def scan_partial(
+    root: str,
+    *,
+    workers: int = 2,
+    rehash: bool = False,
+    previous: Mapping[str, FileFacts | ShardFile] | None = None,
+    progress: Progress | None = None,
+    layouts: Sequence[Layout] | None = None,
+) -> Partial:
+    previous = previous or {}
+    tree, stats, walk_findings = walk(root)
+    layouts = layouts if layouts is not None else load_layouts()
+    run_dirs = {d for layout in layouts for d in layout.find_runs(tree)}
+    paths = sorted({p for r in run_dirs for p in tree.files_below(r)})
+    facts: dict[str, FileFacts] = {}
+    todo: list[str] = []
+    for p in paths:
+        st = stats[p]
+        prev = previous.get(p)
+        if not rehash and isinstance(prev, FileFacts) and _same_stat(prev, st) and prev.hash is not None:
+            facts[p] = replace(prev, reused=True, text=_read_text(p, st) if _wants_text(p) else prev.text)
+        else:
+            todo.append(p)
+    total = sum(stats[p].st_size for p in todo)
+    done = 0
+    hashed = 0
+    for p, fact in _read_all(todo, stats, previous, rehash=rehash, workers=workers):
+        facts[p] = fact
+        done += stats[p].st_size
+        if fact.hash is not None:
+            hashed += 1
+        if progress is not None:
+            progress(done, total)
+    return Partial(
+        root=root,
+        tree=tree,
+        facts=facts,
+        findings=tuple(walk_findings),
+        files_hashed=hashed,
+        files_reused=len(paths) - len(todo),
+        bytes_hashed=sum(facts[p].size_bytes for p in todo if facts[p].hash is not None),
+    )
+
+
+def _same_stat(prev: FileFacts | ShardFile, st: os.stat_result) -> bool:
+    return prev.size_bytes == st.st_size and prev.mtime_ns == st.st_mtime_ns and prev.inode == st.st_ino
+
+
+def _wants_text(path: str) -> bool:
+    return os.path.basename(path) in TEXT_NAMES
+
+
+def _read_text(path: str, st: os.stat_result) -> str | None:
+    if st.st_size > TEXT_LIMIT:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read(TEXT_LIMIT).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _read_all(
+    paths: Sequence[str], stats: Mapping[str, os.stat_result], previous: Mapping, *, rehash: bool, workers: int
+) -> Iterator[tuple[str, FileFacts]]:
+    """read_file over a thread pool (hashing and CRC release the GIL), at most 2*workers files in flight."""
+    it = iter(paths)
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckpt-scan") as pool:
+        pending: dict[Future, str] = {}
+
+        def submit() -> None:
+            p = next(it, None)
+            if p is not None:
+                pending[pool.submit(read_file, p, stats[p], previous.get(p), rehash=rehash)] = p
+
+        for _ in range(2 * max(1, workers)):
+            submit()
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield pending.pop(fut), fut.result()
+                submit()
+
+
+def read_file(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, *, rehash: bool) -> FileFacts:
+    """Everything one file tells without judging its neighbours. Never raises for a bad file."""
+    base = FileFacts(path=path, size_bytes=st.st_size, mtime_ns=st.st_mtime_ns, inode=st.st_ino)
+    try:
+        d = hashing.digest_file(path)
+    except FileNotFoundError:
+        return replace(base, findings=(finding("file-vanished", path, "listed, then gone before it was read"),))
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return replace(base, findings=(finding("unreadable", path, f"cannot read: {reason}"),))
+    changed = d.changed_during_read or d.stat_size != st.st_size or d.mtime_ns != st.st_mtime_ns
+    found = list(file_rules.digest_findings(
+        path, size=d.size_bytes, zip_error=d.zip_error, crc_bad=d.crc_bad_entries, prefix=d.prefix, changed=changed,
+    ))
+    if (rehash and prev is not None and prev.hash is not None and _same_stat(prev, st) and prev.hash != d.hash
+            and not changed):
+        found.append(finding("hash-drift", path, f"content hash changed ({prev.hash[:12]}… -> {d.hash[:12]}…) "
+                                                 "while size, mtime and inode did not"))
+    pt = None
+    if d.is_zip and d.zip_error is None and path.endswith(file_rules.ZIP_SUFFIXES):
+        pt, more = _structure(path)
+        found.extend(more)
+    return replace(
+        base,
+        size_bytes=d.size_bytes,
+        mtime_ns=d.mtime_ns,
+        inode=d.inode,
+        hash=d.hash,
+        crc_ok=d.crc_ok,
+        pt=pt,
+        text=_read_text(path, st) if _wants_text(path) else None,
+        findings=tuple(found),
+    )
+
+
+def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
+    try:
+        s = pickles.read_pt_structure(path)
+    except OSError as exc:
+        return None, (finding("unreadable", path, f"cannot read data.pkl: {exc.strerror or exc}"),)
+    except Exception as exc:  # noqa: BLE001 - a reader bug on odd input must become a finding, not a crash
+        return None, (finding("bad-pickle", path, f"{type(exc).__name__}: {exc}"),)
+    meshes = sorted({len(t.mesh_ranks or ()) or _prod(t.mesh_shape) for t in s.tensors if t.is_dtensor} - {0})
+    facts = PtFacts(
+        prefix=s.prefix,
+        n_tensors=len(s.tensors),
+        n_dtensors=sum(1 for t in s.tensors if t.is_dtensor),
+        mesh_sizes=tuple(meshes),
+        top_keys=s.keys,
+    )
+    return facts, file_rules.structure_findings(path, problems=s.problems, unsafe_globals=s.unsafe_globals)
+
+
+def _prod(shape: tuple[int, ...] | None) -> int:
+    n = 1
+    for x in shape or (0,):
+        n *= x
+    return n
+
+
+# -- the walk -------------------------------------------------------------------------------------------------
+
+
+def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
+    """List `root` without following links out of it. Regular files only (a FIFO would block a reader)."""
+    dirs: dict[str, tuple[str, ...]] = {}
+    files: dict[str, tuple[str, ...]] = {}
+    stats: dict[str, os.stat_result] = {}
+    found: list[Finding] = []
+    seen: set[tuple[int, int]] = set()
+    inside = root.rstrip("/") + "/"
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            dst = os.stat(d)
+        except OSError as exc:
+            found.append(_os_finding(d, exc))
+            continue
+        if (dst.st_dev, dst.st_ino) in seen:  # a bind mount or hard-linked directory loop
+            found.append(finding("symlink-loop", d, "directory already walked under another path"))
+            continue
+        seen.add((dst.st_dev, dst.st_ino))
+        subdirs: list[str] = []
+        names: list[str] = []
+        try:
+            with os.scandir(d) as it:
+                entries = list(it)
+        except OSError as exc:
+            found.append(_os_finding(d, exc))
+            dirs[d], files[d] = (), ()
+            continue
+        for e in entries:
+            path = f"{d}/{e.name}"
+            try:
+                path.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+                found.append(finding("non-utf8-name", shown, "name is not valid UTF-8; skipped"))
+                continue
+            try:
+                if e.is_symlink():
+                    kind = _follow_link(path, d, root, inside, found)
+                    if kind is not None:
+                        names.append(e.name)
+                        stats[path] = kind
+                elif e.is_dir(follow_symlinks=False):
+                    subdirs.append(e.name)
+                elif e.is_file(follow_symlinks=False):
+                    stats[path] = e.stat(follow_symlinks=False)
+                    names.append(e.name)
+            except FileNotFoundError:
+                found.append(finding("file-vanished", path, "listed, then gone before it could be examined"))
+            except OSError as exc:
+                found.append(_os_finding(path, exc))
+        subdirs.sort()
+        names.sort()
+        dirs[d] = tuple(subdirs)
+        files[d] = tuple(names)
+        stack.extend(f"{d}/{s}" for s in reversed(subdirs))
+    return Tree(dirs=dirs, files=files), stats, found
+
+
+def _follow_link(path: str, parent: str, root: str, inside: str, found: list[Finding]) -> os.stat_result | None:
+    """The target's stat when `path` is a link to a regular file inside the root; else a finding and None.
+
+    Directory links inside the root are not walked: their targets are walked under their real paths anyway.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        found.append(finding("broken-symlink", path, f"points to missing {os.readlink(path)!r}"))
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            found.append(finding("symlink-loop", path, "link resolves to itself (ELOOP)"))
+        else:
+            found.append(_os_finding(path, exc))
+        return None
+    target = os.path.realpath(path)
+    if target != root and not target.startswith(inside):
+        found.append(finding("symlink-outside-root", path, f"points outside the root to {target}; not followed"))
+        return None
+    if statmod.S_ISDIR(st.st_mode):
+        if parent == target or parent.startswith(target.rstrip("/") + "/"):
+            found.append(finding("symlink-loop", path, f"points back to its ancestor {target}; not followed"))
+        return None
+    return st if statmod.S_ISREG(st.st_mode) else None
+
+
+def _os_finding(path: str, exc: OSError) -> Finding:
+    return finding("unreadable", path, f"cannot read: {exc.strerror or type(exc).__name__}")
+
+
+# -- reduce ---------------------------------------------------------------------------------------------------
+
+
+def merge_partials(partials: Sequence[Partial]) -> tuple[Tree, dict[str, FileFacts], tuple[Finding, ...]]:
+    dirs: dict[str, tuple[str, ...]] = {}
+    files: dict[str, tuple[str, ...]] = {}
+    facts: dict[str, FileFacts] = {}
+    found: list[Finding] = []
+    for part in partials:
+        for d, subs in part.tree.dirs.items():
+            dirs[d] = tuple(sorted(set(dirs.get(d, ())) | set(subs)))
+        for d, names in part.tree.files.items():
+            files[d] = tuple(sorted(set(files.get(d, ())) | set(names)))
+        for p, f in part.facts.items():
+            facts.setdefault(p, f)  # the same path seen from two nodes: the first partial wins
+        found.extend(part.findings)
+    return Tree(dirs=dirs, files=files), facts, tuple(found)
+
+
+def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[Layout] | None = None) -> ScanResult:
+    layouts = layouts if layouts is not None else load_layouts()
+    tree, facts, walk_findings = merge_partials(partials)
+    changed = frozenset(p for p, f in facts.items() if any(x.code == "file-changed-during-scan" for x in f.findings))
+    ctx = replace(ctx, changed_paths=ctx.changed_paths | changed)
+    owner: dict[str, Layout] = {}
+    for layout in layouts:
+        for d in layout.find_runs(tree):
+            owner.setdefault(d, layout)
+    runs = tuple(owner[d].build_run(d, tree, facts, ctx) for d in sorted(owner))
+    return ScanResult(
+        roots=tuple(p.root for p in partials),
+        runs=runs,
+        findings=walk_findings,
+        files_hashed=sum(p.files_hashed for p in partials),
+        files_reused=sum(p.files_reused for p in partials),
+        bytes_hashed=sum(p.bytes_hashed for p in partials),
+    )
