@@ -190,7 +190,7 @@ def changed_since_plan(item: PlanItem) -> str | None:
     planned = {f.path: f for f in ckpt.all_files}
     for f in planned.values():
         try:
-            fst = os.lstat(f.path)
+            fst = os.stat(f.path)  # followed, as the scanner records a link inside a root
         except OSError:
             return f"planned file vanished: {os.path.relpath(f.path, ckpt.path)}"
         if fst.st_size != f.size_bytes or fst.st_mtime_ns != f.mtime_ns or (f.inode and fst.st_ino != f.inode):

@@ -115,3 +115,11 @@ def m001_initial(db) -> None:
             (SELECT COUNT(*) FROM findings f WHERE f.checkpoint_path = c.path AND f.scan_id = c.last_scan_id
                 AND f.severity = 'warning') AS warnings
         FROM checkpoints c WHERE c.present = 1""")
+
+
+@MIGRATIONS()
+def m002_lifecycle(db) -> None:
+    """lifecycle: executed prune plans (prunes, prune_items) and exports (exports, export_files)."""
+    from ckpt_audit.catalog.lifecycle import create_lifecycle_tables
+
+    create_lifecycle_tables(db)
