@@ -63,7 +63,7 @@ def _buffer() -> memoryview:
     # An anonymous mmap is page-aligned. A bytearray's start is wherever malloc puts it, and a read() into a
     # destination that is not 64-byte aligned ran ~4x slower here (1.8 vs 7-8 GB/s warm; docs/readers.md).
     mv = getattr(_local, "mv", None)
-    if mv is None:
+    if mv is None or len(mv) != CHUNK:
         buf = mmap.mmap(-1, CHUNK)
         buf.write(b"\0" * CHUNK)  # fault the pages in once, outside any timed read
         mv = _local.mv = memoryview(buf)
