@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {
     "ls": "ckpt_audit.cli.scan:ls_command",
     "show": "ckpt_audit.cli.scan:show_command",
     "demo": "ckpt_audit.cli.demo:demo_command",
+    "prune": "ckpt_audit.cli.prune:prune_command",
+    "export": "ckpt_audit.cli.export:export_command",
 }
 
 

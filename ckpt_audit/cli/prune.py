@@ -1,0 +1,182 @@
+"""`ckpt-audit prune`: scan, plan by policy, show the plan, delete only when told to (crash-safe)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, resolve_catalog
+from ckpt_audit.exitcodes import ExitCode
+
+
+class _Duration(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value, param, ctx):
+        from ckpt_audit.retention import parse_duration
+
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@click.command("prune")
+@click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--keep-last", type=click.IntRange(0), metavar="N", help="Keep the last N complete checkpoints of each run.")
+@click.option("--keep-every", type=click.IntRange(1), metavar="K", help="Keep checkpoints whose step is a multiple of K.")
+@click.option("--keep-within", type=_Duration(), metavar="DURATION", help="Keep checkpoints newer than this (90m, 36h, 7d, 2w).")
+@click.option("--keep-best", type=click.IntRange(0), metavar="N", help="Keep the best N by --metric from the run's metrics JSONL.")
+@click.option("--metric", default="loss", show_default=True, help="Metric for --keep-best.")
+@click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True, help="Best is lowest or highest.")
+@click.option("--pin", "pins", multiple=True, type=click.Path(path_type=Path), metavar="STEP_DIR",
+              help="Never delete this checkpoint (repeatable).")
+@click.option("--stale-after", type=_Duration(), default="1h", show_default=True, metavar="DURATION",
+              help="An uncommitted checkpoint older than this is abandoned and removed.")
+@click.option("--dry-run", is_flag=True, help="Show the plan and exit 0 without deleting or asking.")
+@click.option("-y", "--yes", is_flag=True, help="Delete without asking (cron).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (plan and outcome) to stdout.")
+@catalog_option
+@click.pass_context
+def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, metric, mode, pins, stale_after, dry_run,
+                  yes, as_json, catalog) -> None:
+    """Delete checkpoints no keep rule wants, never the last good one.
+
+    A checkpoint is kept if ANY rule keeps it. Incomplete, corrupt, husk and abandoned uncommitted directories
+    go first and never count toward N. Never deleted, whatever the rules: the newest complete checkpoint of
+    each run, the tracker's target, pinned and in-progress checkpoints. With no --keep-* rule only broken
+    checkpoints go. Each checkpoint is first renamed to .ckpt-audit-trash-* (out of the trainer's sight), then
+    removed; trash left by an interrupted prune is removed by the next one. Executed plans are logged in the
+    catalog with every reason.
+
+    Without --yes the plan is shown and you are asked; when stdin is not a terminal prune refuses (exit 2).
+
+    Exit codes: 0 done (or nothing to do, or --dry-run), 2 usage (or refused to prompt), 3 error (bad root or
+    catalog, or a deletion failed), 4 another run holds the catalog lock, 130 interrupted.
+
+    \b
+    Example:
+        ckpt-audit prune /ckpts --keep-last 3 --dry-run
+        ckpt-audit prune /ckpts --keep-last 2 --keep-every 1000 --keep-best 1 --metric loss --yes
+        ckpt-audit prune runs/ --keep-within 7d --pin runs/p/e/global_step_500 --json --yes
+    """
+    from ckpt_audit import lock, scanner
+    from ckpt_audit.catalog.manifest import CatalogError, probe, read_previous
+    from ckpt_audit.prune import find_trash
+    from ckpt_audit.retention import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy, plan_prune, read_metric
+
+    try:
+        real_roots = [scanner.check_root(r) for r in roots]
+    except scanner.ScanError as exc:
+        raise CommandError(str(exc)) from None
+    cat_path = resolve_catalog(catalog)
+    try:
+        probe(cat_path)
+        with lock.hold(lock.lock_path_for(cat_path)):
+            now = time.time_ns()
+            result = scanner.scan(real_roots, previous=read_previous(cat_path), now_ns=now)
+            runs = result.runs
+            rules: list = []
+            if keep_last is not None:
+                rules.append(KeepLast(n=keep_last))
+            if keep_every is not None:
+                rules.append(KeepEvery(k=keep_every))
+            if keep_within is not None:
+                rules.append(KeepWithin(duration_ns=keep_within))
+            if keep_best is not None:
+                rules.append(KeepBest(n=keep_best, metric=metric, mode=mode, values=read_metric(runs, metric)))
+            policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
+
+            known = {c.path for r in runs for c in r.checkpoints}
+            pin_paths = frozenset(os.path.realpath(p) for p in pins)
+            if unknown := sorted(pin_paths - known):
+                raise click.UsageError(f"--pin {unknown[0]} matches no scanned checkpoint")
+            plan = plan_prune(runs, policy, now_ns=now, pins=pin_paths)
+            trash_dirs = sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints})
+            trash = find_trash(trash_dirs)
+
+            if not as_json:
+                _render_plan(plan, trash)
+            if plan.empty and not trash:
+                _finish(ctx, as_json, plan, trash, None, roots=real_roots)
+            if dry_run:
+                _finish(ctx, as_json, plan, trash, None, roots=real_roots)
+            if not yes:
+                if not sys.stdin.isatty():
+                    if as_json:
+                        emit_json(_document(plan, trash, None, real_roots))
+                    click.echo("ckpt-audit: refusing to prompt: stdin is not a terminal; re-run with --yes to "
+                               "delete, or --dry-run to only show the plan", err=True)
+                    ctx.exit(int(ExitCode.USAGE))
+                if not click.confirm(f"Delete {len(plan.delete)} checkpoint(s) and {len(trash)} leftover(s)?",
+                                     default=False, err=True):
+                    click.echo("nothing deleted", err=True)
+                    ctx.exit(int(ExitCode.OK))
+
+            from ckpt_audit.catalog import open_catalog
+            from ckpt_audit.catalog.lifecycle import LifecycleLog
+            from ckpt_audit.prune import execute
+
+            with open_catalog(cat_path) as cat:
+                cat.record_scan(result)
+                outcome = execute(plan, catalog=LifecycleLog(cat.db), reclaim_dirs=trash_dirs,
+                                  progress=None if as_json else _progress)
+    except CatalogError as exc:
+        raise CommandError(str(exc)) from None
+    except lock.Locked as exc:
+        click.echo(f"ckpt-audit: {exc}", err=True)
+        ctx.exit(int(ExitCode.LOCKED))
+    _finish(ctx, as_json, plan, trash, outcome, roots=real_roots)
+
+
+def _finish(ctx, as_json, plan, trash, outcome, *, roots) -> None:
+    from ckpt_audit.models import format_size
+    from ckpt_audit.prune import Action
+
+    if as_json:
+        emit_json(_document(plan, trash, outcome, roots))
+    elif outcome is not None:
+        click.echo(f"deleted {outcome.count(Action.DELETED)}, reclaimed {outcome.count(Action.RECLAIMED)}, "
+                   f"skipped {outcome.count(Action.SKIPPED)}, failed {outcome.count(Action.FAILED)}; "
+                   f"freed {format_size(outcome.bytes_freed)} (execution {outcome.exec_id})")
+    ctx.exit(int(ExitCode.OK if outcome is None or outcome.ok else ExitCode.ERROR))
+
+
+def _document(plan, trash, outcome, roots) -> dict:
+    return {
+        "command": "prune",
+        "roots": list(roots),
+        "plan": plan.to_dict(),
+        "trash": [{"path": t.path, "original_name": t.original_name, "exec_id": t.exec_id} for t in trash],
+        "executed": outcome is not None,
+        "result": outcome.to_dict() if outcome is not None else None,
+    }
+
+
+def _render_plan(plan, trash) -> None:
+    from ckpt_audit.models import format_size
+    from ckpt_audit.retention import EXPLAIN
+
+    click.echo(f"policy: {plan.policy.describe()}")
+    rows = [("DELETE", i) for i in plan.delete] + [("keep", i) for i in plan.keep]
+    rows.sort(key=lambda r: (r[1].run_path, r[1].step))
+    for what, item in rows:
+        name = "/".join(item.run_path.rstrip("/").split("/")[-2:])
+        why = ", ".join(str(r) for r in item.reasons)
+        click.echo(f"  {what:<6} {name:<32} step {item.step:>8}  {str(item.checkpoint.status):<11} "
+                   f"{format_size(item.size_bytes):>10}  {why}")
+    for r in plan.refused:
+        click.echo(f"  refused {r.path}: {', '.join(EXPLAIN[x] for x in r.reasons)}")
+    for t in trash:
+        click.echo(f"  RECLAIM {t.path} (left by interrupted prune {t.exec_id})")
+    click.echo(f"frees {format_size(plan.bytes_freed)} in {len(plan.delete)} checkpoint(s); keeps "
+               f"{format_size(plan.bytes_kept)} in {len(plan.keep)}"
+               + (f"; {len(trash)} leftover trash dir(s)" if trash else ""))
+
+
+def _progress(outcome) -> None:
+    click.echo(f"{outcome.action}: {outcome.path}" + (f" ({outcome.detail})" if outcome.detail else ""), err=True)
