@@ -126,6 +126,15 @@ class Stub(metaclass=_GlobalMeta):
         return text if len(text) < 300 else text[:297] + "..."
 
 
+class StateDict(dict):
+    """A mapping the pickle built as an OrderedDict; a BUILD state (a state_dict's `_metadata`) lands in `.state`."""
+
+    __slots__ = ("state",)
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
 def _bytes_from_codecs(text: str, encoding: str = "utf-8") -> bytes:
     if encoding.replace("-", "").replace("_", "").lower() not in ("latin1", "utf8", "ascii", "iso88591"):
         raise LookupError(encoding)  # only plain text codecs: no codec lookup on the file's say-so
@@ -146,8 +155,8 @@ def _plain_str(value: str) -> str:
 
 # Pure data constructors: building these values runs no code from the file.
 _PLAIN: dict[tuple[str, str], Callable[..., Any]] = {
-    ("collections", "OrderedDict"): dict,
-    ("collections", "defaultdict"): lambda *a: {},
+    ("collections", "OrderedDict"): StateDict,
+    ("collections", "defaultdict"): lambda *a: StateDict(),
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
     ("builtins", "list"): list,
@@ -290,8 +299,8 @@ _OTHER_REBUILDS = ("torch._utils._rebuild_qtensor", "torch._utils._rebuild_spars
                    "torch._utils._rebuild_device_tensor_from_cpu_tensor", "torch._utils._rebuild_xla_tensor",
                    "torch._utils._rebuild_mtia_tensor")
 
-# Globals that torch.save emits for tensors, DTensors and optimizer/scheduler state; anything else in a scanned
-# file is worth a look (the scanner turns `unsafe_globals` into a finding).
+# Data-only globals that torch.save emits for tensors, DTensors, optimizer/scheduler state and numpy RNG state;
+# anything else in a scanned file is worth a look (the scanner turns `unsafe_globals` into a finding).
 KNOWN_SAFE_GLOBALS: frozenset[str] = frozenset(
     {
         *(f"torch.{n}" for n in _STORAGE_DTYPES),
@@ -308,6 +317,9 @@ KNOWN_SAFE_GLOBALS: frozenset[str] = frozenset(
         "torch.distributed.tensor.placement_types._Partial",
         "torch.distributed.device_mesh.DeviceMesh", "torch.distributed._mesh_layout._MeshLayout",
         "torch.distributed._mesh_layout._FlatLayout",
+        # numpy RNG state and scalars in extra_state / data.pt: data-only reconstructors
+        "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
+        "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "numpy.ndarray", "numpy.dtype",
     }
 )
 
