@@ -1,0 +1,302 @@
+"""scan() on real trees, one corruption per test: every finding code and every status."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from scan_trees import base_run, flip_payload_byte, rewrite_zip, run_copy, shard, steps_of  # noqa: F401
+
+from ckpt_audit.catalog import open_catalog, read_previous
+from ckpt_audit.codes import CODES
+from ckpt_audit.models import Severity, Status
+from ckpt_audit.scanner import ScanError, scan
+
+
+def do_scan(root, **kw):
+    kw.setdefault("in_progress_window_s", 0)
+    return scan([root], **kw)
+
+
+def codes(result) -> set[str]:
+    return {f.code for f in result.all_findings}
+
+
+def the_run(result):
+    (run,) = result.runs
+    return run
+
+
+def status_of(result, step_dir: Path) -> Status:
+    return next(c.status for r in result.runs for c in r.checkpoints if c.path == str(step_dir))
+
+
+def test_clean_tree_is_complete_with_no_warnings(run_copy):
+    r = do_scan(run_copy.parent.parent)
+    run = the_run(r)
+    assert run.layout == "verl-fsdp" and run.tracker_step == int(steps_of(run_copy)[-1].name.split("_")[-1])
+    assert [c.status for c in run.checkpoints] == [Status.COMPLETE] * len(steps_of(run_copy))
+    assert not [f for f in r.all_findings if f.severity >= Severity.WARNING]
+    assert run.latest_complete.step == run.tracker_step
+    assert all(f.hash and len(f.hash) == 32 for c in run.checkpoints for f in c.all_files)
+    assert all(f.crc_ok for c in run.checkpoints for comp in c.components for f in comp.files if f.path.endswith(".pt"))
+    assert run.checkpoints[0].world_size == 2
+
+
+def test_missing_rank_makes_incomplete_and_tracker_dangling(run_copy):
+    last = steps_of(run_copy)[-1]
+    shard(last, "model", 1).unlink()
+    r = do_scan(run_copy)
+    miss = [f for f in r.all_findings if f.code == "missing-rank"]
+    assert [f.rank for f in miss] == [1]
+    assert status_of(r, last) is Status.INCOMPLETE
+    assert "tracker-dangling" in codes(r)
+
+
+def test_fsdp_config_world_size_mismatch(run_copy):
+    cfg = steps_of(run_copy)[0] / "actor" / "fsdp_config.json"
+    cfg.write_text(json.dumps({"FSDP_version": 2, "world_size": 4}, indent=4))
+    r = do_scan(run_copy)
+    assert "world-size-mismatch" in codes(r)
+    assert status_of(r, steps_of(run_copy)[0]) is Status.INCOMPLETE
+
+
+def test_stale_world_size_set_beside_current(run_copy):
+    actor = steps_of(run_copy)[0] / "actor"
+    shutil.copy2(shard(actor.parent, "model", 0), actor / "model_world_size_3_rank_0.pt")
+    r = do_scan(run_copy)
+    assert "stale-world-size" in codes(r)
+    assert status_of(r, actor.parent) is Status.COMPLETE  # a warning, not a broken checkpoint
+
+
+@pytest.mark.parametrize("kind,code", [("optim", "missing-optimizer"), ("extra_state", "missing-extra-state")])
+def test_missing_kind(run_copy, kind, code):
+    step = steps_of(run_copy)[0]
+    for p in (step / "actor").glob(f"{kind}_world_size_*"):
+        p.unlink()
+    r = do_scan(run_copy)
+    assert code in codes(r) and status_of(r, step) is Status.INCOMPLETE
+
+
+def test_missing_dataloader_state_is_a_warning(run_copy):
+    step = steps_of(run_copy)[0]
+    (step / "data.pt").unlink()
+    r = do_scan(run_copy)
+    assert "missing-dataloader-state" in codes(r)
+    assert status_of(r, step) is Status.COMPLETE
+
+
+def test_truncated_shard_is_corrupt(run_copy):
+    p = shard(steps_of(run_copy)[0], "optim", 1)
+    os.truncate(p, p.stat().st_size // 2)
+    r = do_scan(run_copy)
+    assert "truncated" in codes(r) and status_of(r, steps_of(run_copy)[0]) is Status.CORRUPT
+
+
+def test_zero_byte_shard(run_copy):
+    p = shard(steps_of(run_copy)[0], "extra_state", 0)
+    os.truncate(p, 0)
+    r = do_scan(run_copy)
+    assert "zero-byte" in codes(r) and status_of(r, steps_of(run_copy)[0]) is Status.CORRUPT
+
+
+def test_bit_flip_is_a_crc_mismatch(run_copy):
+    flip_payload_byte(shard(steps_of(run_copy)[0], "model", 0))
+    r = do_scan(run_copy)
+    bad = [f for f in r.all_findings if f.code == "crc-mismatch"]
+    assert len(bad) == 1 and bad[0].severity is Severity.ERROR
+    assert status_of(r, steps_of(run_copy)[0]) is Status.CORRUPT
+
+
+def test_rehash_reports_hash_drift_under_unchanged_stat(run_copy, tmp_path):
+    cat = open_catalog(tmp_path / "c.db")
+    cat.record_scan(do_scan(run_copy))
+    p = shard(steps_of(run_copy)[0], "model", 0)
+    st = p.stat()
+    with open(p, "r+b") as f:  # the local header's mod-time field: outside every CRC, so only the hash sees it
+        f.seek(10)
+        b = f.read(1)
+        f.seek(10)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    plain = do_scan(run_copy, previous=read_previous(cat.db.conn))
+    assert "hash-drift" not in codes(plain) and plain.files_reused > 0
+    deep = do_scan(run_copy, previous=read_previous(cat.db.conn), rehash=True)
+    assert [f.path for f in deep.all_findings if f.code == "hash-drift"] == [str(p)]
+    assert deep.files_reused == 0
+
+
+@pytest.mark.parametrize("content,code", [(None, "tracker-missing"), ("", "tracker-empty"), ("twelve", "tracker-invalid"),
+                                          ("999", "tracker-dangling")])
+def test_tracker_problems(run_copy, content, code):
+    tracker = run_copy / "latest_checkpointed_iteration.txt"
+    if content is None:
+        tracker.unlink()
+    else:
+        tracker.write_text(content)
+    r = do_scan(run_copy)
+    assert code in codes(r)
+    assert all(c.status is Status.COMPLETE for c in the_run(r).checkpoints)
+
+
+def test_misnamed_step_directory(run_copy):
+    first = steps_of(run_copy)[0]
+    first.rename(run_copy / first.name.replace("global_step_", "global_steps_"))
+    r = do_scan(run_copy)
+    assert "misnamed-step" in codes(r)
+
+
+def test_step_newer_than_tracker_is_uncommitted(run_copy):
+    steps = steps_of(run_copy)
+    (run_copy / "latest_checkpointed_iteration.txt").write_text(steps[-2].name.split("_")[-1])
+    (steps[-1] / "data.pt").unlink()
+    r = do_scan(run_copy)
+    assert status_of(r, steps[-1]) is Status.UNCOMMITTED
+    assert the_run(r).latest_complete.path == str(steps[-2])
+
+
+def test_only_data_pt_left_is_a_husk(run_copy):
+    first = steps_of(run_copy)[0]
+    shutil.rmtree(first / "actor")
+    r = do_scan(run_copy)
+    assert status_of(r, first) is Status.HUSK and "husk" in codes(r)
+    assert not [f for f in r.all_findings if f.severity is Severity.ERROR]
+
+
+def test_recent_uncommitted_checkpoint_is_in_progress_never_corrupt(run_copy):
+    steps = steps_of(run_copy)
+    (run_copy / "latest_checkpointed_iteration.txt").write_text(steps[-2].name.split("_")[-1])
+    p = shard(steps[-1], "optim", 1)
+    os.truncate(p, p.stat().st_size // 3)  # a shard half-written right now
+    r = scan([run_copy], in_progress_window_s=3600)
+    ck = next(c for c in the_run(r).checkpoints if c.path == str(steps[-1]))
+    assert ck.status is Status.IN_PROGRESS and "in-progress" in {f.code for f in ck.findings}
+    assert "truncated" in {f.code for f in ck.all_findings}
+    assert all(f.severity is Severity.INFO for f in ck.all_findings)
+
+
+def test_file_growing_during_scan_is_reported_and_in_progress(run_copy):
+    last = steps_of(run_copy)[-1]
+    victims = sorted(p for p in (last / "actor").iterdir() if p.suffix == ".pt")
+    grown = []
+
+    def grow(done, total):
+        if not grown:  # first file finished: the files still to come grow under the scanner
+            for p in victims:
+                with open(p, "ab") as f:
+                    f.write(b"\0" * 4096)
+            grown.append(True)
+
+    r = do_scan(run_copy, workers=1, progress=grow)
+    assert "file-changed-during-scan" in codes(r)
+    assert status_of(r, last) is Status.IN_PROGRESS
+
+
+def test_file_vanishing_during_scan(run_copy):
+    last = steps_of(run_copy)[-1]
+    victims = sorted((last / "actor").glob("*.pt"))
+
+    def vanish(done, total):
+        for p in victims:
+            p.unlink(missing_ok=True)
+
+    r = do_scan(run_copy, workers=1, progress=vanish)
+    assert "file-vanished" in codes(r)
+
+
+def test_links_loops_garbage_and_odd_names_become_findings(run_copy, tmp_path):
+    actor = steps_of(run_copy)[0] / "actor"
+    outside = tmp_path / "outside.pt"
+    outside.write_bytes(b"x" * 10)
+    (actor / "link_out.pt").symlink_to(outside)
+    (actor / "loop").symlink_to(run_copy)
+    (actor / "broken.pt").symlink_to(actor / "nothing-here")
+    (actor / "garbage.pt").write_bytes(os.urandom(300))
+    os.mkdir(os.fsencode(actor) + b"/bad\xffname")
+    r = do_scan(run_copy.parent.parent)
+    found = codes(r)
+    assert {"symlink-outside-root", "symlink-loop", "broken-symlink", "not-a-zip", "non-utf8-name"} <= found
+    assert str(outside) not in {f.path for c in the_run(r).checkpoints for f in c.all_files}
+
+
+def test_storage_shorter_than_its_tensor(run_copy):
+    p = shard(steps_of(run_copy)[0], "model", 0)
+    rewrite_zip(p, shorten="data/0")
+    r = do_scan(run_copy)
+    assert "storage-size-mismatch" in codes(r)
+    assert status_of(r, steps_of(run_copy)[0]) is Status.CORRUPT
+
+
+def test_copied_shard_has_a_zip_prefix_mismatch(run_copy):
+    step = steps_of(run_copy)[0]
+    shutil.copy2(shard(step, "extra_state", 0), shard(step, "extra_state", 1))
+    r = do_scan(run_copy)
+    assert [f.path for f in r.all_findings if f.code == "zip-prefix-mismatch"] == [str(shard(step, "extra_state", 1))]
+
+
+def test_pickle_problems(run_copy):
+    step = steps_of(run_copy)[0]
+    rewrite_zip(shard(step, "extra_state", 0), replace={"data.pkl": b"\x80\x02cos\nsystem\nq\x00."})
+    rewrite_zip(shard(step, "extra_state", 1), replace={"data.pkl": b"not a pickle at all"})
+    rewrite_zip(shard(step, "optim", 0), drop="data.pkl")
+    found = codes(do_scan(run_copy))
+    assert {"unsafe-pickle", "bad-pickle", "not-a-torch-archive"} <= found
+
+
+def test_legacy_names_without_world_size(run_copy):
+    step = steps_of(run_copy)[0]
+    for p in (step / "actor").glob("*_world_size_*"):
+        p.rename(p.with_name(p.name.replace(f"world_size_2_", "")))
+    (step / "actor" / "fsdp_config.json").unlink()
+    r = do_scan(run_copy)
+    ck = next(c for c in the_run(r).checkpoints if c.path == str(step))
+    assert ck.status is Status.COMPLETE and ck.world_size == 2
+    assert {"missing-fsdp-config", "missing-rank"}.isdisjoint({f.code for f in ck.all_findings})
+
+
+def test_sft_shards_directly_in_the_step_directory(run_copy):
+    step = steps_of(run_copy)[0]
+    for p in (step / "actor").iterdir():
+        p.rename(step / p.name)
+    (step / "actor").rmdir()
+    r = do_scan(run_copy)
+    ck = next(c for c in the_run(r).checkpoints if c.path == str(step))
+    assert ck.status is Status.COMPLETE and [c.role for c in ck.components] == [""]
+    shard(step, "model", 1).unlink()
+    assert "missing-rank" in codes(do_scan(run_copy))
+
+
+def _unprivileged() -> list[str] | None:
+    """A command prefix under which chmod 000 is honoured: nothing when not root; for root, setpriv dropping the
+    capabilities that bypass file permissions; None when neither is possible."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"] if setpriv else None
+
+
+@pytest.mark.skipif(_unprivileged() is None, reason="running as root without setpriv: chmod 000 cannot be enforced")
+def test_unreadable_file_becomes_a_finding(run_copy):
+    victim = shard(steps_of(run_copy)[0], "model", 0)
+    victim.chmod(0)
+    code = ("import json, sys; from ckpt_audit.scanner import scan; r = scan([sys.argv[1]], in_progress_window_s=0);"
+            "print(json.dumps(sorted({(f.code, f.path) for f in r.all_findings})))")
+    out = subprocess.run([*_unprivileged(), sys.executable, "-c", code, str(run_copy)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert ["unreadable", str(victim)] in json.loads(out.stdout)
+
+
+def test_missing_root_is_an_error():
+    with pytest.raises(ScanError):
+        scan(["/nonexistent/ckpt-root"])
+
+
+def test_every_registered_scan_code_has_an_explanation():
+    assert all(c.explanation and c.code == k for k, c in CODES.items())
