@@ -1,0 +1,113 @@
+"""The scan/ls/show CLI: CliRunner for output, subprocesses for exit codes, JSON and import hygiene."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+from scan_trees import base_run, run_copy, shard, steps_of  # noqa: F401
+
+from ckpt_audit import lock
+from ckpt_audit.cli import cli
+
+CLI = [sys.executable, "-m", "ckpt_audit"]
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_scan_json_document_and_catalog(run_copy, tmp_path):
+    db = tmp_path / "c.db"
+    res = CliRunner().invoke(cli, ["scan", "--json", "--catalog", str(db), str(run_copy)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["schema_version"] == 1 and doc["command"] == "scan" and doc["exit_code"] == 0
+    assert doc["summary"]["statuses"] == {"complete": len(steps_of(run_copy))}
+    (run,) = doc["runs"]
+    ck = run["checkpoints"][-1]
+    assert ck["status"] == "complete" and ck["components"][0]["role"] == "actor"
+    assert {"path", "kind", "rank", "world_size", "size_bytes", "mtime_ns", "inode", "hash", "crc_ok"} == set(
+        ck["components"][0]["files"][0])
+    again = json.loads(CliRunner().invoke(cli, ["scan", "--json", "--catalog", str(db), str(run_copy)]).stdout)
+    assert again["files_reused"] >= len(ck["components"][0]["files"]) and again["scan_id"] == doc["scan_id"] + 1
+
+
+def test_ls_and_show_answer_from_the_catalog(run_copy, tmp_path):
+    db = str(tmp_path / "c.db")
+    step = steps_of(run_copy)[0]
+    shard(step, "model", 1).unlink()
+    runner = CliRunner()
+    assert runner.invoke(cli, ["scan", "-q", "--catalog", db, str(run_copy)]).exit_code == 1
+    out = runner.invoke(cli, ["ls", "--catalog", db])
+    assert out.exit_code == 0 and "demo/exp" in out.output or run_copy.name in out.output
+    runs = json.loads(runner.invoke(cli, ["ls", "--json", "--catalog", db]).stdout)["runs"]
+    ckpts = json.loads(runner.invoke(cli, ["ls", runs[0]["path"], "--json", "--catalog", db]).stdout)["checkpoints"]
+    assert [c["status"] for c in ckpts][0] == "incomplete" and ckpts[0]["errors"] >= 1
+    detail = json.loads(runner.invoke(cli, ["show", str(step), "--json", "--catalog", db]).stdout)["checkpoint"]
+    assert "missing-rank" in {f["code"] for f in detail["findings"]}
+    text = runner.invoke(cli, ["show", str(step), "--catalog", db]).output
+    assert "missing-rank" in text and "model" in text
+    hist = json.loads(runner.invoke(cli, ["show", str(shard(step, "model", 0)), "--json", "--catalog", db]).stdout)
+    assert len(hist["history"]) == 1 and len(hist["history"][0]["hash"]) == 32
+    assert runner.invoke(cli, ["show", "/no/such/thing", "--catalog", db]).exit_code == 3
+
+
+def test_exit_codes_through_a_subprocess(run_copy, tmp_path):
+    db = tmp_path / "c.db"
+    clean = run_cli("scan", "-q", "--catalog", db, run_copy)
+    assert clean.returncode == 0 and clean.stdout == "" and clean.stderr == ""
+    (run_copy / "latest_checkpointed_iteration.txt").unlink()
+    assert run_cli("scan", "-q", "--catalog", db, run_copy).returncode == 0  # a warning, below --fail-on error
+    warn = run_cli("scan", "-q", "--fail-on", "warning", "--catalog", db, run_copy)
+    assert warn.returncode == 1 and "tracker-missing" in warn.stdout
+    doc = json.loads(run_cli("scan", "--json", "--fail-on", "warning", "--catalog", db, run_copy).stdout)
+    assert doc["exit_code"] == 1 and doc["summary"]["warnings"] >= 1
+    missing = run_cli("scan", "--catalog", db, tmp_path / "nope")
+    assert missing.returncode == 3 and missing.stderr.count("\n") == 1 and "does not exist" in missing.stderr
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not sqlite" * 100)
+    bad = run_cli("scan", "--catalog", garbage, run_copy)
+    assert bad.returncode == 3 and bad.stderr.startswith("ckpt-audit: error:") and "Traceback" not in bad.stderr
+    assert run_cli("scan", "--workers", "0", run_copy).returncode == 2
+
+
+def test_overlapping_run_exits_at_once_with_code_4(run_copy, tmp_path):
+    db = tmp_path / "c.db"
+    with lock.hold(lock.lock_path_for(db)):
+        out = run_cli("scan", "--catalog", db, run_copy)
+    assert out.returncode == 4 and "another ckpt-audit run" in out.stderr
+
+
+def test_catalog_env_var_is_the_default(run_copy, tmp_path):
+    db = tmp_path / "env.db"
+    assert run_cli("scan", "-q", run_copy, env={"CKPT_AUDIT_CATALOG": str(db)}).returncode == 0
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM scans").fetchone() == (1,)
+
+
+def test_scan_path_imports_neither_torch_nor_textual(run_copy, tmp_path):
+    code = (
+        "import sys\n"
+        "from ckpt_audit.cli import cli\n"
+        "try:\n"
+        f"    cli.main(['scan', '-q', '--catalog', {str(tmp_path / 'c.db')!r}, {str(run_copy)!r}], standalone_mode=False)\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'textual', 'tui', 'transformers'))\n"
+        "print('scanned', 'pickles' in sys.modules.get('ckpt_audit').__dict__, bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "scanned True []"
+
+
+def test_help_has_examples():
+    for name in ("scan", "ls", "show"):
+        res = CliRunner().invoke(cli, [name, "--help"])
+        assert res.exit_code == 0 and "Example:" in res.output
