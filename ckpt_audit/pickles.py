@@ -303,7 +303,7 @@ _OTHER_REBUILDS = ("torch._utils._rebuild_qtensor", "torch._utils._rebuild_spars
 # anything else in a scanned file is worth a look (the scanner turns `unsafe_globals` into a finding).
 KNOWN_SAFE_GLOBALS: frozenset[str] = frozenset(
     {
-        *(f"torch.{n}" for n in _STORAGE_DTYPES),
+        *(f"torch.{n}" for n in _STORAGE_DTYPES), "torch.storage.UntypedStorage",
         *(f"torch.{n}" for n in DTYPE_ITEMSIZE),
         *_REBUILD_V2, _REBUILD_V3, *_REBUILD_PARAM, _REBUILD_FROM_TYPE, _REBUILD_WRAPPER, _REBUILD_META,
         *_DTENSOR_TYPES,
