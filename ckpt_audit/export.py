@@ -450,16 +450,14 @@ def _verify(tmp: Path, tensors: list[_Tensor], target, ranges, torch) -> None:
     from safetensors import safe_open
 
     files = sorted(tmp.glob("*.safetensors")) + sorted((tmp / "lora_adapter").glob("*.safetensors"))
-    found: dict[str, tuple] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            for key in h.keys():
-                found[key] = (f, h.get_tensor(key))
+    handles = [safe_open(str(f), framework="pt") for f in files]
+    where = {key: h for h in handles for key in h.keys()}
+    out_paths = {str(f) for f in files}
     expected = {t.name for t in tensors}
-    if set(found) != expected:
-        raise ExportError(f"export check failed: keys differ ({sorted(set(found) ^ expected)[:3]})")
-    for t in tensors:
-        got = found.pop(t.name)[1]
+    if set(where) != expected:
+        raise ExportError(f"export check failed: keys differ ({sorted(set(where) ^ expected)[:3]})")
+    for t in tensors:  # one tensor at a time: reading back must not cost the model's size either
+        got = where[t.name].get_tensor(t.name)
         dtype = _out_dtype(t, target, torch)
         want = (t.pieces[0] if t.dim is None else torch.cat(list(t.pieces), dim=t.dim)).to(dtype)
         if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape) or not torch.equal(
@@ -468,6 +466,7 @@ def _verify(tmp: Path, tensors: list[_Tensor], target, ranges, torch) -> None:
             raise ExportError(f"export check failed: {t.name} differs from the concatenation of its shards")
         del got, want
         _release(t, ranges)
+        _drop(mapped_ranges(out_paths))  # safetensors maps the files it reads back
 
 
 def _same(a: _Tensor, b: _Tensor, torch) -> bool:
@@ -564,6 +563,13 @@ def mapped_ranges(paths: set[str]) -> list[tuple[int, int]]:
     except OSError:
         return []
     return ranges
+
+
+def _drop(ranges: list[tuple[int, int]]) -> None:
+    """Drop whole read-only file mappings' pages (see _release for why this is safe)."""
+    if _libc is not None:
+        for lo, hi in ranges:
+            _libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED)
 
 
 def _release(t: _Tensor, ranges: list[tuple[int, int]]) -> None:
