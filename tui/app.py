@@ -1,0 +1,204 @@
+"""The App: owns the current Snapshot and runs every blocking operation (scan, verify, prune, export) in a
+worker thread, so the screens stay responsive; screens only render the snapshot and ask the App to act."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+
+from ckpt_audit.models import Checkpoint, ScanResult, format_size
+from tui.activity import ActivityBar
+from tui.snapshot import Snapshot, catalog_runs, locked_catalog, scan_roots, verify_paths
+
+THROTTLE_NS = 100_000_000  # progress reaches the UI at most ten times a second
+
+
+class AuditApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "ckpt-audit"
+    ENABLE_COMMAND_PALETTE = False  # every action has a key; the palette's footer slot is better spent on them
+    BINDINGS = [
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, *, catalog_path: Path | None, roots: Sequence[str] = ()) -> None:
+        super().__init__()
+        self.catalog_path = catalog_path
+        self.roots = tuple(str(Path(r).resolve()) for r in roots)
+        self.snapshot = Snapshot()
+        self.last_error: str | None = None
+        self.catalog_roots: tuple[str, ...] = ()
+        self.last_prune = None
+        self.last_export = None
+
+    def on_mount(self) -> None:
+        from tui.screens.runs import RunsScreen
+
+        self.push_screen(RunsScreen())
+        if self.roots:
+            self.rescan()
+        elif self.catalog_path is not None:
+            self.load_catalog()
+
+    # ------------------------------------------------------------------------------------------ actions
+
+    def action_help(self) -> None:
+        from tui.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    # ------------------------------------------------------------------------------------------ workers
+
+    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
+    def load_catalog(self) -> None:
+        """No roots given: rescan the runs the catalog knows (cheap: unchanged files reuse their hashes)."""
+        self._busy("reading catalog")
+        try:
+            self.catalog_roots = catalog_runs(self.catalog_path)
+        except Exception as exc:  # noqa: BLE001 - the UI reports it in one line and keeps running
+            return self._failed("reading the catalog", exc)
+        if not self.catalog_roots:
+            self.call_from_thread(self._hide)
+            return self.call_from_thread(self.notify, "the catalog knows no runs: start with `ckpt-audit tui ROOT`",
+                                         severity="warning", timeout=10)
+        self._scan()
+
+    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
+    def rescan(self) -> None:
+        self._scan()
+
+    def _scan(self, done: str = "") -> None:
+        roots = self.scan_targets()
+        if not roots:
+            return self.call_from_thread(self.notify, "nothing to scan: start with `ckpt-audit tui ROOT`",
+                                         severity="warning")
+        self._busy("scanning")
+        try:
+            snap = scan_roots(roots, self.catalog_path, progress=self._progress("scanning"))
+        except Exception as exc:  # noqa: BLE001
+            return self._failed("scanning", exc)
+        message = done or f"scanned {len(snap.runs)} run(s)"
+        if self.catalog_path is not None and not snap.recorded:
+            message += " (catalog locked by another run: not recorded)"
+        self.call_from_thread(self._set_snapshot, snap, message)
+
+    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
+    def verify(self, paths: Sequence[str]) -> None:
+        self._busy("verifying")
+        try:
+            result = verify_paths(paths, self.catalog_path, progress=self._progress("verifying"))
+        except Exception as exc:  # noqa: BLE001
+            return self._failed("verifying", exc)
+        self.call_from_thread(self._merge_verified, result)
+
+    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
+    def prune(self, plan) -> None:
+        from ckpt_audit.prune import Action, execute
+
+        total = len(plan.delete)
+        done = 0
+
+        def progress(outcome) -> None:
+            nonlocal done
+            done += 1
+            self.call_from_thread(self._show, f"deleting {done}/{total}", done, total)
+
+        self._busy("deleting")
+        try:
+            with locked_catalog(self.catalog_path) as cat:
+                result = execute(plan, catalog=self._log(cat), progress=progress)
+        except Exception as exc:  # noqa: BLE001 - lock.Locked included: a cron run is busy, try again later
+            return self._failed("pruning", exc)
+        summary = (f"deleted {result.count(Action.DELETED)}, skipped {result.count(Action.SKIPPED)}, "
+                   f"failed {result.count(Action.FAILED)}; freed {format_size(result.bytes_freed)}")
+        self.last_prune = result
+        # What is on disk now is the truth: rescan rather than edit the snapshot by hand.
+        self._scan(done=summary)
+
+    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
+    def export(self, ckpt: Checkpoint, to: str, dtype: str | None) -> None:
+        from ckpt_audit.export import export_checkpoint
+
+        self._busy("exporting")
+        tick = self._progress("exporting")
+        try:
+            with locked_catalog(self.catalog_path) as cat:
+                result = export_checkpoint(ckpt.path, to, dtype=dtype, catalog=self._log(cat),
+                                           progress=lambda done, total, _name: tick(done, total))
+        except Exception as exc:  # noqa: BLE001 - ExportError carries a one-line reason
+            return self._failed("exporting", exc)
+        self.last_export = result
+        self.call_from_thread(self._done, f"exported step {ckpt.step} to {result.out_dir} "
+                                          f"({result.tensors} tensors, {format_size(result.total_bytes)})")
+
+    # ------------------------------------------------------------------------------------------ plumbing
+
+    def scan_targets(self) -> tuple[str, ...]:
+        """The roots given on the command line, else the runs the catalog knows."""
+        return self.roots or self.catalog_roots
+
+    @staticmethod
+    def _log(cat):
+        if cat is None:
+            return None
+        from ckpt_audit.catalog.lifecycle import LifecycleLog
+
+        return LifecycleLog(cat.db)
+
+    def _set_snapshot(self, snap: Snapshot, message: str) -> None:
+        self.snapshot = snap
+        for screen in self.screen_stack:
+            refresh = getattr(screen, "refresh_from", None)
+            if refresh is not None:
+                refresh(snap)
+        self._done(message)
+
+    def _merge_verified(self, result: ScanResult) -> None:
+        """Put verified checkpoints (with their deep findings) in place of the scanned ones."""
+        fresh = {c.path: c for r in result.runs for c in r.checkpoints}
+        runs = tuple(replace(r, checkpoints=tuple(fresh.get(c.path, c) for c in r.checkpoints))
+                     for r in self.snapshot.runs)
+        bad = sum(1 for c in fresh.values() for f in c.all_findings if f.severity.label == "error")
+        self._set_snapshot(replace(self.snapshot, runs=runs, loaded_ns=time.time_ns()),
+                           f"verified {len(fresh)} checkpoint(s): {bad} error finding(s)")
+
+    def _progress(self, label: str):
+        last = 0
+
+        def tick(done: int, total: int) -> None:
+            nonlocal last
+            now = time.monotonic_ns()
+            if now - last >= THROTTLE_NS or done >= total:
+                last = now
+                self.call_from_thread(self._show, label, done, total)
+
+        return tick
+
+    def _busy(self, label: str) -> None:
+        self.call_from_thread(self._show, label, None, None)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self.last_error = f"{what} failed: {exc}"
+        self.call_from_thread(self._hide)
+        self.call_from_thread(self.notify, self.last_error, severity="error", timeout=10)
+
+    def _show(self, label: str, done: float | None, total: float | None) -> None:
+        for bar in self.screen.query(ActivityBar):
+            bar.show(label, done, total)
+
+    def _hide(self) -> None:
+        for screen in self.screen_stack:
+            for bar in screen.query(ActivityBar):
+                bar.hide()
+
+    def _done(self, message: str) -> None:
+        self._hide()
+        self.notify(message, timeout=4)

@@ -1,0 +1,56 @@
+"""How model values look in a table cell: status badges, sizes, ages, CRC marks."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from ckpt_audit.models import Severity, Status
+
+BADGE: dict[Status, tuple[str, str]] = {
+    Status.COMPLETE: ("✓ complete", "bold green"),
+    Status.INCOMPLETE: ("◐ incomplete", "bold yellow"),
+    Status.CORRUPT: ("✗ corrupt", "bold red"),
+    Status.UNCOMMITTED: ("… uncommitted", "cyan"),
+    Status.HUSK: ("○ husk", "dim"),
+    Status.IN_PROGRESS: ("⟳ in-progress", "bold blue"),
+}
+SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
+SHORT = {Status.COMPLETE: "✓", Status.INCOMPLETE: "◐", Status.CORRUPT: "✗", Status.UNCOMMITTED: "…",
+         Status.HUSK: "○", Status.IN_PROGRESS: "⟳"}
+
+
+def badge(status: Status) -> Text:
+    label, style = BADGE[status]
+    return Text(label, style=style)
+
+
+def status_counts(statuses) -> Text:
+    """'3✓ 1✗' in the badge colours, statuses in a fixed order."""
+    out = Text()
+    for status in Status:
+        n = sum(1 for s in statuses if s is status)
+        if n:
+            if out:
+                out.append(" ")
+            out.append(f"{n}{SHORT[status]}", style=BADGE[status][1])
+    return out
+
+
+def age(ns: int | None, now_ns: int) -> str:
+    if not ns:
+        return "-"
+    s = max(0, (now_ns - ns) // 1_000_000_000)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def crc(ok: bool | None) -> Text:
+    if ok is None:
+        return Text("-", style="dim")
+    return Text("ok", style="green") if ok else Text("BAD", style="bold red")
+
+
+def severity(sev: Severity) -> Text:
+    return Text(sev.label, style=SEVERITY_STYLE[sev])

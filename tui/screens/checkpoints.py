@@ -1,0 +1,312 @@
+"""Checkpoints of one run, with the live prune plan.
+
+The plan shown is always `plan_prune([run], policy, pins, select)`, recomputed on every toggle: the same
+function, with the same inputs, that `ckpt-audit prune` runs. Toggling a checkpoint only edits those inputs:
+a kept one is added to `select`; a selected one leaves it; one the policy deletes is pinned (kept by hand);
+a pinned one is unpinned. Whatever plan_prune refuses (protected checkpoints) is taken back, with its reason.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, Static
+
+from ckpt_audit.models import Checkpoint, Run, format_size
+from ckpt_audit.retention import EXPLAIN, KeepEvery, KeepLast, Policy, PrunePlan, plan_prune
+from tui import cells
+from tui.activity import ActivityBar
+from tui.snapshot import Snapshot
+
+SORTS = ("step", "size", "age", "status", "findings")
+
+
+class CheckpointsScreen(Screen):
+    BINDINGS = [
+        Binding("space", "toggle", "Mark"),
+        Binding("d", "delete", "Delete"),
+        Binding("l", "keep_last", "Last N"),
+        Binding("e", "keep_every", "Every K"),
+        Binding("slash", "filter", "Filter"),
+        Binding("s", "sort", "Sort"),
+        Binding("c", "clear", "Clear"),
+        Binding("enter", "details", "Details", priority=True),
+        Binding("escape", "back", "Back"),
+        Binding("r", "rescan", "Rescan", show=False),
+        Binding("v", "verify", "Verify", show=False),
+    ]
+
+    def __init__(self, run_path: str) -> None:
+        super().__init__()
+        self.run_path = run_path
+        self.policy = Policy()
+        self.select: set[str] = set()
+        self.pins: set[str] = set()
+        self.sort_by = "step"
+        self.descending = True
+        self.filter_text = ""
+        self.plan: PrunePlan | None = None
+        self.notice = ""
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="run-title", classes="summary")
+        yield Input(placeholder="filter: step, status, reason or finding code (Esc clears)", id="filter")
+        yield DataTable(id="checkpoints", cursor_type="row", zebra_stripes=True)
+        yield Static(id="plan", classes="plan")
+        yield Static(id="notice", classes="notice")
+        yield ActivityBar()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#checkpoints", DataTable)
+        table.add_column(" ", key="mark", width=1)
+        table.add_column("step", key="step")
+        table.add_column("status", key="status", width=13)
+        table.add_column("size", key="size")
+        table.add_column("age", key="age")
+        table.add_column("W", key="w")
+        table.add_column("find", key="find")
+        table.add_column("plan", key="plan")
+        self.query_one("#filter", Input).display = False
+        self.refresh_from(self.app.snapshot)
+        table.focus()
+
+    # ------------------------------------------------------------------------------------------ model
+
+    @property
+    def run(self) -> Run | None:
+        return self.app.snapshot.run(self.run_path)
+
+    def compute_plan(self, select: set[str] | None = None, pins: set[str] | None = None) -> PrunePlan | None:
+        run = self.run
+        if run is None:
+            return None
+        return plan_prune([run], self.policy, now_ns=time.time_ns(),
+                          pins=frozenset(self.pins if pins is None else pins),
+                          select=frozenset(self.select if select is None else select))
+
+    def refresh_from(self, snap: Snapshot) -> None:
+        run = snap.run(self.run_path)
+        if run is None:
+            self.plan = None
+            self.query_one("#checkpoints", DataTable).clear()
+            self.query_one("#run-title", Static).update(Text("this run is gone from the last scan", style="red"))
+            return
+        known = {c.path for c in run.checkpoints}
+        self.select &= known
+        self.pins &= known
+        self.plan = self.compute_plan()
+        self.redraw()
+
+    def _fates(self) -> dict[str, tuple[bool, tuple]]:
+        """path -> (deleted?, reasons) from the current plan."""
+        assert self.plan is not None
+        out = {i.path: (True, i.reasons) for i in self.plan.delete}
+        out.update({i.path: (False, i.reasons) for i in self.plan.keep})
+        return out
+
+    def rows(self) -> list[Checkpoint]:
+        """The checkpoints shown, filtered and sorted as asked."""
+        run = self.run
+        if run is None or self.plan is None:
+            return []
+        fates = self._fates()
+        terms = self.filter_text.lower().split()
+
+        def text(c: Checkpoint) -> str:
+            deleted, reasons = fates[c.path]
+            return " ".join([str(c.step), str(c.status), "delete" if deleted else "keep",
+                             *map(str, reasons), *(f.code for f in c.all_findings)]).lower()
+
+        shown = [c for c in run.checkpoints if all(t in text(c) for t in terms)]
+        key = {
+            "step": lambda c: c.step,
+            "size": lambda c: c.size_bytes,
+            "age": lambda c: -c.mtime_ns,
+            "status": lambda c: (str(c.status), c.step),
+            "findings": lambda c: (len(c.all_findings), c.step),
+        }[self.sort_by]
+        return sorted(shown, key=key, reverse=self.descending)
+
+    # ------------------------------------------------------------------------------------------ view
+
+    def redraw(self) -> None:
+        run = self.run
+        table = self.query_one("#checkpoints", DataTable)
+        keep = self.current_path()
+        table.clear()
+        now = time.time_ns()
+        fates = self._fates()
+        for c in self.rows():
+            deleted, reasons = fates[c.path]
+            protected = any(r.protected for r in reasons)
+            mark = Text("✗", style="bold red") if deleted else Text("◆" if protected else " ", style="bold cyan")
+            plan = Text(("delete: " if deleted else "keep: ") + ", ".join(map(str, reasons)),
+                        style="red" if deleted else ("bold" if protected else "dim"))
+            n_find = len(c.all_findings)
+            table.add_row(mark, str(c.step), cells.badge(c.status), c.size_str, cells.age(c.mtime_ns, now),
+                          str(c.world_size) if c.world_size else "-",
+                          Text(str(n_find), style="yellow" if n_find else "dim"), plan, key=c.path)
+        if keep is not None:
+            try:
+                table.move_cursor(row=table.get_row_index(keep))
+            except Exception:  # noqa: BLE001 - the row was filtered out: leave the cursor where it is
+                pass
+        order = "↓" if self.descending else "↑"
+        self.query_one("#run-title", Static).update(Text(
+            f"{run.name} · {len(run.checkpoints)} checkpoints · {format_size(run.size_bytes)} · "
+            f"tracker {run.tracker_step if run.tracker_step is not None else '-'} · sort {self.sort_by}{order}"
+            + (f" · filter '{self.filter_text}'" if self.filter_text else "")
+        ))
+        plan = self.plan
+        self.query_one("#plan", Static).update(Text.assemble(
+            ("Plan: ", "bold"), f"{plan.policy.describe()} · ",
+            (f"delete {len(plan.delete)} · frees {format_size(plan.bytes_freed)}", "bold red" if plan.delete else ""),
+            f" · keeps {len(plan.keep)} ({format_size(plan.bytes_kept)})",
+        ))
+
+    def current_path(self) -> str | None:
+        table = self.query_one("#checkpoints", DataTable)
+        if table.row_count == 0:
+            return None
+        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+
+    def say(self, message: str, *, warn: bool = False) -> None:
+        self.notice = message
+        self.query_one("#notice", Static).update(Text(message, style="yellow" if warn else ""))
+        if warn:
+            self.notify(message, severity="warning")
+
+    # ------------------------------------------------------------------------------------------ actions
+
+    def action_toggle(self) -> None:
+        path = self.current_path()
+        if path is None or self.plan is None:
+            return
+        step = next(c.step for c in self.run.checkpoints if c.path == path)
+        deleted, reasons = self._fates()[path]
+        if path in self.pins:
+            self.pins.discard(path)
+        elif deleted:
+            if path in self.select:
+                self.select.discard(path)
+            else:
+                self.pins.add(path)  # the policy deletes it; keep it by hand
+        else:
+            protected = [r for r in reasons if r.protected]
+            trial = self.compute_plan(select=self.select | {path})
+            refusal = next((r for r in trial.refused if r.path == path), None)
+            if refusal is not None or protected:
+                why = "; ".join(EXPLAIN[r] for r in (refusal.reasons if refusal else protected))
+                self.say(f"step {step} cannot be deleted: {why}", warn=True)
+                return
+            self.select.add(path)
+        self.plan = self.compute_plan()
+        now_deleted = any(i.path == path for i in self.plan.delete)
+        self.say(f"step {step} {'marked for deletion' if now_deleted else 'kept'}; "
+                 f"plan frees {format_size(self.plan.bytes_freed)}")
+        self.redraw()
+        self.query_one("#checkpoints", DataTable).action_cursor_down()
+
+    def action_details(self) -> None:
+        path = self.current_path()
+        if path is None:
+            return
+        from tui.screens.details import DetailsScreen
+
+        self.app.push_screen(DetailsScreen(path))
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self.filter_text = event.value.strip()
+            self.redraw()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            self.query_one("#checkpoints", DataTable).focus()
+
+    def action_back(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.display:
+            box.value = ""
+            box.display = False
+            self.filter_text = ""
+            self.redraw()
+            self.query_one("#checkpoints", DataTable).focus()
+            return
+        self.app.pop_screen()
+
+    def action_sort(self) -> None:
+        i = SORTS.index(self.sort_by)
+        if self.descending:
+            self.descending = False
+        else:
+            self.sort_by, self.descending = SORTS[(i + 1) % len(SORTS)], True
+        self.redraw()
+
+    def action_keep_last(self) -> None:
+        from tui.screens.prompt import NumberPrompt
+
+        def chosen(n: int | None) -> None:
+            if n is not None:
+                self.set_policy(Policy(rules=(KeepLast(n=n),)))
+
+        self.app.push_screen(NumberPrompt("Keep the last N complete checkpoints. N =", default=2), chosen)
+
+    def action_keep_every(self) -> None:
+        from tui.screens.prompt import NumberPrompt
+
+        def chosen(k: int | None) -> None:
+            if k is not None:
+                self.set_policy(Policy(rules=(KeepEvery(k=k),)))
+
+        steps = [c.step for c in self.run.checkpoints if c.step > 0] if self.run else []
+        default = 2 * min(steps) if steps else 100
+        self.app.push_screen(NumberPrompt("Keep every step divisible by K. K =", default=default), chosen)
+
+    def set_policy(self, policy: Policy) -> None:
+        """A preset replaces the policy and drops hand edits: the preset alone decides what is marked."""
+        self.policy = policy
+        self.select.clear()
+        self.pins.clear()
+        self.plan = self.compute_plan()
+        self.say(f"preset: {policy.describe()}; plan frees {format_size(self.plan.bytes_freed)}")
+        self.redraw()
+
+    def action_clear(self) -> None:
+        self.set_policy(Policy())
+
+    def action_delete(self) -> None:
+        if self.plan is None or self.plan.empty:
+            self.say("nothing marked for deletion", warn=True)
+            return
+        from tui.screens.confirm import ConfirmPrune
+
+        plan = self.plan
+
+        def confirmed(ok: bool | None) -> None:
+            if ok:
+                self.say(f"deleting {len(plan.delete)} checkpoint(s)…")
+                self.select.clear()
+                self.pins.clear()
+                self.app.prune(plan)
+            else:
+                self.say("cancelled: nothing deleted")
+
+        self.app.push_screen(ConfirmPrune(plan), confirmed)
+
+    def action_rescan(self) -> None:
+        self.app.rescan()
+
+    def action_verify(self) -> None:
+        self.app.verify([self.run_path])

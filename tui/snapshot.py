@@ -1,0 +1,90 @@
+"""What the TUI shows: the runs of one scan, loaded off the UI thread, and the catalog calls around it.
+
+Every function here blocks (filesystem, SQLite) and runs in a worker thread. The catalog is opened per call,
+on the calling thread (SQLite connections belong to the thread that made them). Scanning only *reads* the
+catalog (hashes to reuse by stat), which WAL allows while a cron `ckpt-audit scan` writes; recording the
+scan, pruning and exporting take the same non-blocking lock the CLI takes, so they never overlap a cron run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ckpt_audit import lock
+from ckpt_audit.models import Run, ScanResult
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    runs: tuple[Run, ...] = ()
+    scanned_ns: dict[str, int] = field(default_factory=dict)  # run path -> when it was last scanned
+    loaded_ns: int = 0
+    recorded: bool = False  # False when the catalog was locked by another run and this scan went unrecorded
+
+    def run(self, path: str) -> Run | None:
+        return next((r for r in self.runs if r.path == path), None)
+
+
+def catalog_runs(catalog_path: Path) -> tuple[str, ...]:
+    """The run directories the catalog knows (still present at its last scan)."""
+    if not catalog_path.exists():
+        return ()
+    from ckpt_audit.catalog import open_catalog
+
+    with open_catalog(catalog_path) as cat:
+        return tuple(r["path"] for r in cat.runs() if os.path.isdir(r["path"]))
+
+
+def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> Snapshot:
+    """Scan `roots`, reusing the hashes the catalog holds, and record the scan unless the catalog is locked."""
+    from ckpt_audit.scanner import scan
+
+    previous = None
+    if catalog_path is not None and catalog_path.exists():
+        from ckpt_audit.catalog.manifest import read_previous
+
+        previous = read_previous(catalog_path)
+    result = scan(list(roots), previous=previous, progress=progress)
+    recorded = record(result, catalog_path)
+    done = result.finished_ns or time.time_ns()
+    return Snapshot(runs=result.runs, scanned_ns={r.path: done for r in result.runs}, loaded_ns=done,
+                    recorded=recorded)
+
+
+def verify_paths(paths: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> ScanResult:
+    """Deep-verify checkpoints (loads tensors: imports torch) and record the result."""
+    from ckpt_audit.verify import verify
+
+    result = verify(list(paths), progress=progress)
+    record(result, catalog_path)
+    return result
+
+
+def record(result: ScanResult, catalog_path: Path | None) -> bool:
+    if catalog_path is None:
+        return False
+    try:
+        with locked_catalog(catalog_path) as cat:
+            cat.record_scan(result)
+    except lock.Locked:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def locked_catalog(catalog_path: Path | None) -> Iterator:
+    """The catalog open under the CLI's lock (raises lock.Locked at once if a cron run holds it); None without one."""
+    if catalog_path is None:
+        yield None
+        return
+    from ckpt_audit.catalog import open_catalog
+
+    with lock.hold(lock.lock_path_for(catalog_path)), open_catalog(catalog_path) as cat:
+        yield cat
