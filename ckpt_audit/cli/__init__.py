@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "demo": "ckpt_audit.cli.demo:demo_command",
     "prune": "ckpt_audit.cli.prune:prune_command",
     "export": "ckpt_audit.cli.export:export_command",
+    "tui": "ckpt_audit.cli.tui:tui",
 }
 
 
