@@ -92,7 +92,7 @@ def scan_partial(
         st = stats[p]
         prev = previous.get(p)
         if not rehash and isinstance(prev, FileFacts) and _same_stat(prev, st) and prev.hash is not None:
-            facts[p] = replace(prev, reused=True, text=_read_text(p, st) if _wants_text(p) else prev.text)
+            facts[p] = replace(prev, reused=True, text=_read_text(p, st)) if _wants_text(p) else prev
         else:
             todo.append(p)
     total = sum(stats[p].st_size for p in todo)

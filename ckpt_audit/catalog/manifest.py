@@ -67,7 +67,7 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
             conn.close()
     out: dict[str, FileFacts] = {}
     for path, size, mtime, inode, h, crc, ff in rows:
-        found = tuple(finding(code, path, msg) for code, msg in json.loads(ff or "[]") if code in CODES)
+        found = () if ff == "[]" else tuple(finding(c, path, m) for c, m in json.loads(ff or "[]") if c in CODES)
         out[path] = FileFacts(
             path=path, size_bytes=size, mtime_ns=mtime, inode=inode, hash=h,
             crc_ok=None if crc is None else bool(crc), findings=found,

@@ -57,8 +57,13 @@ class Catalog:
     # -- writing ----------------------------------------------------------------------------------------------
 
     def record_scan(self, result: ScanResult, *, rehash: bool = False) -> int:
-        """Record one scan in one transaction; returns the scan id."""
+        """Record one scan in one transaction; returns the scan id.
+
+        Only file rows that differ from the stored ones are written (a nightly re-scan of an unchanged tree writes
+        almost nothing), with executemany: the row-dict path of sqlite-utils costs ~0.1 ms a row.
+        """
         every = result.all_findings
+        conn = self.db.conn
         with self.db.atomic():
             scan_id = self.db["scans"].insert({
                 "started_ns": result.started_ns,
@@ -73,9 +78,9 @@ class Catalog:
                 "errors": sum(1 for f in every if f.severity is Severity.ERROR),
                 "warnings": sum(1 for f in every if f.severity is Severity.WARNING),
             }).last_pk
-            old_hash = dict(self.db.execute(
-                "SELECT path, hash FROM files WHERE present = 1").fetchall())
+            old = {row[0]: row for row in conn.execute(f"SELECT {_FILE_COLS} FROM files WHERE present = 1")}
             run_rows, ckpt_rows, file_rows, finding_rows, history = [], [], [], [], []
+            seen: set[str] = set()
             for run in result.runs:
                 run_rows.append(_run_row(run, scan_id))
                 finding_rows.extend(_finding_row(f, scan_id, run.path, None) for f in run.findings)
@@ -84,26 +89,32 @@ class Catalog:
                     finding_rows.extend(_finding_row(f, scan_id, run.path, ckpt.path) for f in ckpt.all_findings)
                     per_file = _per_file_findings(ckpt.all_findings)
                     for role, sf in _files_with_role(ckpt):
-                        file_rows.append(_file_row(sf, run.path, ckpt.path, role, scan_id, per_file.get(sf.path, [])))
-                        if sf.path not in old_hash or old_hash[sf.path] != sf.hash:
-                            history.append({"path": sf.path, "scan_id": scan_id, "hash": sf.hash,
-                                            "size_bytes": sf.size_bytes, "mtime_ns": sf.mtime_ns})
+                        row = _file_row(sf, run.path, ckpt.path, role, per_file.get(sf.path, []))
+                        seen.add(sf.path)
+                        prior = old.get(sf.path)
+                        if prior != row:
+                            file_rows.append((*row, scan_id))
+                        if prior is None or prior[_HASH] != sf.hash:
+                            history.append((sf.path, scan_id, sf.hash, sf.size_bytes, sf.mtime_ns))
             finding_rows.extend(_finding_row(f, scan_id, None, None) for f in result.findings)
             self.db["runs"].upsert_all(run_rows, pk="path", batch_size=BATCH)
             self.db["checkpoints"].upsert_all(ckpt_rows, pk="path", batch_size=BATCH)
-            self.db["files"].upsert_all(file_rows, pk="path", batch_size=BATCH)
-            if history:
-                self.db["hash_history"].insert_all(history, batch_size=BATCH)
-            if finding_rows:
-                self.db["findings"].insert_all(finding_rows, batch_size=BATCH)
+            cols = _FILE_COLS + ", last_scan_id, present"
+            conn.executemany(
+                f"INSERT OR REPLACE INTO files ({cols}) VALUES ({', '.join('?' * (_N_FILE_COLS + 1))}, 1)", file_rows)
+            conn.executemany(
+                "INSERT INTO hash_history (path, scan_id, hash, size_bytes, mtime_ns) VALUES (?, ?, ?, ?, ?)", history)
+            conn.executemany(
+                "INSERT INTO findings (scan_id, severity, code, path, message, rank, tensor, run_path, checkpoint_path)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", finding_rows)
             for root in result.roots:  # what the roots no longer hold is kept, marked absent
                 below = root.rstrip("/") + "/"
-                for table in ("files", "checkpoints", "runs"):
-                    self.db.execute(
-                        f"UPDATE {table} SET present = 0 WHERE last_scan_id != ? AND present = 1 "
-                        "AND (path = ? OR substr(path, 1, ?) = ?)",
-                        [scan_id, root, len(below), below],
-                    )
+                gone = [(p,) for p in old if p not in seen and (p == root or p.startswith(below))]
+                conn.executemany("UPDATE files SET present = 0 WHERE path = ?", gone)
+                under = "(path = ? OR substr(path, 1, ?) = ?)"
+                for table in ("checkpoints", "runs"):
+                    conn.execute(f"UPDATE {table} SET present = 0 WHERE last_scan_id != ? AND present = 1 AND {under}",
+                                 [scan_id, root, len(below), below])
         return int(scan_id)
 
     # -- reading ----------------------------------------------------------------------------------------------
@@ -219,17 +230,19 @@ def _checkpoint_row(ckpt: Checkpoint, scan_id: int) -> dict:
     }
 
 
-def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, scan_id: int, per_file: list) -> dict:
-    return {
-        "path": f.path, "run_path": run_path, "checkpoint_path": ckpt_path, "role": role, "kind": f.kind.value,
-        "rank": f.rank, "world_size": f.world_size, "size_bytes": f.size_bytes, "mtime_ns": f.mtime_ns,
-        "inode": f.inode, "hash": f.hash, "crc_ok": None if f.crc_ok is None else int(f.crc_ok),
-        "file_findings": json.dumps(per_file), "last_scan_id": scan_id, "present": 1,
-    }
+_FILE_COLS = ("path, run_path, checkpoint_path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash,"
+              " crc_ok, file_findings")
+_N_FILE_COLS = _FILE_COLS.count(",") + 1
+_HASH = 10  # index of hash in a files row
 
 
-def _finding_row(f: Finding, scan_id: int, run_path: str | None, ckpt_path: str | None) -> dict:
-    return {
-        "scan_id": scan_id, "severity": f.severity.label, "code": f.code, "path": f.path, "message": f.message,
-        "rank": f.rank, "tensor": f.tensor, "run_path": run_path, "checkpoint_path": ckpt_path,
-    }
+def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, per_file: list) -> tuple:
+    """A files row in _FILE_COLS order (compared with the stored row to skip unchanged files)."""
+    return (
+        f.path, run_path, ckpt_path, role, f.kind.value, f.rank, f.world_size, f.size_bytes, f.mtime_ns, f.inode,
+        f.hash, None if f.crc_ok is None else int(f.crc_ok), json.dumps(per_file) if per_file else "[]",
+    )
+
+
+def _finding_row(f: Finding, scan_id: int, run_path: str | None, ckpt_path: str | None) -> tuple:
+    return (scan_id, f.severity.label, f.code, f.path, f.message, f.rank, f.tensor, run_path, ckpt_path)

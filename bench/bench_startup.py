@@ -1,0 +1,70 @@
+"""`ckpt-audit scan` start-up: time from process spawn to the first file opened (target < 0.3 s, no torch),
+as a ratio against a bare `python -c pass` measured in the same run.
+
+The child installs an audit hook (sys.addaudithook, the stdlib's `open` event) that records the wall clock the
+first time a file under the scanned tree is opened, so no instrumentation lives in ckpt-audit itself.
+
+    python bench/bench_startup.py [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHILD = r"""
+import os, sys, time
+root = sys.argv[1]
+def hook(event, args, _root=root, _done=[]):
+    if event == "open" and not _done and isinstance(args[0], str) and args[0].startswith(_root) and args[0].endswith(".pt"):
+        _done.append(1)
+        os.write(2, f"FIRST {time.time()}\n".encode())
+sys.addaudithook(hook)
+from ckpt_audit.cli import main
+sys.argv = ["ckpt-audit", "scan", "-q", "--catalog", sys.argv[2], root]
+try:
+    main()
+finally:
+    os.write(2, ("TORCH " + str("torch" in sys.modules) + "\n").encode())
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        actor = Path(tmp) / "root" / "p" / "e" / "global_step_1" / "actor"
+        actor.mkdir(parents=True)
+        for r in range(2):
+            for k in ("model", "optim", "extra_state"):
+                (actor / f"{k}_world_size_2_rank_{r}.pt").write_bytes(b"x" * 1024)
+        (actor.parent / "data.pt").write_bytes(b"x" * 64)
+        (actor.parent.parent / "latest_checkpointed_iteration.txt").write_text("1")
+        root = str(Path(tmp) / "root")
+        base, first, torch_loaded = [], [], None
+        for i in range(args.repeat):
+            t = time.time()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            base.append(time.time() - t)
+            db = os.path.join(tmp, f"c{i}.db")
+            t = time.time()
+            out = subprocess.run([sys.executable, "-c", CHILD, root, db], capture_output=True, text=True)
+            lines = dict(line.split(" ", 1) for line in out.stderr.splitlines() if line[:5] in ("FIRST", "TORCH"))
+            first.append(float(lines["FIRST"]) - t)
+            torch_loaded = lines.get("TORCH")
+        b, f = statistics.median(base), statistics.median(first)
+        print(f"bare `python -c pass`: {b * 1000:.0f} ms (median of {args.repeat})")
+        print(f"`ckpt-audit scan` spawn to first shard opened: {f * 1000:.0f} ms "
+              f"(min {min(first) * 1000:.0f}, max {max(first) * 1000:.0f}); torch imported: {torch_loaded}")
+        print(f"ratio: {f / b:.1f}x bare python; target < 0.3 s: {'met' if f < 0.3 else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
