@@ -111,7 +111,7 @@ def export_checkpoint(
     import torch  # lazy: see module docstring
 
     src = Path(step_dir).resolve()
-    out = Path(to).resolve()
+    out = Path(os.path.abspath(to))  # not resolve(): --force must replace a link, never the dir it points to
     if dtype and dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r} (use bf16, fp16 or fp32)")
     target = getattr(torch, DTYPES[dtype]) if dtype else None
