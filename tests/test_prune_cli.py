@@ -134,3 +134,15 @@ def test_prune_and_export_modules_do_not_import_torch():
             "ckpt_audit.export; bad = {'torch', 'textual'} & set(sys.modules); assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_multi_node_leftover_is_reclaimed_even_without_rules(tree, tmp_path):
+    """verl's rank-0-only retention deleted step 2 on rank 0's side; the other rank's shards stayed behind."""
+    root, run = tree
+    for f in (run / "global_step_2" / "actor").glob("*_rank_0.pt"):
+        f.unlink()
+    proc = cli_run(["prune", str(root), "--yes", "--json"], tmp_path / "c.db")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [(d["step"], d["status"], d["reasons"]) for d in doc["plan"]["delete"]] == [(2, "incomplete", ["incomplete"])]
+    assert steps_left(run) == [4, 6, 8]
