@@ -169,6 +169,7 @@ class ScanResult:
     files_reused: int = 0  # files whose recorded hash was reused by stat
     bytes_hashed: int = 0
     deep: bool = False
+    reused_paths: frozenset[str] = frozenset()  # files whose hash and per-file findings came from the catalog
 
     @property
     def all_findings(self) -> tuple[Finding, ...]:

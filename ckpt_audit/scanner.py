@@ -112,6 +112,7 @@ def scan_partial(
         findings=tuple(walk_findings),
         files_hashed=hashed,
         files_reused=len(paths) - len(todo),
+        reused_paths=frozenset(paths).difference(todo),
         bytes_hashed=sum(facts[p].size_bytes for p in todo if facts[p].hash is not None),
     )
 
@@ -346,4 +347,5 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
         files_hashed=sum(p.files_hashed for p in partials),
         files_reused=sum(p.files_reused for p in partials),
         bytes_hashed=sum(p.bytes_hashed for p in partials),
+        reused_paths=frozenset().union(*(p.reused_paths for p in partials)),
     )

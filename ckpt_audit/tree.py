@@ -86,3 +86,4 @@ class Partial:
     files_hashed: int = 0
     files_reused: int = 0
     bytes_hashed: int = 0
+    reused_paths: frozenset[str] = frozenset()

@@ -59,8 +59,8 @@ class Catalog:
     def record_scan(self, result: ScanResult, *, rehash: bool = False) -> int:
         """Record one scan in one transaction; returns the scan id.
 
-        Only file rows that differ from the stored ones are written (a nightly re-scan of an unchanged tree writes
-        almost nothing), with executemany: the row-dict path of sqlite-utils costs ~0.1 ms a row.
+        Files reused by stat keep their stored row (a nightly re-scan of an unchanged tree writes almost nothing);
+        the rest go in with executemany: the row-dict path of sqlite-utils costs ~0.1 ms a row.
         """
         every = result.all_findings
         conn = self.db.conn
@@ -78,7 +78,8 @@ class Catalog:
                 "errors": sum(1 for f in every if f.severity is Severity.ERROR),
                 "warnings": sum(1 for f in every if f.severity is Severity.WARNING),
             }).last_pk
-            old = {row[0]: row for row in conn.execute(f"SELECT {_FILE_COLS} FROM files WHERE present = 1")}
+            old_hash = dict(conn.execute("SELECT path, hash FROM files WHERE present = 1"))
+            reused = result.reused_paths
             run_rows, ckpt_rows, file_rows, finding_rows, history = [], [], [], [], []
             seen: set[str] = set()
             for run in result.runs:
@@ -89,12 +90,11 @@ class Catalog:
                     finding_rows.extend(_finding_row(f, scan_id, run.path, ckpt.path) for f in ckpt.all_findings)
                     per_file = _per_file_findings(ckpt.all_findings)
                     for role, sf in _files_with_role(ckpt):
-                        row = _file_row(sf, run.path, ckpt.path, role, per_file.get(sf.path, []))
                         seen.add(sf.path)
-                        prior = old.get(sf.path)
-                        if prior != row:
-                            file_rows.append((*row, scan_id))
-                        if prior is None or prior[_HASH] != sf.hash:
+                        if sf.path in reused and sf.path in old_hash:
+                            continue  # same stat, same hash, same findings: the stored row stands
+                        file_rows.append((*_file_row(sf, run.path, ckpt.path, role, per_file.get(sf.path, [])), scan_id))
+                        if sf.path not in old_hash or old_hash[sf.path] != sf.hash:
                             history.append((sf.path, scan_id, sf.hash, sf.size_bytes, sf.mtime_ns))
             finding_rows.extend(_finding_row(f, scan_id, None, None) for f in result.findings)
             self.db["runs"].upsert_all(run_rows, pk="path", batch_size=BATCH)
@@ -109,7 +109,7 @@ class Catalog:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", finding_rows)
             for root in result.roots:  # what the roots no longer hold is kept, marked absent
                 below = root.rstrip("/") + "/"
-                gone = [(p,) for p in old if p not in seen and (p == root or p.startswith(below))]
+                gone = [(p,) for p in old_hash if p not in seen and (p == root or p.startswith(below))]
                 conn.executemany("UPDATE files SET present = 0 WHERE path = ?", gone)
                 under = "(path = ? OR substr(path, 1, ?) = ?)"
                 for table in ("checkpoints", "runs"):
@@ -233,11 +233,10 @@ def _checkpoint_row(ckpt: Checkpoint, scan_id: int) -> dict:
 _FILE_COLS = ("path, run_path, checkpoint_path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash,"
               " crc_ok, file_findings")
 _N_FILE_COLS = _FILE_COLS.count(",") + 1
-_HASH = 10  # index of hash in a files row
 
 
 def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, per_file: list) -> tuple:
-    """A files row in _FILE_COLS order (compared with the stored row to skip unchanged files)."""
+    """A files row in _FILE_COLS order."""
     return (
         f.path, run_path, ckpt_path, role, f.kind.value, f.rank, f.world_size, f.size_bytes, f.mtime_ns, f.inode,
         f.hash, None if f.crc_ok is None else int(f.crc_ok), json.dumps(per_file) if per_file else "[]",
