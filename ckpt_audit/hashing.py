@@ -132,10 +132,13 @@ class _CrcChecker:
             self.error = f"truncated: entry {self.entries[self.idx].name} ends past the end of the file"
 
 
-def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None) -> FileDigest:
+def digest_file(
+    path: str | os.PathLike[str], *, expect_zip: bool | None = None, check_crc: bool = True
+) -> FileDigest:
     """Hash `path` in one read and check its zip CRCs. Raises OSError (missing, unreadable, a directory).
 
     expect_zip: whether a non-zip should be reported as zip_error; default: the name ends in .pt/.pth.
+    check_crc: False skips the CRC pass (crc_ok stays None); the zip structure is still parsed.
     """
     fspath = os.fspath(path)
     if expect_zip is None:
@@ -156,7 +159,8 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None)
                 zip_error = str(exc)
         elif expect_zip:
             zip_error = not_a_zip_message(head, st.st_size)
-        checker = _CrcChecker(archive) if archive is not None and not archive.crc_disabled else None
+        crc_wanted = check_crc and archive is not None and not archive.crc_disabled
+        checker = _CrcChecker(archive) if crc_wanted else None
         digest, nread = _stream(fd, checker)
         st_end = os.fstat(fd)
     finally:
@@ -211,7 +215,7 @@ def _stream(fd: int, checker: _CrcChecker | None) -> tuple[str, int]:
 
 
 def digest_files(
-    paths: Iterable[str | os.PathLike[str]], *, workers: int = 2
+    paths: Iterable[str | os.PathLike[str]], *, workers: int = 2, check_crc: bool = True
 ) -> Iterator[tuple[str, FileDigest | OSError]]:
     """digest_file over a thread pool, yielding (path, digest or the OSError) as each file completes.
 
@@ -226,7 +230,7 @@ def digest_files(
                 p = os.fspath(next(it))
             except StopIteration:
                 return False
-            pending[pool.submit(digest_file, p)] = p
+            pending[pool.submit(digest_file, p, check_crc=check_crc)] = p
             return True
 
         for _ in range(2 * max(1, workers)):

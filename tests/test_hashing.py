@@ -242,3 +242,12 @@ def test_readers_import_neither_torch_nor_textual_nor_numpy() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == ""
+
+
+def test_check_crc_false_skips_only_the_crc(pt_dir: Path, tmp_path: Path) -> None:
+    p = _copy(pt_dir / "model_world_size_1_rank_0.pt", tmp_path / "model_world_size_1_rank_0.pt")
+    at, size = _payload_at(p, "data/0")
+    _flip(p, at + size // 3)
+    d = digest_file(p, check_crc=False)
+    assert (d.crc_ok, d.entries_checked, d.zip_error, d.prefix) == (None, 0, None, "model_world_size_1_rank_0")
+    assert digest_file(p).crc_ok is False

@@ -1,0 +1,139 @@
+"""Hash + CRC throughput of ckpt_audit.hashing over multi-GB torch shards, as a ratio against `cat` (and `dd bs=8M`)
+of the same files in the same run, warm and cold page cache. Target: ratio >= 0.9.
+
+    python bench/bench_hash.py [--gib 5] [--reps 3] [--workers 2] [--no-cold] [--dir /tmp]
+
+Shards are written with torch.save into a temporary folder (deleted at the end): two ~1.5 GiB model shards of
+many tensors and one >4 GiB optimizer shard (so the zip64 path is measured too). Cold runs drop the page cache
+(`echo 3 > /proc/sys/vm/drop_caches`, needs root) before each measurement. Every figure is the median of --reps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ckpt_audit import hashing  # noqa: E402
+
+GiB = 1024**3
+
+
+def make_shards(root: Path, total_gib: float) -> list[Path]:
+    import torch  # the benchmark writes real torch.save files; ckpt_audit itself never imports torch
+
+    g = torch.Generator().manual_seed(0)
+    big = max(total_gib * 0.55, 0.1)  # the zip64 shard: over 4 GiB once --gib >= 7.5
+    small = (total_gib - big) / 2
+    paths = []
+    for rank in range(2):
+        n_tensors = 24
+        per = int(small * GiB / n_tensors / 4)
+        sd = {f"model.layers.{i}.weight": torch.rand(per, generator=g) for i in range(n_tensors)}
+        p = root / f"model_world_size_2_rank_{rank}.pt"
+        torch.save(sd, p)
+        paths.append(p)
+        del sd
+    per = int(big * GiB / 2 / 4)
+    sd = {"state": {0: {"exp_avg": torch.rand(per, generator=g), "exp_avg_sq": torch.rand(per, generator=g)}}}
+    p = root / "optim_world_size_2_rank_0.pt"
+    torch.save(sd, p)
+    paths.append(p)
+    del sd
+    return paths
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def warm(paths: list[Path]) -> None:
+    subprocess.run(["cat", *map(str, paths)], stdout=subprocess.DEVNULL, check=True)
+
+
+def run_cat(paths: list[Path]) -> None:
+    subprocess.run(["cat", *map(str, paths)], stdout=subprocess.DEVNULL, check=True)
+
+
+def run_dd(paths: list[Path]) -> None:
+    for p in paths:
+        subprocess.run(["dd", f"if={p}", "of=/dev/null", "bs=8M", "status=none"], check=True)
+
+
+def run_digest(paths: list[Path], workers: int) -> None:
+    for path, d in hashing.digest_files(paths, workers=workers):
+        if isinstance(d, OSError) or d.crc_ok is not True:
+            raise SystemExit(f"unexpected digest for {path}: {d}")
+
+
+def run_hash_only(paths: list[Path], workers: int) -> None:
+    for path, d in hashing.digest_files(paths, workers=workers, check_crc=False):
+        if isinstance(d, OSError):
+            raise SystemExit(f"unexpected error for {path}: {d}")
+
+
+def measure(fn, reps: int, cold: bool, nbytes: int, paths: list[Path]) -> tuple[float, float, float]:
+    speeds = []
+    for _ in range(reps):
+        if cold:
+            drop_caches()
+        else:
+            warm(paths)
+        t0 = time.perf_counter()
+        fn()
+        speeds.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(speeds), min(speeds), max(speeds)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=5.0, help="total size of the shards (default 5; >= 7.5 makes the optimizer shard zip64)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs (no root needed)")
+    ap.add_argument("--dir", default="/tmp", help="where the temporary shards go")
+    args = ap.parse_args()
+    cold_ok = not args.no_cold and os.access("/proc/sys/vm/drop_caches", os.W_OK)
+    with open("/proc/meminfo") as f:
+        avail = int(next(line for line in f if line.startswith("MemAvailable")).split()[1]) * 1024
+    if args.gib * GiB > 0.6 * avail:
+        print(f"# only {avail / GiB:.1f} GiB available: shrinking the tree from {args.gib} GiB", file=sys.stderr)
+        args.gib = round(0.6 * avail / GiB, 1)
+    root = Path(tempfile.mkdtemp(prefix="ckpt-audit-bench-hash-", dir=args.dir))
+    try:
+        t0 = time.perf_counter()
+        paths = make_shards(root, args.gib)
+        nbytes = sum(p.stat().st_size for p in paths)
+        print(f"# {len(paths)} shards, {nbytes / GiB:.2f} GiB, written in {time.perf_counter() - t0:.0f} s; "
+              f"load {os.getloadavg()[0]:.2f}; median of {args.reps} (min-max), GB/s")
+        runs = {
+            "cat": lambda: run_cat(paths),
+            "dd bs=8M": lambda: run_dd(paths),
+            f"digest_files workers={args.workers}": lambda: run_digest(paths, args.workers),
+            "digest_files workers=1": lambda: run_digest(paths, 1),
+            f"xxh3 only (no CRC) workers={args.workers}": lambda: run_hash_only(paths, args.workers),
+        }
+        for cache in ["warm", "cold"] if cold_ok else ["warm"]:
+            res = {name: measure(fn, args.reps, cache == "cold", nbytes, paths) for name, fn in runs.items()}
+            base_cat, base_dd = res["cat"][0], res["dd bs=8M"][0]
+            for name, (med, lo, hi) in res.items():
+                print(f"{cache:4}  {name:28} {med:6.2f} ({lo:.2f}-{hi:.2f})   "
+                      f"ratio vs cat {med / base_cat:5.2f}   vs dd {med / base_dd:5.2f}")
+        print(f"# load at end {os.getloadavg()[0]:.2f}; total {time.perf_counter() - t0:.0f} s")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
