@@ -243,19 +243,17 @@ def read_entry(fd: int, entry: ZipEntry, *, limit: int = 1 << 30) -> bytes:
 
 
 def _find_eocd(tail: bytes) -> int:
-    # Scan backwards: a comment could contain the signature, so take the last one whose comment length fits.
-    pos = len(tail)
-    while True:
-        pos = tail.rfind(_EOCD_SIG, 0, pos)
-        if pos < 0 or pos + _EOCD_LEN > len(tail):
-            if pos < 0:
-                return -1
-            continue
+    # The last signature whose comment length reaches exactly to the end (a comment may contain the signature).
+    pos = len(tail) - _EOCD_LEN
+    while pos >= 0:
+        pos = tail.rfind(_EOCD_SIG, 0, pos + 4)
+        if pos < 0:
+            return -1
         (clen,) = struct.unpack_from("<H", tail, pos + 20)
         if pos + _EOCD_LEN + clen == len(tail):
             return pos
-        if pos == 0:
-            return -1
+        pos -= 1
+    return -1
 
 
 def _read_zip64_eocd(fd: int, tail: bytes, eocd: int, tail_at: int, file_size: int) -> tuple[int, int, int]:

@@ -251,3 +251,13 @@ def test_check_crc_false_skips_only_the_crc(pt_dir: Path, tmp_path: Path) -> Non
     d = digest_file(p, check_crc=False)
     assert (d.crc_ok, d.entries_checked, d.zip_error, d.prefix) == (None, 0, None, "model_world_size_1_rank_0")
     assert digest_file(p).crc_ok is False
+
+
+def test_archive_comment_holding_the_end_signature(tmp_path: Path) -> None:
+    p = tmp_path / "c.pt"
+    with zipfile.ZipFile(p, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("c/data.pkl", b"\x80\x02}q\x00.")
+        z.writestr("c/version", b"3\n")
+        z.comment = b"xx PK\x05\x06 decoy " + b"\0" * 30
+    assert [e.name for e in open_archive(p).entries] == ["c/data.pkl", "c/version"]
+    assert digest_file(p).crc_ok is True
