@@ -300,3 +300,76 @@ def test_missing_root_is_an_error():
 
 def test_every_registered_scan_code_has_an_explanation():
     assert all(c.explanation and c.code == k for k, c in CODES.items())
+
+
+def test_optimizer_without_model_shards(run_copy):
+    step = steps_of(run_copy)[0]
+    for p in (step / "actor").glob("model_world_size_*"):
+        p.unlink()
+    r = do_scan(run_copy)
+    assert "missing-model" in codes(r) and status_of(r, step) is Status.INCOMPLETE
+
+
+def test_fsdp_config_that_is_not_json(run_copy):
+    (steps_of(run_copy)[0] / "actor" / "fsdp_config.json").write_text("{world_size: 2")
+    r = do_scan(run_copy)
+    assert "fsdp-config-invalid" in codes(r)
+
+
+def test_no_fsdp_config_is_noted(run_copy):
+    (steps_of(run_copy)[0] / "actor" / "fsdp_config.json").unlink()
+    r = do_scan(run_copy)
+    assert "missing-fsdp-config" in codes(r) and status_of(r, steps_of(run_copy)[0]) is Status.COMPLETE
+
+
+def test_empty_critic_directory(run_copy):
+    (steps_of(run_copy)[0] / "critic").mkdir()
+    assert "empty-role" in codes(do_scan(run_copy))
+
+
+def test_damaged_central_directory_is_a_bad_zip(run_copy):
+    import struct
+
+    p = shard(steps_of(run_copy)[0], "optim", 0)
+    data = p.read_bytes()
+    eocd = data.rfind(b"PK\x05\x06")
+    (cd_offset,) = struct.unpack_from("<I", data, eocd + 16)
+    with open(p, "r+b") as f:
+        f.seek(cd_offset)
+        f.write(b"JUNK")
+    r = do_scan(run_copy)
+    assert "bad-zip" in codes(r) and status_of(r, steps_of(run_copy)[0]) is Status.CORRUPT
+
+
+def test_legacy_torch_pickle_format_is_noted(run_copy):
+    import torch
+
+    p = steps_of(run_copy)[0] / "data.pt"
+    torch.save({"_num_yielded": 1}, p, _use_new_zipfile_serialization=False)
+    r = do_scan(run_copy)
+    assert "legacy-pickle-format" in codes(r) and status_of(r, steps_of(run_copy)[0]) is Status.COMPLETE
+
+
+def test_run_without_any_complete_checkpoint(run_copy):
+    for step in steps_of(run_copy):
+        shard(step, "model", 0).unlink()
+    r = do_scan(run_copy)
+    assert {"no-complete-checkpoint", "tracker-dangling"} <= codes(r) and the_run(r).latest_complete is None
+
+
+def test_dtensor_mesh_must_match_the_file_world_size(run_copy):
+    from ckpt_audit.pickles import read_pt_structure
+
+    step = steps_of(run_copy)[0]
+    if not read_pt_structure(shard(step, "model", 0)).has_dtensors:
+        pytest.skip("session tree has plain tensors (harness FSDP tree not present)")
+    actor = step / "actor"
+    w = len(list(actor.glob("model_world_size_*")))
+    for p in sorted(actor.glob("*_world_size_*")):  # relabel the W-rank set as a (2W)-rank one, ranks copied
+        kind, rank = p.name.split("_world_size_")[0], int(p.stem.rsplit("_", 1)[1])
+        for r in (rank, rank + w):
+            shutil.copy2(p, actor / f"{kind}_world_size_{2 * w}_rank_{r}.pt")
+        p.unlink()
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 2 * w}, indent=4))
+    r = do_scan(run_copy)
+    assert "mesh-size-mismatch" in codes(r) and "missing-rank" not in codes(r)

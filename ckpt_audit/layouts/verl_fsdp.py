@@ -106,6 +106,8 @@ class VerlFsdp:
         config_fact = facts.get(f"{role_dir}/fsdp_config.json")
         comp = Component(role=role, path=role_dir, layout=NAME, world_size=None, files=tuple(files))
         ws, found = shards.check_fsdp_shards(comp, config_text=config_fact.text if config_fact else None)
+        meshes = {f.path: facts[f.path].pt.mesh_sizes for f in files if facts[f.path].pt is not None}
+        found += shards.check_meshes(comp, ws, meshes)
         return replace(comp, world_size=ws, findings=tuple(file_findings) + found)
 
     def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:

@@ -93,6 +93,21 @@ def check_fsdp_shards(comp: Component, *, config_text: str | None) -> tuple[int 
     return expected, tuple(found)
 
 
+def check_meshes(comp: Component, world_size: int | None, mesh_sizes: dict[str, tuple[int, ...]]) -> tuple[Finding, ...]:
+    """DTensor shards record their DeviceMesh: its rank count must be the W in the file name (HSDP: F x R = W)."""
+    if world_size is None:
+        return ()
+    out = []
+    for f in comp.files:
+        if f.kind not in SHARD_KINDS or f.world_size not in (world_size, None):
+            continue
+        wrong = [m for m in mesh_sizes.get(f.path, ()) if m != world_size]
+        if wrong:
+            out.append(finding("mesh-size-mismatch", f.path,
+                               f"DTensors on a {wrong[0]}-rank DeviceMesh in a world size {world_size} shard", rank=f.rank))
+    return tuple(out)
+
+
 def has_model(comp: Component) -> bool:
     return any(f.kind is FileKind.MODEL for f in comp.files)
 

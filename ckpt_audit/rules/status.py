@@ -14,10 +14,13 @@ def is_resumable_role(role: str) -> bool:
     return role != "critic"
 
 
+_SHARDS = frozenset({FileKind.MODEL, FileKind.OPTIM, FileKind.EXTRA_STATE, FileKind.DISTCP})
+
+
 def is_husk(ckpt: Checkpoint) -> bool:
+    """No shard of any resumable role is left (retention removes whole role directories)."""
     return not any(
-        is_resumable_role(c.role) and any(f.kind is FileKind.MODEL or f.kind is FileKind.DISTCP for f in c.files)
-        for c in ckpt.components
+        is_resumable_role(c.role) and any(f.kind in _SHARDS for f in c.files) for c in ckpt.components
     )
 
 
