@@ -61,6 +61,7 @@ _TABLE: tuple[Code, ...] = (
     Code(code="husk", severity=I, explanation="only data.pt (or nothing resumable) is left: the usual remains of retention"),
     Code(code="no-complete-checkpoint", severity=E, explanation="the run has checkpoints but none is complete"),
     # the walk
+    Code(code="no-runs", severity=W, explanation="a root holds no checkpoint run that any layout recognises (wrong path, or an unmounted disk)"),
     Code(code="symlink-outside-root", severity=W, explanation="a symbolic link points outside the scanned root; not followed"),
     Code(code="symlink-loop", severity=W, explanation="a symbolic link leads back to a directory already being walked; not followed again"),
     Code(code="broken-symlink", severity=W, explanation="a symbolic link whose target does not exist"),

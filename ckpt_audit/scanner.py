@@ -85,6 +85,8 @@ def scan_partial(
     tree, stats, walk_findings = walk(root)
     layouts = layouts if layouts is not None else load_layouts()
     run_dirs = {d for layout in layouts for d in layout.find_runs(tree)}
+    if not run_dirs:  # cron must not report "clean" for an empty mount point
+        walk_findings.append(finding("no-runs", root, "no checkpoint runs found under this root"))
     paths = sorted({p for r in run_dirs for p in tree.files_below(r)})
     facts: dict[str, FileFacts] = {}
     todo: list[str] = []

@@ -379,3 +379,9 @@ def test_every_registered_code_is_asserted_by_some_test():
     """A registered code that no test produces is undocumented behaviour waiting to rot."""
     text = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
     assert [c for c in CODES if f'"{c}"' not in text] == []
+
+
+def test_root_without_runs_is_not_silently_clean(tmp_path):
+    (tmp_path / "empty-mount").mkdir()
+    r = do_scan(tmp_path / "empty-mount")
+    assert [f.code for f in r.findings] == ["no-runs"] and r.runs == ()
