@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -300,18 +301,27 @@ def test_catalog_mode_and_locked_catalog(tree, tmp_path):
     cat_path = tmp_path / "cat.db"
     first = AuditApp(catalog_path=cat_path, roots=[str(root)])
     drive(first, lambda pilot: asyncio.sleep(0))
-    assert first.snapshot.recorded
+    assert first.snapshot.unrecorded == ""
 
     second = AuditApp(catalog_path=cat_path)
 
     async def script(pilot):
         assert second.last_error is None
         assert [r.path for r in second.snapshot.runs] == [str(run_dir.resolve())]
-        with lock.hold(lock.lock_path_for(cat_path)):  # what a cron `ckpt-audit scan` holds
-            await pilot.press("r")
-            await settle(pilot)
+        # What a cron `ckpt-audit scan` holds while it records: the flock and an open write transaction.
+        writer = sqlite3.connect(cat_path, isolation_level=None)
+        try:
+            with lock.hold(lock.lock_path_for(cat_path)):
+                writer.execute("BEGIN IMMEDIATE")
+                writer.execute("DELETE FROM files")  # uncommitted: WAL readers still see every hash
+                await pilot.press("r")
+                await settle(pilot)
+                writer.execute("ROLLBACK")
+        finally:
+            writer.close()
         assert second.last_error is None
-        assert not second.snapshot.recorded and second.snapshot.runs
+        assert second.snapshot.runs and second.snapshot.unrecorded == "catalog locked by another run"
+        assert second.snapshot.files_reused > 0  # hashes read from the catalog under the open write transaction
         assert "not recorded" in text_of(pilot.app.screen, "#runs-summary")
 
     drive(second, script)

@@ -55,10 +55,39 @@ class AuditApp(App[None]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
-    # ------------------------------------------------------------------------------------------ workers
+    # ------------------------------------------------------------------------------------------ jobs
 
-    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
-    def load_catalog(self) -> None:
+    # One job at a time: a scan racing a prune would show a half-deleted tree, and thread workers cannot be
+    # cancelled mid-way, so a second request is refused (and says so) instead of queued or cancelling.
+
+    def load_catalog(self) -> bool:
+        return self._start(self._load_catalog_job)
+
+    def rescan(self) -> bool:
+        return self._start(self._rescan_job)
+
+    def verify(self, paths: Sequence[str]) -> bool:
+        return self._start(self._verify_job, list(paths))
+
+    def prune(self, plan) -> bool:
+        return self._start(self._prune_job, plan)
+
+    def export(self, ckpt: Checkpoint, to: str, dtype: str | None) -> bool:
+        return self._start(self._export_job, ckpt, to, dtype)
+
+    @property
+    def busy(self) -> bool:
+        return any(w.group == "io" and not w.is_finished for w in self.workers)
+
+    def _start(self, job, *args) -> bool:
+        if self.busy:
+            self.notify("busy with the previous job: try again when it is done", severity="warning")
+            return False
+        job(*args)
+        return True
+
+    @work(thread=True, group="io", exit_on_error=False)
+    def _load_catalog_job(self) -> None:
         """No roots given: rescan the runs the catalog knows (cheap: unchanged files reuse their hashes)."""
         self._busy("reading catalog")
         try:
@@ -71,8 +100,8 @@ class AuditApp(App[None]):
                                          severity="warning", timeout=10)
         self._scan()
 
-    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
-    def rescan(self) -> None:
+    @work(thread=True, group="io", exit_on_error=False)
+    def _rescan_job(self) -> None:
         self._scan()
 
     def _scan(self, done: str = "") -> None:
@@ -86,12 +115,12 @@ class AuditApp(App[None]):
         except Exception as exc:  # noqa: BLE001
             return self._failed("scanning", exc)
         message = done or f"scanned {len(snap.runs)} run(s)"
-        if self.catalog_path is not None and not snap.recorded:
-            message += " (catalog locked by another run: not recorded)"
+        if self.catalog_path is not None and snap.unrecorded:
+            message += f" (not recorded: {snap.unrecorded})"
         self.call_from_thread(self._set_snapshot, snap, message)
 
-    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
-    def verify(self, paths: Sequence[str]) -> None:
+    @work(thread=True, group="io", exit_on_error=False)
+    def _verify_job(self, paths: Sequence[str]) -> None:
         self._busy("verifying")
         try:
             result = verify_paths(paths, self.catalog_path, progress=self._progress("verifying"))
@@ -99,8 +128,8 @@ class AuditApp(App[None]):
             return self._failed("verifying", exc)
         self.call_from_thread(self._merge_verified, result)
 
-    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
-    def prune(self, plan) -> None:
+    @work(thread=True, group="io", exit_on_error=False)
+    def _prune_job(self, plan) -> None:
         from ckpt_audit.prune import Action, execute
 
         total = len(plan.delete)
@@ -123,8 +152,8 @@ class AuditApp(App[None]):
         # What is on disk now is the truth: rescan rather than edit the snapshot by hand.
         self._scan(done=summary)
 
-    @work(thread=True, exclusive=True, group="io", exit_on_error=False)
-    def export(self, ckpt: Checkpoint, to: str, dtype: str | None) -> None:
+    @work(thread=True, group="io", exit_on_error=False)
+    def _export_job(self, ckpt: Checkpoint, to: str, dtype: str | None) -> None:
         from ckpt_audit.export import export_checkpoint
 
         self._busy("exporting")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,9 @@ class Snapshot:
     runs: tuple[Run, ...] = ()
     scanned_ns: dict[str, int] = field(default_factory=dict)  # run path -> when it was last scanned
     loaded_ns: int = 0
-    recorded: bool = False  # False when the catalog was locked by another run and this scan went unrecorded
+    files_hashed: int = 0  # files read by this scan
+    files_reused: int = 0  # files whose catalogued hash was reused by stat
+    unrecorded: str = ""  # why this scan is not in the catalog (busy with another run, no catalog); "" if it is
 
     def run(self, path: str) -> Run | None:
         return next((r for r in self.runs if r.path == path), None)
@@ -52,10 +55,10 @@ def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Pro
 
         previous = read_previous(catalog_path)
     result = scan(list(roots), previous=previous, progress=progress)
-    recorded = record(result, catalog_path)
+    unrecorded = record(result, catalog_path)
     done = result.finished_ns or time.time_ns()
     return Snapshot(runs=result.runs, scanned_ns={r.path: done for r in result.runs}, loaded_ns=done,
-                    recorded=recorded)
+                    files_hashed=result.files_hashed, files_reused=result.files_reused, unrecorded=unrecorded)
 
 
 def verify_paths(paths: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> ScanResult:
@@ -67,15 +70,19 @@ def verify_paths(paths: Sequence[str], catalog_path: Path | None, *, progress: P
     return result
 
 
-def record(result: ScanResult, catalog_path: Path | None) -> bool:
+def record(result: ScanResult, catalog_path: Path | None) -> str:
+    """Record a scan; returns "" or why it was not recorded. A busy catalog is no error: the view is still
+    right, and the cron run that holds it records its own scan."""
     if catalog_path is None:
-        return False
+        return "no catalog"
     try:
         with locked_catalog(catalog_path) as cat:
             cat.record_scan(result)
     except lock.Locked:
-        return False
-    return True
+        return "catalog locked by another run"
+    except sqlite3.OperationalError as exc:  # a writer outside the lock kept the database busy
+        return f"catalog busy ({exc})"
+    return ""
 
 
 @contextlib.contextmanager

@@ -30,12 +30,12 @@ class CheckpointsScreen(Screen):
         Binding("space", "toggle", "Mark"),
         Binding("d", "delete", "Delete"),
         Binding("l", "keep_last", "Last N"),
-        Binding("e", "keep_every", "Every K"),
+        Binding("e", "keep_every", "Every"),
         Binding("slash", "filter", "Filter"),
         Binding("s", "sort", "Sort"),
-        Binding("c", "clear", "Clear"),
-        Binding("enter", "details", "Details", priority=True),
-        Binding("escape", "back", "Back"),
+        Binding("c", "clear", "Clear", show=False),
+        Binding("enter", "details", "Open", priority=True),
+        Binding("escape", "back", "Back", show=False),
         Binding("r", "rescan", "Rescan", show=False),
         Binding("v", "verify", "Verify", show=False),
     ]
@@ -295,11 +295,10 @@ class CheckpointsScreen(Screen):
         plan = self.plan
 
         def confirmed(ok: bool | None) -> None:
-            if ok:
+            if ok and self.app.prune(plan):
                 self.say(f"deleting {len(plan.delete)} checkpoint(s)…")
                 self.select.clear()
                 self.pins.clear()
-                self.app.prune(plan)
             else:
                 self.say("cancelled: nothing deleted")
 

@@ -67,17 +67,21 @@ class RunsScreen(Screen):
         n_ckpt = sum(len(r.checkpoints) for r in snap.runs)
         self.query_one("#runs-summary", Static).update(Text(
             f"{len(snap.runs)} runs · {n_ckpt} checkpoints · {format_size(total)}"
-            + ("" if snap.recorded or not self.app.catalog_path else " · not recorded (catalog locked)")
+            + (f" · not recorded: {snap.unrecorded}" if snap.unrecorded and self.app.catalog_path else "")
         ))
 
     @staticmethod
     def _spark(series: dict[int, float] | None) -> str:
         if not series:
             return ""
-        from ckpt_audit.continuity import sparkline
-
+        try:
+            from ckpt_audit.continuity import sparkline
+        except ImportError:  # continuity is optional to this view: a missing curve beats a dead screen
+            return ""
         values = [series[s] for s in sorted(series)]
-        return sparkline(values[-SPARK_POINTS:])
+        # Evenly spaced samples over the whole run, so the curve shows its shape, not only its tail.
+        stride = max(1, -(-len(values) // SPARK_POINTS))
+        return sparkline(values[::stride])
 
     def current_run(self) -> str | None:
         table = self.query_one("#runs", DataTable)
