@@ -98,3 +98,32 @@ def test_unusable_catalog_is_a_catalog_error(tmp_path):
         open_catalog(bad)
     with pytest.raises(CatalogError):
         probe(tmp_path)  # a directory
+
+
+def test_sigkill_mid_scan_leaves_a_consistent_catalog(run_copy, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "c.db"
+    cmd = [sys.executable, "-m", "ckpt_audit", "scan", "-q", "--rehash", "--catalog", str(db), str(run_copy)]
+    subprocess.run(cmd, check=True, timeout=120)
+    n_files = sqlite3.connect(db).execute("SELECT COUNT(*) FROM files").fetchone()[0]
+    for delay in (0.15, 0.25, 0.35, 0.45, 0.6):
+        before = sqlite3.connect(db).execute("SELECT COUNT(*) FROM scans").fetchone()[0]
+        proc = subprocess.Popen(cmd)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        conn = sqlite3.connect(db)
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        after = conn.execute("SELECT COUNT(*) FROM scans").fetchone()[0]
+        assert after in (before, before + 1)  # the whole scan or nothing
+        assert conn.execute("SELECT COUNT(*) FROM files").fetchone()[0] == n_files
+        if after == before + 1:  # a committed scan carries its findings row count exactly
+            last = conn.execute("SELECT id, errors + warnings FROM scans ORDER BY id DESC LIMIT 1").fetchone()
+            got = conn.execute("SELECT COUNT(*) FROM findings WHERE scan_id = ? AND severity != 'info'", [last[0]])
+            assert got.fetchone()[0] == last[1]
+    # the flock died with each killed process: a new run is not refused as locked
+    assert subprocess.run(cmd, timeout=120).returncode == 0
