@@ -1,0 +1,175 @@
+"""torch.distributed.checkpoint trees: verl's Megatron `dist_ckpt/` (reference/verl-format.md §2.1) and plain DCP.
+
+    <run>/global_step_N/actor/dist_ckpt/{.metadata, __R_k.distcp, common.pt, metadata.json}
+    <run>/global_step_N/actor/{huggingface/, transformer_config.json, adapter_checkpoint/}
+    <dir>/<name-N>/{.metadata, __R_k.distcp}          plain DCP (torchtitan `step-N`, anything with .metadata)
+
+Megatron components plug into verl's run structure through `build_component`; plain DCP checkpoint directories
+outside any verl step become runs of their own (the parent directory is the run, the trailing number of the
+directory name the step). Shallow and torch-free: which files exist and what metadata.json says. Parsing
+`.metadata` (byte ranges, chunk tiling) is verify's job (`ckpt_audit.dcp_check`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+
+from ckpt_audit.codes import finding
+from ckpt_audit.layouts import ScanContext
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
+from ckpt_audit.rules import status
+from ckpt_audit.tree import FileFacts, Tree
+
+MEGATRON = "verl-megatron"
+DCP = "dcp"
+DIST_CKPT = "dist_ckpt"
+METADATA = ".metadata"
+DISTCP_RE = re.compile(r"__(\d+)_(\d+)\.distcp")
+STEP_RE = re.compile(r"global_step_\d+")
+TRAILING_INT_RE = re.compile(r"(\d+)$")
+KNOWN_SHARDED_BACKENDS = frozenset({"torch_dist", "zarr"})
+KNOWN_COMMON_BACKENDS = frozenset({"torch"})
+NOT_A_ZIP_NOISE = frozenset({"bad-zip", "truncated", "not-a-zip", "zip-prefix-mismatch", "not-a-torch-archive",
+                             "bad-pickle", "storage-size-mismatch", "crc-mismatch", "unsafe-pickle"})
+
+
+def classify(rel_parts: tuple[str, ...]) -> FileKind:
+    """The kind of a file inside a DCP / Megatron component, from its path below the component directory."""
+    name = rel_parts[-1]
+    if rel_parts[0] in ("huggingface", "adapter_checkpoint", "lora_adapter"):
+        return FileKind.HF if rel_parts[0] == "huggingface" else FileKind.LORA
+    if name == METADATA:
+        return FileKind.DCP_METADATA
+    if DISTCP_RE.fullmatch(name):
+        return FileKind.DISTCP
+    if name == "common.pt":
+        return FileKind.COMMON
+    if name == "metadata.json" and len(rel_parts) >= 2 and rel_parts[-2] == DIST_CKPT:
+        return FileKind.MEGATRON_METADATA
+    return FileKind.OTHER
+
+
+def _shard_file(fact: FileFacts, kind: FileKind, rank: int | None) -> ShardFile:
+    return ShardFile(path=fact.path, kind=kind, size_bytes=fact.size_bytes, mtime_ns=fact.mtime_ns,
+                     inode=fact.inode, rank=rank, hash=fact.hash, crc_ok=fact.crc_ok)
+
+
+def dcp_files(comp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[list[ShardFile], list[Finding]]:
+    files, found = [], []
+    cut = len(comp_dir) + 1
+    for path in tree.files_below(comp_dir):
+        fact = facts.get(path)
+        if fact is None:
+            continue
+        parts = tuple(path[cut:].split("/"))
+        kind = classify(parts)
+        m = DISTCP_RE.fullmatch(parts[-1]) if kind is FileKind.DISTCP else None
+        files.append(_shard_file(fact, kind, int(m.group(1)) if m else None))
+        if kind is FileKind.DISTCP:
+            # a .distcp is torch.save blobs back to back: it starts like a zip but is not one, so what the zip
+            # reader said about it is noise; its byte ranges are checked against .metadata by verify instead
+            found.extend(f for f in fact.findings if f.code not in NOT_A_ZIP_NOISE)
+        else:
+            found.extend(fact.findings)
+    return files, found
+
+
+def check_dcp_dir(dcp_dir: str, tree: Tree) -> tuple[int | None, tuple[Finding, ...]]:
+    """(writer count, findings) for one directory DCP wrote: `.metadata` and data files present."""
+    names = tree.file_names(dcp_dir)
+    ranks = {int(m.group(1)) for n in names if (m := DISTCP_RE.fullmatch(n))}
+    out = []
+    if METADATA not in names:
+        out.append(finding("dcp-metadata-missing", f"{dcp_dir}/{METADATA}", "no .metadata: DCP cannot load this "
+                           "checkpoint (the coordinator died before finishing the save)"))
+    if not ranks:
+        out.append(finding("dcp-no-data", dcp_dir, "no __R_k.distcp data files"))
+    return (max(ranks) + 1 if ranks else None), tuple(out)
+
+
+def check_megatron_metadata(path: str, text: str | None, present: bool) -> tuple[Finding, ...]:
+    if not present:
+        return (finding("megatron-metadata-missing", path, "no dist_ckpt/metadata.json (Megatron writes it last): the "
+                        "save did not finish, or this node is not rank 0's (multi-node without a shared FS)"),)
+    try:
+        doc = json.loads(text or "")
+    except ValueError:
+        return (finding("megatron-backend-unknown", path, "metadata.json is not JSON"),)
+    if not isinstance(doc, dict):
+        return (finding("megatron-backend-unknown", path, "metadata.json is not a JSON object"),)
+    sharded, common = doc.get("sharded_backend"), doc.get("common_backend", "torch")
+    if sharded not in KNOWN_SHARDED_BACKENDS or common not in KNOWN_COMMON_BACKENDS:
+        return (finding("megatron-backend-unknown", path, f"sharded_backend {sharded!r}, common_backend {common!r}: "
+                        f"expected one of {sorted(KNOWN_SHARDED_BACKENDS)} / {sorted(KNOWN_COMMON_BACKENDS)}"),)
+    return ()
+
+
+class DcpLayout:
+    name = DCP
+
+    # -- components inside verl runs ----------------------------------------------------------------------------
+
+    def build_component(
+        self, role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext
+    ) -> Component | None:
+        if DIST_CKPT in tree.subdirs(role_dir):
+            return self._megatron(role, role_dir, tree, facts)
+        if METADATA in tree.file_names(role_dir):
+            return self._plain(role, role_dir, tree, facts)
+        return None
+
+    def _megatron(self, role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Component:
+        files, found = dcp_files(role_dir, tree, facts)
+        dist = f"{role_dir}/{DIST_CKPT}"
+        ws, more = check_dcp_dir(dist, tree)
+        found.extend(more)
+        meta = f"{dist}/metadata.json"
+        fact = facts.get(meta)
+        found.extend(check_megatron_metadata(meta, fact.text if fact else None, present=fact is not None))
+        if "common.pt" not in tree.file_names(dist):
+            found.append(finding("megatron-common-missing", f"{dist}/common.pt", "no common.pt: rank 0's "
+                                 "non-sharded state (lr_scheduler, optimizer common) is gone"))
+        return Component(role=role, path=role_dir, layout=MEGATRON, world_size=ws, files=tuple(files),
+                         findings=tuple(found))
+
+    def _plain(self, role: str, ckpt_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Component:
+        files, found = dcp_files(ckpt_dir, tree, facts)
+        ws, more = check_dcp_dir(ckpt_dir, tree)
+        return Component(role=role, path=ckpt_dir, layout=DCP, world_size=ws, files=tuple(files),
+                         findings=tuple(found) + more)
+
+    # -- plain DCP runs -----------------------------------------------------------------------------------------
+
+    def find_runs(self, tree: Tree) -> Iterable[str]:
+        runs = set()
+        for d in tree.dirs:
+            if METADATA not in tree.file_names(d) or d.rsplit("/", 1)[-1] == DIST_CKPT or _under_verl_step(d):
+                continue
+            parent = d.rsplit("/", 1)[0]
+            runs.add(parent if parent in tree.dirs else d)
+        return sorted(runs)
+
+    def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:
+        dirs = [run_dir] if METADATA in tree.file_names(run_dir) else []
+        dirs += [f"{run_dir}/{s}" for s in tree.subdirs(run_dir) if METADATA in tree.file_names(f"{run_dir}/{s}")]
+        checkpoints = []
+        for d in dirs:
+            m = TRAILING_INT_RE.search(d.rsplit("/", 1)[-1])
+            comp = self._plain("", d, tree, facts)
+            mtime = max((f.mtime_ns for f in comp.files), default=0)
+            ckpt = Checkpoint(run_path=run_dir, step=int(m.group(1)) if m else 0, path=d, status=Status.INCOMPLETE,
+                              components=(comp,), mtime_ns=mtime)
+            # DCP's coordinator writes .metadata last: its presence commits the checkpoint, as verl's tracker does
+            committed = ckpt.step if METADATA in tree.file_names(d) else None
+            checkpoints.append(status.judge(ckpt, tracker_step=committed, ctx=ctx))
+        checkpoints.sort(key=lambda c: (c.step, c.path))
+        return Run(path=run_dir, layout=DCP, checkpoints=tuple(checkpoints))
+
+
+def _under_verl_step(d: str) -> bool:
+    return any(STEP_RE.fullmatch(p) for p in d.split("/"))
+
+
+LAYOUT = DcpLayout()
