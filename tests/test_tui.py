@@ -7,6 +7,7 @@ No pytest-asyncio here: each test runs its pilot session with asyncio.run. Trees
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -19,6 +20,7 @@ from click.testing import CliRunner
 from ckpt_audit import lock
 from ckpt_audit.catalog import open_catalog
 from ckpt_audit.catalog.lifecycle import LifecycleLog
+from ckpt_audit.codes import explain
 from ckpt_audit.cli import cli
 from ckpt_audit.models import format_size
 from ckpt_audit.retention import KeepLast, Policy, plan_prune
@@ -146,9 +148,12 @@ def test_filter_and_sort(tree, tmp_path):
         await pilot.press("slash", *str(middle))
         await pilot.pause()
         assert [table.get_row_at(i)[1] for i in range(table.row_count)] == [str(middle)]
+        await pilot.press("enter")  # ends the edit, keeps the filter
+        await pilot.pause()
+        assert isinstance(app.screen, CheckpointsScreen) and table.has_focus and table.row_count == 1
         await pilot.press("escape")  # clears the filter
         await pilot.pause()
-        assert table.row_count == len(steps)
+        assert table.row_count == len(steps) and isinstance(app.screen, CheckpointsScreen)
 
         await pilot.press("slash", *"tracker-target")  # filter by plan reason
         await pilot.pause()
@@ -165,6 +170,31 @@ def test_filter_and_sort(tree, tmp_path):
         shown = [next(c for c in screen.run.checkpoints if str(c.step) == table.get_row_at(i)[1]).size_bytes
                  for i in range(table.row_count)]
         assert shown == sizes
+
+    drive(app, script)
+
+
+def test_details_explain_findings_of_a_truncated_shard(tree, tmp_path):
+    root, run_dir = tree
+    step_dir = sorted(run_dir.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[0]
+    shard = next((step_dir / "actor").glob("model_world_size_*_rank_0.pt"))
+    os.truncate(shard, shard.stat().st_size // 2)
+    app = AuditApp(catalog_path=tmp_path / "cat.db", roots=[str(root)])
+
+    async def script(pilot):
+        screen = await open_run(pilot)
+        table = screen.query_one("#checkpoints", DataTable)
+        await pilot.press(*["down"] * (table.row_count - 1), "enter")  # the oldest step: the damaged one
+        await pilot.pause()
+        details = app.screen
+        assert isinstance(details, DetailsScreen) and details.ckpt_path == str(step_dir.resolve())
+        assert "corrupt" in text_of(details, "#ckpt-title")
+        findings = text_of(details, "#findings")
+        assert "truncated" in findings and shard.name in findings and explain("truncated") in findings
+        await pilot.press("escape")
+        await pilot.pause()
+        row = table.get_row_at(table.get_row_index(str(step_dir.resolve())))
+        assert "corrupt" in str(row[2]) and int(str(row[6])) >= 1 and "delete: corrupt" in str(row[7])
 
     drive(app, script)
 
@@ -213,9 +243,11 @@ def test_selection_recomputes_plan_and_protected_refuses(tree, tmp_path):
         assert screen.plan.bytes_freed == expected.bytes_freed
 
         # Unmarking one the policy deletes keeps it by hand (a pin for this session).
-        await pilot.press("end")
+        await pilot.press(*["down"] * len(run.checkpoints))
         await pilot.pause()
         bottom = screen.current_path()
+        first = min(run.checkpoints, key=lambda c: c.step)
+        assert bottom == first.path and first.path in {i.path for i in screen.plan.delete}
         await pilot.press("space")
         await pilot.pause()
         assert bottom not in {i.path for i in screen.plan.delete}

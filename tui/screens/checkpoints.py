@@ -214,6 +214,9 @@ class CheckpointsScreen(Screen):
         self.query_one("#checkpoints", DataTable).action_cursor_down()
 
     def action_details(self) -> None:
+        if isinstance(self.focused, Input):  # Enter in the filter box ends the filter edit
+            self.query_one("#checkpoints", DataTable).focus()
+            return
         path = self.current_path()
         if path is None:
             return
