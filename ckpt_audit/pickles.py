@@ -25,6 +25,7 @@ from ckpt_audit.ptzip import PtArchive, ZipEntry, ZipFormatError, payload_offset
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # data.pkl of a real shard is KiBs to a few MiB
 _MAX_NODES = 5_000_000  # bound the walk of a hostile DAG (shared references) so it cannot blow up
+_MAX_DEPTH = 200  # real state dicts nest < 10 deep; deeper is cut off rather than hitting Python's recursion limit
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -542,6 +543,7 @@ class _Walker:
         self.tensors: list[TensorInfo] = []
         self.problems: list[str] = []
         self._nodes = 0
+        self._too_deep = False
         self._on_path: set[int] = set()
         self._mesh_ranks: dict[str, tuple[int, ...] | None] = {}
 
@@ -553,6 +555,11 @@ class _Walker:
             return None
         if isinstance(obj, (str, bytes, int, float, bool, type(None), complex)):
             return obj
+        if len(path) > _MAX_DEPTH:
+            if not self._too_deep:
+                self._too_deep = True
+                self.problems.append(f"data.pkl nests deeper than {_MAX_DEPTH} levels; structure read stopped there")
+            return None
         oid = id(obj)
         if oid in self._on_path:
             return None  # a reference cycle: keep the tree finite

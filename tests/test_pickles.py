@@ -258,3 +258,15 @@ def test_restricted_load_reads_dcp_metadata_fields(tmp_path: Path) -> None:
     assert md["step"].qualname.endswith("BytesStorageMetadata")
     files = {info.relative_path for info in meta.storage_data.values()}
     assert files == {p.name for p in ckpt.glob("*.distcp")}
+
+
+def test_deeply_nested_and_self_referencing_pickles_stay_finite(plain_dir: Path, tmp_path: Path) -> None:
+    deep = b"\x80\x02" + b"]" * 5000 + b"a" * 4999 + b"."  # 5000 nested lists, hand-assembled
+    loop: dict = {}
+    loop["self"] = loop
+    cyclic = pickle.dumps({"loop": loop, "w": [1, 2]}, protocol=2)
+    for name, payload in (("deep.pt", deep), ("cyclic.pt", cyclic)):
+        _rewrite_zip(plain_dir / "small.pt", tmp_path / name, lambda n, d, p=payload: p if n.endswith("/data.pkl") else d)
+    assert any("nests deeper than" in p for p in read_pt_structure(tmp_path / "deep.pt").problems)
+    s = read_pt_structure(tmp_path / "cyclic.pt")
+    assert s.tree["loop"]["self"] is None and s.tree["w"] == [1, 2]  # the cycle is cut, not followed
