@@ -1,10 +1,11 @@
 """Hash + CRC throughput of ckpt_audit.hashing over multi-GB torch shards, as a ratio against `cat` (and `dd bs=8M`)
 of the same files in the same run, warm and cold page cache. Target: ratio >= 0.9.
 
-    python bench/bench_hash.py [--gib 5] [--reps 3] [--workers 2] [--no-cold] [--dir /tmp]
+    python bench/bench_hash.py [--gib 5] [--world 4] [--reps 3] [--workers 2] [--no-cold] [--zip64] [--chunk-kib N]
 
-Shards are written with torch.save into a temporary folder (deleted at the end): two ~1.5 GiB model shards of
-many tensors and one >4 GiB optimizer shard (so the zip64 path is measured too). Cold runs drop the page cache
+Shards are written with torch.save into a temporary folder (deleted at the end), laid out like one verl
+step: W model shards of 16 tensors and W optimizer shards twice their size (--zip64 adds one 4.4 GiB shard).
+Cold runs drop the page cache
 (`echo 3 > /proc/sys/vm/drop_caches`, needs root) before each measurement. Every figure is the median of --reps.
 """
 
@@ -27,27 +28,32 @@ from ckpt_audit import hashing  # noqa: E402
 GiB = 1024**3
 
 
-def make_shards(root: Path, total_gib: float) -> list[Path]:
+def make_shards(root: Path, total_gib: float, world: int, zip64: bool) -> list[Path]:
+    """A verl-like step: `world` model shards of size s and `world` optimizer shards of 2s (AdamW's two moments)."""
     import torch  # the benchmark writes real torch.save files; ckpt_audit itself never imports torch
 
     g = torch.Generator().manual_seed(0)
-    big = max(total_gib * 0.55, 0.1)  # the zip64 shard: over 4 GiB once --gib >= 7.5
-    small = (total_gib - big) / 2
+    s = total_gib * GiB / (3 * world)
     paths = []
-    for rank in range(2):
-        n_tensors = 24
-        per = int(small * GiB / n_tensors / 4)
+    for rank in range(world):
+        n_tensors = 16
+        per = int(s / n_tensors / 4)
         sd = {f"model.layers.{i}.weight": torch.rand(per, generator=g) for i in range(n_tensors)}
-        p = root / f"model_world_size_2_rank_{rank}.pt"
+        p = root / f"model_world_size_{world}_rank_{rank}.pt"
         torch.save(sd, p)
         paths.append(p)
-        del sd
-    per = int(big * GiB / 2 / 4)
-    sd = {"state": {0: {"exp_avg": torch.rand(per, generator=g), "exp_avg_sq": torch.rand(per, generator=g)}}}
-    p = root / "optim_world_size_2_rank_0.pt"
-    torch.save(sd, p)
-    paths.append(p)
-    del sd
+        osd = {"state": {i: {"step": torch.tensor(1.0), "exp_avg": v, "exp_avg_sq": torch.rand(per, generator=g)}
+                         for i, v in enumerate(sd.values())},
+               "param_groups": [{"lr": 1e-5, "params": list(range(n_tensors))}]}
+        p = root / f"optim_world_size_{world}_rank_{rank}.pt"
+        torch.save(osd, p)
+        paths.append(p)
+        del sd, osd
+    if zip64:  # one shard past 4 GiB, where torch writes zip64 records
+        p = root / "optim_zip64.pt"
+        per = int(2.2 * GiB / 4)
+        torch.save({"exp_avg": torch.rand(per, generator=g), "exp_avg_sq": torch.rand(per, generator=g)}, p)
+        paths.append(p)
     return paths
 
 
@@ -97,7 +103,10 @@ def measure(fn, reps: int, cold: bool, nbytes: int, paths: list[Path]) -> tuple[
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gib", type=float, default=5.0, help="total size of the shards (default 5; >= 7.5 makes the optimizer shard zip64)")
+    ap.add_argument("--gib", type=float, default=5.0, help="total size of the shards (default 5)")
+    ap.add_argument("--world", type=int, default=4, help="ranks: W model shards of s and W optimizer shards of 2s")
+    ap.add_argument("--zip64", action="store_true", help="add one 4.4 GiB shard (zip64 records)")
+    ap.add_argument("--chunk-kib", type=int, default=None, help="override hashing.CHUNK (read size)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache runs (no root needed)")
@@ -106,15 +115,18 @@ def main() -> int:
     cold_ok = not args.no_cold and os.access("/proc/sys/vm/drop_caches", os.W_OK)
     with open("/proc/meminfo") as f:
         avail = int(next(line for line in f if line.startswith("MemAvailable")).split()[1]) * 1024
-    if args.gib * GiB > 0.6 * avail:
+    if args.chunk_kib:
+        hashing.CHUNK = args.chunk_kib * 1024
+    if (args.gib + 4.4 * args.zip64) * GiB > 0.6 * avail:
         print(f"# only {avail / GiB:.1f} GiB available: shrinking the tree from {args.gib} GiB", file=sys.stderr)
         args.gib = round(0.6 * avail / GiB, 1)
     root = Path(tempfile.mkdtemp(prefix="ckpt-audit-bench-hash-", dir=args.dir))
     try:
         t0 = time.perf_counter()
-        paths = make_shards(root, args.gib)
+        paths = make_shards(root, args.gib, args.world, args.zip64)
         nbytes = sum(p.stat().st_size for p in paths)
         print(f"# {len(paths)} shards, {nbytes / GiB:.2f} GiB, written in {time.perf_counter() - t0:.0f} s; "
+              f"read size {hashing.CHUNK // 1024} KiB; "
               f"load {os.getloadavg()[0]:.2f}; median of {args.reps} (min-max), GB/s")
         runs = {
             "cat": lambda: run_cat(paths),
