@@ -10,7 +10,10 @@ passed to torch at all. torch is imported lazily (verify only).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 from functools import cache
@@ -60,22 +63,46 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
     try:
         value = _torch_load(p)
     except Exception as exc:  # noqa: BLE001 - a damaged file must become a finding, never a traceback
-        msg = str(exc).strip().splitlines()
-        reason = next((m for m in reversed(msg) if m.strip()), type(exc).__name__)[:300]
+        reason = _reason(exc)
         return LoadResult(path=p, structure=s, findings=(
             finding("not-loadable", p, f"torch.load(weights_only=True) fails: {reason}"),), entry_crc=crcs)
     return LoadResult(path=p, value=value, structure=s, loaded=True, entry_crc=crcs)
+
+
+def _reason(exc: BaseException) -> str:
+    """One line from torch's many-line refusal: the sentence that names what was refused."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith(("Unsupported global", "Can only", "Trying to", "Unsupported operand")):
+            return ln[:300]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+# torch's safe_globals context swaps process-wide state: two overlapping loads on two threads would undo each
+# other's allowlist, so loads take turns (each is a few ms with mmap)
+_LOAD_LOCK = threading.Lock()
 
 
 def _torch_load(path: str) -> Any:
     import torch
 
     _import_dtensor()
-    with warnings.catch_warnings():
-        # DeviceMesh unpickled without process groups warns once per file; harmless for reading metadata
+    with _LOAD_LOCK, warnings.catch_warnings(), _quiet_mesh_logger():
         warnings.simplefilter("ignore")
         with torch.serialization.safe_globals(_numpy_rng_globals()):
             return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+
+
+@contextlib.contextmanager
+def _quiet_mesh_logger():
+    """DeviceMesh logs a warning per unpickle without process groups; harmless when only reading metadata."""
+    log = logging.getLogger("torch.distributed.device_mesh")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 @cache

@@ -1,0 +1,193 @@
+"""Deep check of a torch.distributed.checkpoint directory from its `.metadata` alone, without torch.
+
+`.metadata` is read by the restricted unpickler (no torch class is resolved: the Metadata dataclasses come back as
+records). Checks: every storage entry's file exists and its byte range lies inside it; every tensor's chunks lie
+inside the tensor, tile it with no gap or overlap, and each has a storage entry; .distcp files no entry references.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ckpt_audit import pickles
+from ckpt_audit.codes import finding
+from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA
+from ckpt_audit.models import Finding
+
+MAX_METADATA_BYTES = 1 << 30
+MAX_PAIRWISE = 4096  # chunks per tensor compared pairwise when they are not a 1-D split
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chunk:
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DcpMetadata:
+    tensors: Mapping[str, tuple[tuple[int, ...], tuple[Chunk, ...], str | None]]  # fqn -> (size, chunks, dtype)
+    byte_items: frozenset[str]
+    storage: Mapping[tuple[str, tuple[int, ...] | None], tuple[str, int, int]]  # (fqn, offset) -> (file, off, len)
+
+
+def read_metadata(path: str) -> DcpMetadata:
+    """Parse `.metadata`; raises ValueError with a one-line reason for anything that is not DCP metadata."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_METADATA_BYTES + 1)
+    if len(raw) > MAX_METADATA_BYTES:
+        raise ValueError("larger than 1 GiB")
+    try:
+        meta = pickles.restricted_load(raw)
+    except Exception as exc:  # noqa: BLE001 - garbage in, one line out
+        raise ValueError(f"does not unpickle: {exc}") from None
+    if not pickles.is_record(meta) or not meta.qualname.endswith(".Metadata"):
+        raise ValueError(f"not a DCP Metadata record ({type(meta).__name__})")
+    sdm = _field(meta, "state_dict_metadata")
+    sd = _field(meta, "storage_data")
+    if not isinstance(sdm, dict) or not isinstance(sd, dict):
+        raise ValueError("Metadata without state_dict_metadata / storage_data")
+    tensors: dict[str, Any] = {}
+    byte_items: set[str] = set()
+    for fqn, item in sdm.items():
+        q = item.qualname if pickles.is_record(item) else ""
+        if q.endswith("TensorStorageMetadata"):
+            size = tuple(_field(item, "size") or ())
+            chunks = tuple(Chunk(offsets=tuple(_field(c, "offsets")), sizes=tuple(_field(c, "sizes")))
+                           for c in _field(item, "chunks") or ())
+            props = _field(item, "properties")
+            dtype = None
+            if pickles.is_record(props) and isinstance(props.state, tuple) and props.state:
+                dtype = pickles.global_name(props.state[0])
+            tensors[str(fqn)] = (size, chunks, dtype)
+        elif q.endswith("BytesStorageMetadata"):
+            byte_items.add(str(fqn))
+        else:
+            raise ValueError(f"{fqn}: unknown storage metadata {q or type(item).__name__}")
+    storage = {}
+    for idx, info in sd.items():
+        fqn = _field(idx, "fqn")
+        off = _field(idx, "offset")
+        storage[(str(fqn), tuple(off) if off is not None else None)] = (
+            str(_field(info, "relative_path")), int(_field(info, "offset")), int(_field(info, "length")))
+    return DcpMetadata(tensors=tensors, byte_items=frozenset(byte_items), storage=storage)
+
+
+def _field(rec: Any, name: str) -> Any:
+    if pickles.is_record(rec):
+        f = rec.fields
+        if name in f:
+            return f[name]
+        names = {"fqn": 0, "offset": 1, "index": 2, "relative_path": 0, "length": 2}
+        if rec.args and name in names and len(rec.args) > names[name]:
+            return rec.args[names[name]]  # a NamedTuple-style record
+        return None
+    return getattr(rec, name, None)
+
+
+def check_dir(dcp_dir: str) -> tuple[Finding, ...]:
+    """All of verify's DCP checks for one directory DCP wrote."""
+    meta_path = f"{dcp_dir}/{METADATA}"
+    if not os.path.exists(meta_path):
+        return ()  # the shallow layout already reported dcp-metadata-missing
+    try:
+        meta = read_metadata(meta_path)
+    except (OSError, ValueError, TypeError) as exc:
+        return (finding("dcp-metadata-invalid", meta_path, f".metadata {exc}"),)
+    sizes = {}
+    for name in os.listdir(dcp_dir):
+        try:
+            sizes[name] = os.stat(f"{dcp_dir}/{name}").st_size
+        except OSError:
+            continue
+    return check_metadata(dcp_dir, meta, sizes)
+
+
+def check_metadata(dcp_dir: str, meta: DcpMetadata, file_sizes: Mapping[str, int]) -> tuple[Finding, ...]:
+    """Pure: `.metadata` against the directory's file sizes (name -> bytes)."""
+    out: list[Finding] = []
+    missing_reported: set[str] = set()
+    for (fqn, _off), (rel, start, length) in sorted(meta.storage.items(), key=lambda kv: (kv[1][0], kv[1][1])):
+        if rel not in file_sizes:
+            if rel not in missing_reported:
+                out.append(finding("dcp-file-missing", f"{dcp_dir}/{rel}", f".metadata stores {fqn} (and maybe "
+                                   f"more) in {rel}, which does not exist", rank=_rank(rel), tensor=fqn))
+                missing_reported.add(rel)
+        elif start < 0 or length < 0 or start + length > file_sizes[rel]:
+            out.append(finding("dcp-range-outside-file", f"{dcp_dir}/{rel}", f"{fqn}: bytes [{start}, "
+                               f"{start + length}) but the file holds {file_sizes[rel]}", rank=_rank(rel), tensor=fqn))
+    for fqn, (size, chunks, _dtype) in sorted(meta.tensors.items()):
+        out.extend(check_tiling(dcp_dir, fqn, size, chunks))
+        for c in chunks:
+            if (fqn, c.offsets) not in meta.storage:
+                out.append(finding("dcp-chunk-unstored", f"{dcp_dir}/{METADATA}", f"{fqn}: chunk at "
+                                   f"{list(c.offsets)} has no storage entry", tensor=fqn))
+    for fqn in sorted(meta.byte_items):
+        if not any(k[0] == fqn for k in meta.storage):
+            out.append(finding("dcp-chunk-unstored", f"{dcp_dir}/{METADATA}", f"{fqn}: object has no storage entry",
+                               tensor=fqn))
+    used = {rel for rel, _, _ in meta.storage.values()}
+    for name in sorted(file_sizes):
+        if DISTCP_RE.fullmatch(name) and name not in used:
+            out.append(finding("dcp-unreferenced-file", f"{dcp_dir}/{name}", "no .metadata entry points into this "
+                               "file (a leftover of another save?)", rank=_rank(name)))
+    return tuple(out)
+
+
+def _rank(rel: str) -> int | None:
+    m = DISTCP_RE.fullmatch(os.path.basename(rel))
+    return int(m.group(1)) if m else None
+
+
+def check_tiling(where: str, fqn: str, size: Sequence[int], chunks: Sequence[Chunk]) -> list[Finding]:
+    """Chunks must lie inside the tensor and cover it exactly once."""
+    path = f"{where}/{METADATA}"
+    total = 1
+    for s in size:
+        total *= s
+    out = []
+    vol = 0
+    for c in chunks:
+        if len(c.offsets) != len(size) or len(c.sizes) != len(size) or any(
+                o < 0 or n < 0 or o + n > s for o, n, s in zip(c.offsets, c.sizes, size)):
+            out.append(finding("dcp-chunk-overlap", path, f"{fqn}: chunk at {list(c.offsets)} of {list(c.sizes)} "
+                               f"lies outside the tensor {list(size)}", tensor=fqn))
+            return out
+        n = 1
+        for s in c.sizes:
+            n *= s
+        vol += n
+    overlap = _overlap(chunks, len(size))
+    if overlap is not None:
+        a, b = overlap
+        out.append(finding("dcp-chunk-overlap", path, f"{fqn}: chunks at {list(a.offsets)} and {list(b.offsets)} "
+                           "overlap", tensor=fqn))
+    elif vol < total:
+        out.append(finding("dcp-chunk-gap", path, f"{fqn}: chunks cover {vol} of {total} elements of "
+                           f"{list(size)}: part of the tensor is stored nowhere", tensor=fqn))
+    return out
+
+
+def _overlap(chunks: Sequence[Chunk], ndim: int) -> tuple[Chunk, Chunk] | None:
+    live = [c for c in chunks if all(s > 0 for s in c.sizes)]
+    if len(live) < 2:
+        return None
+    # the usual case: a split along one dim, every other extent equal -> sort and sweep
+    for d in range(ndim):
+        others = {(c.offsets[:d] + c.offsets[d + 1:], c.sizes[:d] + c.sizes[d + 1:]) for c in live}
+        if len(others) == 1:
+            live.sort(key=lambda c: c.offsets[d])
+            for a, b in zip(live, live[1:]):
+                if b.offsets[d] < a.offsets[d] + a.sizes[d]:
+                    return a, b
+            return None
+    if len(live) > MAX_PAIRWISE:
+        return None
+    for i, a in enumerate(live):
+        for b in live[i + 1:]:
+            if all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
+                return a, b
+    return None

@@ -1,0 +1,343 @@
+"""verify(): scan, then deep checks that need the files' contents: cross-rank consistency, DCP byte ranges.
+
+`verify(paths)` = `scanner.scan(...)` + `deepen(result)`. `deepen` loads every rank's shards through `safe_load`
+(weights_only, mmap: per-file cost, no tensor bytes read except the few scalars the checks compare), boils them
+down to the plain views of `rules.deep`, and attaches the findings to the component or checkpoint they concern;
+statuses are re-derived. `scan(deep=True)` may call `deepen` lazily. torch is imported only below this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ckpt_audit import dcp_check, safe_load, scanner
+from ckpt_audit.codes import CODES, finding
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
+from ckpt_audit.rules import deep
+
+Progress = Callable[[int, int], None]
+STEP_DIR_RE = re.compile(r"global_steps?_\d+")
+
+
+def verify(
+    paths: Sequence[str | Path],
+    *,
+    workers: int = 2,
+    progress: Progress | None = None,
+    previous: Mapping | None = None,
+    in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+) -> ScanResult:
+    """Scan `paths` (step directories, runs or roots) and add the deep findings. Raises scanner.ScanError."""
+    real = [scanner.check_root(p) for p in paths]
+    steps = {p for p in real if STEP_DIR_RE.fullmatch(os.path.basename(p))}
+    roots = sorted({os.path.dirname(p) if p in steps else p for p in real})
+    result = scanner.scan(roots, workers=workers, previous=previous, progress=None,
+                          in_progress_window_s=in_progress_window_s)
+    if steps:
+        result = _only_steps(result, steps, whole=set(real) - steps)
+    result = deepen(result, workers=workers, progress=progress)
+    return replace(result, roots=tuple(real), deep=True)
+
+
+def _only_steps(result: ScanResult, steps: set[str], whole: set[str]) -> ScanResult:
+    """Keep the asked-for step directories of runs scanned through their parent (plus roots asked for whole)."""
+    runs = []
+    for run in result.runs:
+        if any(run.path == w or run.path.startswith(w.rstrip("/") + "/") for w in whole):
+            runs.append(run)
+            continue
+        keep = tuple(c for c in run.checkpoints if c.path in steps)
+        if not keep:
+            continue
+        kept_steps = {c.step for c in keep}
+        # run-level judgements about checkpoints we did not look at do not belong to this result
+        found = tuple(f for f in run.findings if f.code != "no-complete-checkpoint"
+                      and not (f.code == "tracker-dangling" and run.tracker_step not in kept_steps))
+        runs.append(replace(run, checkpoints=keep, findings=found))
+    return replace(result, runs=tuple(runs))
+
+
+# -- deepen ---------------------------------------------------------------------------------------------------
+
+
+def deepen(result: ScanResult, *, workers: int = 2, progress: Progress | None = None) -> ScanResult:
+    """The result with deep findings attached and statuses re-derived."""
+    jobs = [(ri, ci) for ri, run in enumerate(result.runs) for ci in range(len(run.checkpoints))]
+    total = len(jobs)
+    done = 0
+    runs = [list(r.checkpoints) for r in result.runs]
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckpt-verify") as pool:
+        for (ri, ci), ckpt in zip(jobs, pool.map(lambda j: deepen_checkpoint(result.runs[j[0]].checkpoints[j[1]]),
+                                                 jobs)):
+            runs[ri][ci] = ckpt
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return replace(result, runs=tuple(replace(r, checkpoints=tuple(runs[i])) for i, r in enumerate(result.runs)),
+                   deep=True)
+
+
+def deepen_checkpoint(ckpt: Checkpoint) -> Checkpoint:
+    if ckpt.status is Status.HUSK and not ckpt.components:
+        return ckpt
+    bad = _bad_paths(ckpt)
+    comps = []
+    for comp in ckpt.components:
+        found = list(_component_findings(ckpt, comp, bad))
+        for f in comp.files:
+            if f.path.endswith(".safetensors") and f.path not in bad:
+                found.extend(_safetensors(f.path))
+        comps.append(replace(comp, findings=comp.findings + _new(comp.findings, found)))
+    step_found: list[Finding] = []
+    for f in ckpt.files:
+        if f.path in bad:
+            continue
+        if f.kind is FileKind.DATA:
+            step_found.extend(_dataloader(f.path))
+        elif f.path.endswith(".safetensors"):
+            step_found.extend(_safetensors(f.path))
+    out = replace(ckpt, components=tuple(comps), findings=ckpt.findings + _new(ckpt.findings, step_found))
+    return rejudge(out, before=ckpt)
+
+
+def _new(existing: Sequence[Finding], found: Sequence[Finding]) -> tuple[Finding, ...]:
+    """Deep findings the scan has not already made (the scanner flags unsafe pickles and mesh sizes too)."""
+    have = {(f.code, f.path) for f in existing}
+    meshes = {f.path for f in existing if f.code == "mesh-size-mismatch"}
+    out, seen = [], set()
+    for f in found:
+        key = (f.code, f.path, f.rank, f.tensor, f.message)
+        if (f.code, f.path) in have or key in seen or (f.code == "mesh-config-mismatch" and f.path in meshes):
+            continue
+        seen.add(key)
+        out.append(f)
+    return tuple(out)
+
+
+def _bad_paths(ckpt: Checkpoint) -> set[str]:
+    """Files the scan already found broken beyond loading: not opened again."""
+    return {f.path for f in ckpt.all_findings if f.code in CODES and CODES[f.code].corrupts}
+
+
+def rejudge(ckpt: Checkpoint, *, before: Checkpoint) -> Checkpoint:
+    """Status after deep findings: a complete checkpoint with errors is incomplete (or corrupt)."""
+    if ckpt.status is Status.IN_PROGRESS:
+        soft = lambda fs: tuple(replace(f, severity=Severity.INFO) if f.severity > Severity.INFO else f for f in fs)  # noqa: E731
+        return replace(ckpt, findings=soft(ckpt.findings),
+                       components=tuple(replace(c, findings=soft(c.findings)) for c in ckpt.components))
+    added = set(ckpt.all_findings) - set(before.all_findings)
+    errors = [f for f in added if f.severity is Severity.ERROR]
+    if not errors or ckpt.status in (Status.CORRUPT, Status.HUSK):
+        return ckpt
+    if any(CODES[f.code].corrupts for f in errors):
+        return replace(ckpt, status=Status.CORRUPT)
+    if ckpt.status is Status.COMPLETE:
+        return replace(ckpt, status=Status.INCOMPLETE)
+    return ckpt
+
+
+# -- per component --------------------------------------------------------------------------------------------
+
+
+def _component_findings(ckpt: Checkpoint, comp: Component, bad: set[str]) -> list[Finding]:
+    if comp.layout == "verl-fsdp":
+        return list(_fsdp(ckpt, comp, bad))
+    if comp.layout == "verl-megatron":
+        return list(_megatron(comp, bad))
+    if comp.layout == "dcp":
+        return list(dcp_check.check_dir(comp.path))
+    return []
+
+
+def _megatron(comp: Component, bad: set[str]) -> list[Finding]:
+    dist = f"{comp.path}/dist_ckpt"
+    out = list(dcp_check.check_dir(dist))
+    for f in comp.files:
+        if f.kind is FileKind.COMMON and f.path not in bad:
+            out.extend(safe_load.load(f.path).findings)
+    try:
+        meta = dcp_check.read_metadata(f"{dist}/.metadata")
+    except (OSError, ValueError, TypeError):
+        return out
+    has_model = any(k.startswith("model") for k in (*meta.tensors, *meta.byte_items))
+    hf_weights = any(f.kind is FileKind.HF and f.path.endswith((".safetensors", ".bin")) for f in comp.files)
+    if not has_model and not hf_weights:
+        out.append(finding("megatron-model-missing", dist, "dist_ckpt holds no model.* state and huggingface/ no "
+                           "weights (mbridge saves the model there)"))
+    return out
+
+
+def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[Finding, ...]:
+    ws = comp.world_size
+    files: dict[tuple[FileKind, int], str] = {}
+    for f in comp.files:
+        if f.rank is not None and f.kind in (FileKind.MODEL, FileKind.OPTIM, FileKind.EXTRA_STATE) and (
+                ws is None or f.world_size in (ws, None)):
+            files[(f.kind, f.rank)] = f.path
+    ranks = sorted({r for _, r in files})
+    if not ranks:
+        return ()
+    found: list[Finding] = []
+    loaded: dict[str, safe_load.LoadResult] = {}
+    for path in sorted(set(files.values()) - bad):
+        res = safe_load.load(path)
+        loaded[path] = res
+        found.extend(res.findings)
+    views = []
+    for r in ranks:
+        views.append(_rank_view(r, files.get((FileKind.MODEL, r)), files.get((FileKind.OPTIM, r)),
+                                files.get((FileKind.EXTRA_STATE, r)), loaded))
+    views = _replica_equality(views, loaded, files)
+    cv = deep.ComponentView(path=comp.path, step=ckpt.step, world_size=ws,
+                            config_world_size=_json_int(f"{comp.path}/fsdp_config.json", "world_size"),
+                            tie_word_embeddings=_json_bool(f"{comp.path}/huggingface/config.json",
+                                                           "tie_word_embeddings"),
+                            ranks=tuple(views))
+    return tuple(found) + deep.check_component(cv)
+
+
+def _rank_view(rank: int, model: str | None, optim: str | None, extra: str | None,
+               loaded: Mapping[str, safe_load.LoadResult]) -> deep.RankView:
+    kw: dict[str, Any] = {"rank": rank, "model_path": model, "optim_path": optim, "extra_path": extra}
+    m = loaded.get(model) if model else None
+    if m is not None and m.loaded and isinstance(m.value, Mapping):
+        infos = {t.key_path: t for t in (m.structure.tensors if m.structure else ())}
+        kw["model"] = {str(k): tensor_view(v, infos.get((k,)), m.entry_crc) for k, v in m.value.items()
+                       if _is_tensor(v)}
+    o = loaded.get(optim) if optim else None
+    if o is not None and o.loaded and isinstance(o.value, Mapping):
+        state = o.value.get("state")
+        groups = o.value.get("param_groups")
+        if isinstance(state, Mapping) and isinstance(groups, (list, tuple)):
+            kw["optim_state"] = {int(i): {str(n): (_scalar(t) if n == "step" else
+                                                   tensor_view(t, None, {}) if _is_tensor(t) else t)
+                                          for n, t in st.items()} for i, st in state.items() if isinstance(st, Mapping)}
+            kw["param_groups"] = [{str(k): _plain(v) for k, v in g.items()} for g in groups if isinstance(g, Mapping)]
+    e = loaded.get(extra) if extra else None
+    if e is not None and e.loaded and isinstance(e.value, Mapping):
+        kw["extra_keys"] = frozenset(str(k) for k in e.value)
+        sched = e.value.get("lr_scheduler")
+        kw["lr_scheduler"] = {str(k): _plain(v) for k, v in sched.items()} if isinstance(sched, Mapping) else None
+        rng = e.value.get("rng")
+        kw["rng_keys"] = frozenset(str(k) for k in rng) if isinstance(rng, Mapping) else None
+    return deep.RankView(**kw)
+
+
+def _replica_equality(views: list[deep.RankView], loaded: Mapping[str, safe_load.LoadResult],
+                      files: Mapping[tuple[FileKind, int], str]) -> list[deep.RankView]:
+    """HSDP replicas whose storages carry no CRC (saved with CRCs off) are compared element by element."""
+    out = []
+    for v in views:
+        eq: dict[tuple[int, str], bool] = {}
+        for key, t in (v.model or {}).items():
+            if t.crc or not t.mesh_shape or len(t.mesh_shape) != 2 or t.placements[:1] != ("Replicate()",):
+                continue
+            if t.mesh_ranks is None or v.rank not in t.mesh_ranks:
+                continue
+            i = t.mesh_ranks.index(v.rank)
+            twin = t.mesh_ranks[i % t.mesh_shape[1]]
+            if twin == v.rank:
+                continue
+            a, b = loaded.get(files.get((FileKind.MODEL, v.rank), "")), loaded.get(files.get((FileKind.MODEL, twin), ""))
+            if a is None or b is None or not a.loaded or not b.loaded:
+                continue
+            eq[(twin, key)] = _equal(a.value.get(key), b.value.get(key))
+        out.append(replace(v, equal_to=eq) if eq else v)
+    return out
+
+
+def _equal(a: Any, b: Any) -> bool:
+    import torch
+
+    la, lb = getattr(a, "_local_tensor", a), getattr(b, "_local_tensor", b)
+    return isinstance(la, torch.Tensor) and isinstance(lb, torch.Tensor) and la.shape == lb.shape and bool(
+        torch.equal(la, lb))
+
+
+def tensor_view(v: Any, info: Any, crcs: Mapping[str, int]) -> deep.TensorView:
+    """The plain view of one loaded tensor or DTensor (storage key and CRC from the restricted read)."""
+    local = getattr(v, "_local_tensor", None)
+    storage = info.storage_key if info is not None else None
+    common = dict(dtype=str(v.dtype).removeprefix("torch."), device=info.device if info is not None else "cpu",
+                  storage=storage, storage_offset=info.storage_offset if info is not None else 0,
+                  crc=crcs.get(storage) if storage is not None else None)
+    if local is None:
+        return deep.TensorView(local_shape=tuple(v.shape), **common)
+    mesh = v.device_mesh
+    ranks = tuple(int(x) for x in mesh.mesh.flatten().tolist())
+    return deep.TensorView(local_shape=tuple(local.shape), is_dtensor=True, global_shape=tuple(v.shape),
+                           placements=tuple(_placement(p) for p in v.placements),
+                           mesh_shape=tuple(mesh.mesh.shape), mesh_ranks=ranks,
+                           mesh_names=tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None, **common)
+
+
+def _placement(p: Any) -> str:
+    if p.is_shard():
+        return f"Shard({p.dim})"
+    if p.is_replicate():
+        return "Replicate()"
+    return type(p).__name__ + "()"
+
+
+def _is_tensor(v: Any) -> bool:
+    import torch
+
+    return isinstance(v, torch.Tensor)
+
+
+def _scalar(v: Any) -> Any:
+    try:
+        return float(v.item()) if hasattr(v, "item") else float(v)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _plain(v: Any) -> Any:
+    """Tensors inside param_groups / scheduler state as numbers, so ranks compare by value."""
+    if _is_tensor(v):
+        return v.tolist() if v.numel() <= 16 else ("tensor", tuple(v.shape))
+    if isinstance(v, (list, tuple)):
+        return type(v)(_plain(x) for x in v)
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _json_int(path: str, key: str) -> int | None:
+    doc = _json(path)
+    v = doc.get(key) if isinstance(doc, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _json_bool(path: str, key: str) -> bool | None:
+    doc = _json(path)
+    v = doc.get(key) if isinstance(doc, dict) else None
+    return v if isinstance(v, bool) else None
+
+
+def _dataloader(path: str) -> tuple[Finding, ...]:
+    res = safe_load.load(path)
+    if not res.loaded:
+        return res.findings
+    return deep.check_dataloader(path, res.value)
+
+
+def _safetensors(path: str) -> tuple[Finding, ...]:
+    from ckpt_audit.safetensors_check import check_safetensors
+
+    return check_safetensors(path)
