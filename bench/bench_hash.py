@@ -5,8 +5,8 @@ of the same files in the same run, warm and cold page cache. Target: ratio >= 0.
 
 Shards are written with torch.save into a temporary folder (deleted at the end), laid out like one verl
 step: W model shards of 16 tensors and W optimizer shards twice their size (--zip64 adds one 4.4 GiB shard).
-Cold runs drop the page cache
-(`echo 3 > /proc/sys/vm/drop_caches`, needs root) before each measurement. Every figure is the median of --reps.
+Cold runs drop the page
+cache (`echo 3 > /proc/sys/vm/drop_caches`, needs root) before each measurement. Every figure is the median of --reps.
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=5.0, help="total size of the shards (default 5)")
     ap.add_argument("--world", type=int, default=4, help="ranks: W model shards of s and W optimizer shards of 2s")
     ap.add_argument("--zip64", action="store_true", help="add one 4.4 GiB shard (zip64 records)")
+    ap.add_argument("--tree", default=None, help="reuse the .pt files of this folder (kept) instead of writing")
     ap.add_argument("--chunk-kib", type=int, default=None, help="override hashing.CHUNK (read size)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
@@ -120,10 +121,10 @@ def main() -> int:
     if (args.gib + 4.4 * args.zip64) * GiB > 0.6 * avail:
         print(f"# only {avail / GiB:.1f} GiB available: shrinking the tree from {args.gib} GiB", file=sys.stderr)
         args.gib = round(0.6 * avail / GiB, 1)
-    root = Path(tempfile.mkdtemp(prefix="ckpt-audit-bench-hash-", dir=args.dir))
+    root = Path(args.tree) if args.tree else Path(tempfile.mkdtemp(prefix="ckpt-audit-bench-hash-", dir=args.dir))
     try:
         t0 = time.perf_counter()
-        paths = make_shards(root, args.gib, args.world, args.zip64)
+        paths = sorted(root.glob("*.pt")) if args.tree else make_shards(root, args.gib, args.world, args.zip64)
         nbytes = sum(p.stat().st_size for p in paths)
         print(f"# {len(paths)} shards, {nbytes / GiB:.2f} GiB, written in {time.perf_counter() - t0:.0f} s; "
               f"read size {hashing.CHUNK // 1024} KiB; "
@@ -143,7 +144,8 @@ def main() -> int:
                       f"ratio vs cat {med / base_cat:5.2f}   vs dd {med / base_dd:5.2f}")
         print(f"# load at end {os.getloadavg()[0]:.2f}; total {time.perf_counter() - t0:.0f} s")
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not args.tree:
+            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

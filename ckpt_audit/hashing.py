@@ -36,7 +36,7 @@ try:  # isal's crc32 runs ~4x faster than the system zlib's here (perf-limits.md
 except ImportError:  # pragma: no cover - isal is a declared dependency
     _crc32 = zlib.crc32
 
-CHUNK = 2 * 1024 * 1024  # read size: 1-2 MiB was fastest for read+hash+CRC here (docs/readers.md); 64 MiB is slower
+CHUNK = 1024 * 1024  # read size: 0.5-2 MiB were fastest for read+hash+CRC here (docs/readers.md); 8 MiB is slower
 ZIP_SUFFIXES = (".pt", ".pth")  # files expected to be torch zips: anything else is a zip only if it says so
 
 _local = threading.local()
