@@ -25,6 +25,39 @@ from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
 
 from ckpt_audit.export import ExportError, export_checkpoint  # noqa: E402
 from ckpt_audit.hashing import digest_file  # noqa: E402
+from test_export_trees import write as write_stand_in  # noqa: E402
+
+STAND_IN = {"verl_run": (2, False), "verl_run_w3": (3, False), "verl_run_hsdp": (4, True), "verl_run_w1": (1, False)}
+
+
+@pytest.fixture(scope="session")
+def stand_ins(tmp_path_factory):
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            cache[name] = write_stand_in(tmp_path_factory.mktemp(name), *STAND_IN[name])
+        return cache[name]
+
+    return get
+
+
+def tree(request, name: str) -> Path:
+    """The harness's session tree when tests/conftest.py has it, else a real FSDP2 stand-in of the same shape."""
+    try:
+        return Path(request.getfixturevalue(name))
+    except pytest.FixtureLookupError:
+        return request.getfixturevalue("stand_ins")(name)
+
+
+def private_copy(request, name: str, tmp_path: Path) -> Path:
+    src = tree(request, name)
+    try:
+        return Path(request.getfixturevalue("copy_run")(src))
+    except pytest.FixtureLookupError:
+        dst = tmp_path / "copy" / src.name
+        shutil.copytree(src, dst, symlinks=True)
+        return dst
 
 
 def latest_step(run: Path) -> Path:
@@ -101,7 +134,7 @@ def reference_model(actor: Path, full: dict):
 def test_export_equals_concatenated_shards_and_gives_the_same_logits(request, tmp_path, fixture, shapes):
     from transformers import AutoModelForCausalLM
 
-    step = latest_step(Path(request.getfixturevalue(fixture)))
+    step = latest_step(tree(request, fixture))
     actor = step / "actor"
     full, seen = reference_state_dict(actor)
     assert shapes <= seen, f"{fixture} no longer covers {shapes - seen}"
@@ -131,14 +164,14 @@ def test_shard1_and_empty_shards_are_covered_somewhere(request):
     """The harness trees must exercise Shard(1) and empty trailing shards, or the export tests above prove less."""
     seen = set()
     for fixture in ("verl_run", "verl_run_w3", "verl_run_hsdp"):
-        seen |= reference_state_dict(latest_step(Path(request.getfixturevalue(fixture))) / "actor")[1]
+        seen |= reference_state_dict(latest_step(tree(request, fixture)) / "actor")[1]
     assert {"shard1", "empty", "uneven"} <= seen, seen
 
 
-def test_bf16_sharded_export_with_index_loads_with_transformers(verl_run, tmp_path):
+def test_bf16_sharded_export_with_index_loads_with_transformers(request, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    step = latest_step(Path(verl_run))
+    step = latest_step(tree(request, "verl_run"))
     full, _ = reference_state_dict(step / "actor")
     largest = max(v.numel() for v in full.values()) * 2
     result = export_checkpoint(step, tmp_path / "hf", dtype="bf16", max_shard_size=largest + 1)
@@ -158,8 +191,8 @@ def test_bf16_sharded_export_with_index_loads_with_transformers(verl_run, tmp_pa
     assert torch.equal(logits(model, config), logits(ref.to(torch.bfloat16), config))
 
 
-def test_refuses_to_overwrite_without_force_and_replaces_atomically_with_it(verl_run, tmp_path):
-    step = latest_step(Path(verl_run))
+def test_refuses_to_overwrite_without_force_and_replaces_atomically_with_it(request, tmp_path):
+    step = latest_step(tree(request, "verl_run"))
     out = tmp_path / "hf"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
@@ -171,8 +204,8 @@ def test_refuses_to_overwrite_without_force_and_replaces_atomically_with_it(verl
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temp or old dirs left
 
 
-def test_missing_rank_is_a_one_line_error(copy_run, verl_run, tmp_path):
-    run = Path(copy_run(verl_run))
+def test_missing_rank_is_a_one_line_error(request, tmp_path):
+    run = private_copy(request, "verl_run", tmp_path)
     step = latest_step(run)
     rank_files(step / "actor")[-1].unlink()
     with pytest.raises(ExportError, match="missing model shard"):
@@ -180,8 +213,8 @@ def test_missing_rank_is_a_one_line_error(copy_run, verl_run, tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
-def test_cli_export_records_hashes_in_the_catalog(verl_run, tmp_path):
-    step = latest_step(Path(verl_run))
+def test_cli_export_records_hashes_in_the_catalog(request, tmp_path):
+    step = latest_step(tree(request, "verl_run"))
     catalog = tmp_path / "c.db"
     env = {**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)}
     cmd = [sys.executable, "-m", "ckpt_audit", "export", str(step), "--to", str(tmp_path / "hf"), "--json"]
