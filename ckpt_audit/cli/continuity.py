@@ -1,0 +1,174 @@
+"""`ckpt-audit continuity`: the watched metric around every resume of a run, from its metrics logs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ckpt_audit.cli.common import CommandError, emit_json
+from ckpt_audit.exitcodes import ExitCode
+
+FAIL_ON = ("info", "warning", "error")
+
+
+@click.command("continuity")
+@click.argument("metrics", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--metric", default=None, metavar="NAME",
+              help="Metric to watch (default: loss, else the first *loss metric). Reward metrics work too.")
+@click.option("--resume-at", "resume_at", type=click.IntRange(0), multiple=True, metavar="STEP",
+              help="A checkpoint step the run resumed from (repeatable), for logs that show no trace of it.")
+@click.option("--catalog", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Catalog to take the run's checkpoint steps from (resume targets, resumed-from-older).")
+@click.option("--run", "run_path", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The run directory in the catalog (default: the run whose metrics file this is, or its folder).")
+@click.option("--at-checkpoints", is_flag=True,
+              help="With --catalog: also judge the metric at every checkpoint step (appended logs leave no trace).")
+@click.option("--window", type=click.IntRange(3), default=20, show_default=True,
+              help="Points before each resume that define its trend and noise.")
+@click.option("--threshold", type=click.FloatRange(0, min_open=True), default=6.0, show_default=True,
+              help="A jump counts when the first points after a resume leave the trend by this many noise units.")
+@click.option("--after", type=click.IntRange(1), default=3, show_default=True,
+              help="Points after the resume whose median is compared (1: any single spike counts).")
+@click.option("--time-gap", type=click.FloatRange(0), default=60.0, show_default=True, metavar="SECONDS",
+              help="A pause in the log's timestamps longer than this (and 20x the usual interval) marks a restart.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write an SVG of the metric around each resume, with window and threshold band.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (with schema_version) to stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing when clean; else only the failing findings.")
+@click.option("--fail-on", type=click.Choice(FAIL_ON), default="warning", show_default=True,
+              help="Exit 1 when a finding at or above this severity is present.")
+@click.pass_context
+def continuity_command(ctx: click.Context, metrics, metric, resume_at, catalog, run_path, at_checkpoints, window,
+                       threshold, after, time_gap, plot_path, as_json, quiet, fail_on) -> None:
+    """Judge the watched metric at every resume in METRICS... (JSON lines, CSV, TensorBoard events).
+
+    Finds the resumes (step counter reset or repeated, a new file per attempt, a pause in the timestamps, the
+    catalog's checkpoint steps, or --resume-at) and at each one reports: a jump beyond what the metric's own
+    recent noise explains (median/MAD over --window points), steps logged twice, steps skipped, and a resume from
+    an older checkpoint than the newest complete one. Files are read in the order given.
+
+    Exit codes: 0 clean, 1 findings at/above --fail-on, 2 usage, 3 error (unreadable log, unknown metric, bad
+    catalog).
+
+    \b
+    Example:
+        ckpt-audit continuity runs/demo/exp/metrics.jsonl
+        ckpt-audit continuity attempt1.jsonl attempt2.jsonl --metric critic/score/mean --plot resume.svg
+        ckpt-audit continuity metrics.jsonl --catalog catalog.db --json | jq '.findings[].code'
+    """
+    from ckpt_audit.continuity.audit import audit_log
+    from ckpt_audit.continuity.metrics import MetricsError, read_metrics
+    from ckpt_audit.models import Severity
+
+    for p in metrics:
+        if not p.is_file():
+            raise CommandError(f"{p}: no such file")
+    try:
+        log = read_metrics(metrics)
+        checkpoints = _catalog_checkpoints(catalog, run_path, metrics) if catalog is not None else ()
+        result = audit_log(log, metric=metric, resume_at=resume_at, checkpoints=checkpoints, window=window,
+                           threshold=threshold, after=after, time_gap_s=time_gap,
+                           judge_checkpoints=at_checkpoints)
+    except MetricsError as exc:
+        raise CommandError(str(exc)) from None
+    if plot_path is not None:
+        from ckpt_audit.continuity.plot import render_svg
+
+        try:
+            plot_path.write_text(render_svg(result), encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"cannot write {plot_path}: {exc.strerror or exc}") from None
+    level = Severity[fail_on.upper()]
+    failing = [f for f in result.findings if f.severity >= level]
+    code = ExitCode.FINDINGS if failing else ExitCode.OK
+    if as_json:
+        emit_json(_document(result, exit_code=int(code), plot=plot_path))
+    elif quiet:
+        for f in failing:
+            click.echo(_finding_line(f).strip())
+    else:
+        for line in _render(result, plot_path):
+            click.echo(line)
+    ctx.exit(int(code))
+
+
+def _catalog_checkpoints(catalog: Path, run_path: Path | None, metrics) -> tuple:
+    from ckpt_audit.catalog import CatalogError, open_catalog
+    from ckpt_audit.continuity.resume_points import CheckpointRef
+    from ckpt_audit.continuity.metrics import MetricsError
+
+    if not catalog.is_file():
+        raise MetricsError(f"catalog {catalog} does not exist (run ckpt-audit scan first)")
+    try:
+        with open_catalog(catalog) as cat:
+            runs = cat.runs()
+            if run_path is not None:
+                wanted = os.path.realpath(run_path)
+                run = next((r for r in runs if os.path.realpath(r["path"]) == wanted), None)
+            else:
+                files = {os.path.realpath(p) for p in metrics}
+                run = next((r for r in runs if r["metrics_path"] and os.path.realpath(r["metrics_path"]) in files),
+                           None)
+                if run is None:
+                    dirs = {os.path.dirname(f) for f in files}
+                    run = next((r for r in runs if os.path.realpath(r["path"]) in dirs), None)
+            if run is None:
+                raise MetricsError(f"no run in catalog {catalog} for {run_path or ', '.join(map(str, metrics))}; "
+                                   "name it with --run")
+            rows = cat.checkpoints(run["path"])
+    except CatalogError as exc:
+        raise MetricsError(str(exc)) from None
+    return tuple(CheckpointRef(step=int(r["step"]), complete=r["status"] == "complete", mtime_ns=int(r["mtime_ns"] or 0))
+                 for r in rows)
+
+
+def _finding_line(f) -> str:
+    return f"  {f.severity.label:<7} {f.code:<20} {f.path}: {f.message}"
+
+
+def _render(result, plot_path):
+    from ckpt_audit.continuity.sparkline import sparkline
+
+    s = result.series
+    yield (f"{', '.join(result.paths)}: {result.metric}, {len(s)} points, steps {min(s.steps)}-{max(s.steps)}, "
+           f"{len(result.points)} resume point(s)")
+    for pr in result.points:
+        p, j = pr.point, pr.judgement
+        lo, hi = max(0, p.index - result.window), min(len(s), p.index + result.window // 2)
+        verdict = "no verdict" if not j.sufficient else ("JUMP" if j.jumped else "ok")
+        score = f"{j.score:+.1f}" if j.sufficient else "-"
+        yield (f"  resume from step {p.resume_step} (first logged {p.first_step}; {'+'.join(p.sources)}"
+               f"{', inferred' if p.inferred else ''}): {verdict}  score {score} / {result.threshold:g}  "
+               f"{sparkline(s.values[lo:p.index])}|{sparkline(s.values[p.index:hi])}")
+    if result.findings:
+        yield "findings:"
+        for f in result.findings:
+            yield _finding_line(f)
+    else:
+        yield "no findings"
+    if plot_path is not None:
+        yield f"plot: {plot_path}"
+
+
+def _document(result, *, exit_code: int, plot) -> dict:
+    s = result.series
+    counts = {"error": 0, "warning": 0, "info": 0}
+    for f in result.findings:
+        counts[f.severity.label] += 1
+    return {
+        "paths": list(result.paths),
+        "metric": result.metric,
+        "points": len(s),
+        "first_step": min(s.steps),
+        "last_step": max(s.steps),
+        "window": result.window,
+        "threshold": result.threshold,
+        "resume_points": [{**pr.point.to_dict(), "judgement": pr.judgement.to_dict(),
+                           "findings": [f.code for f in pr.findings]} for pr in result.points],
+        "findings": [f.to_dict() for f in result.findings],
+        "summary": counts,
+        "plot": os.fspath(plot) if plot is not None else None,
+        "exit_code": exit_code,
+    }
