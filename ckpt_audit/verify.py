@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -43,7 +44,7 @@ def verify(
     if steps:
         result = _only_steps(result, steps, whole=set(real) - steps)
     result = deepen(result, workers=workers, progress=progress)
-    return replace(result, roots=tuple(real), deep=True)
+    return replace(result, roots=tuple(real), deep=True, finished_ns=time.time_ns())
 
 
 def _only_steps(result: ScanResult, steps: set[str], whole: set[str]) -> ScanResult:

@@ -17,12 +17,14 @@ from ckpt_audit.exitcodes import ExitCode
 # name -> "module:attribute"; one line per command.
 COMMANDS: dict[str, str] = {
     "scan": "ckpt_audit.cli.scan:scan_command",
+    "verify": "ckpt_audit.cli.verify:verify_command",
     "ls": "ckpt_audit.cli.scan:ls_command",
     "show": "ckpt_audit.cli.scan:show_command",
     "demo": "ckpt_audit.cli.demo:demo_command",
     "prune": "ckpt_audit.cli.prune:prune_command",
     "export": "ckpt_audit.cli.export:export_command",
     "tui": "ckpt_audit.cli.tui:tui",
+    "continuity": "ckpt_audit.cli.continuity:continuity_command",
 }
 
 
