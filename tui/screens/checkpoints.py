@@ -51,6 +51,9 @@ class CheckpointsScreen(Screen):
         self.filter_text = ""
         self.plan: PrunePlan | None = None
         self.notice = ""
+        self._shown: list[str] = []  # row keys in the table, in order
+        self._drawn: dict[str, tuple] = {}  # path -> the fate its plan cells show
+        self._run_size = 0
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -101,6 +104,8 @@ class CheckpointsScreen(Screen):
         self.select &= known
         self.pins &= known
         self.plan = self.compute_plan()
+        self._shown = []  # new scan: every cell may differ, rebuild
+        self._run_size = run.size_bytes
         self.redraw()
 
     def _fates(self) -> dict[str, tuple[bool, tuple]]:
@@ -138,28 +143,33 @@ class CheckpointsScreen(Screen):
     def redraw(self) -> None:
         run = self.run
         table = self.query_one("#checkpoints", DataTable)
-        keep = self.current_path()
-        table.clear()
-        now = time.time_ns()
         fates = self._fates()
-        for c in self.rows():
-            deleted, reasons = fates[c.path]
-            protected = any(r.protected for r in reasons)
-            mark = Text("✗", style="bold red") if deleted else Text("◆" if protected else " ", style="bold cyan")
-            plan = Text(("delete: " if deleted else "keep: ") + ", ".join(map(str, reasons)),
-                        style="red" if deleted else ("bold" if protected else "dim"))
-            n_find = len(c.all_findings)
-            table.add_row(mark, str(c.step), cells.badge(c.status), c.size_str, cells.age(c.mtime_ns, now),
-                          str(c.world_size) if c.world_size else "-",
-                          Text(str(n_find), style="yellow" if n_find else "dim"), plan, key=c.path)
-        if keep is not None:
-            try:
+        rows = self.rows()
+        if [c.path for c in rows] == self._shown:
+            # Same rows in the same order (a toggle, a preset): only the plan's two columns can change, and
+            # only where a fate changed. Rebuilding thousands of rows per keypress would lag.
+            for c in rows:
+                if fates[c.path] != self._drawn.get(c.path):
+                    mark, plan = self._plan_cells(*fates[c.path])
+                    table.update_cell(c.path, "mark", mark)
+                    table.update_cell(c.path, "plan", plan)
+        else:
+            keep = self.current_path()
+            table.clear()
+            now = time.time_ns()
+            for c in rows:
+                mark, plan = self._plan_cells(*fates[c.path])
+                n_find = len(c.all_findings)
+                table.add_row(mark, str(c.step), cells.badge(c.status), c.size_str, cells.age(c.mtime_ns, now),
+                              str(c.world_size) if c.world_size else "-",
+                              Text(str(n_find), style="yellow" if n_find else "dim"), plan, key=c.path)
+            if keep is not None and keep in fates and any(c.path == keep for c in rows):
                 table.move_cursor(row=table.get_row_index(keep))
-            except Exception:  # noqa: BLE001 - the row was filtered out: leave the cursor where it is
-                pass
+            self._shown = [c.path for c in rows]
+        self._drawn = fates
         order = "↓" if self.descending else "↑"
         self.query_one("#run-title", Static).update(Text(
-            f"{run.name} · {len(run.checkpoints)} checkpoints · {format_size(run.size_bytes)} · "
+            f"{run.name} · {len(run.checkpoints)} checkpoints · {format_size(self._run_size)} · "
             f"tracker {run.tracker_step if run.tracker_step is not None else '-'} · sort {self.sort_by}{order}"
             + (f" · filter '{self.filter_text}'" if self.filter_text else "")
         ))
@@ -167,8 +177,16 @@ class CheckpointsScreen(Screen):
         self.query_one("#plan", Static).update(Text.assemble(
             ("Plan: ", "bold"), f"{plan.policy.describe()} · ",
             (f"delete {len(plan.delete)} · frees {format_size(plan.bytes_freed)}", "bold red" if plan.delete else ""),
-            f" · keeps {len(plan.keep)} ({format_size(plan.bytes_kept)})",
+            f" · keeps {len(plan.keep)}",
         ))
+
+    @staticmethod
+    def _plan_cells(deleted: bool, reasons: tuple) -> tuple[Text, Text]:
+        protected = any(r.protected for r in reasons)
+        mark = Text("✗", style="bold red") if deleted else Text("◆" if protected else " ", style="bold cyan")
+        plan = Text(("delete: " if deleted else "keep: ") + ", ".join(map(str, reasons)),
+                    style="red" if deleted else ("bold" if protected else "dim"))
+        return mark, plan
 
     def current_path(self) -> str | None:
         table = self.query_one("#checkpoints", DataTable)
@@ -197,21 +215,23 @@ class CheckpointsScreen(Screen):
                 self.select.discard(path)
             else:
                 self.pins.add(path)  # the policy deletes it; keep it by hand
+        elif protected := [r for r in reasons if r.protected]:  # plan_prune's own verdict on it
+            return self.refuse(step, protected)
         else:
-            protected = [r for r in reasons if r.protected]
-            trial = self.compute_plan(select=self.select | {path})
-            refusal = next((r for r in trial.refused if r.path == path), None)
-            if refusal is not None or protected:
-                why = "; ".join(EXPLAIN[r] for r in (refusal.reasons if refusal else protected))
-                self.say(f"step {step} cannot be deleted: {why}", warn=True)
-                return
             self.select.add(path)
-        self.plan = self.compute_plan()
+        plan = self.compute_plan()
+        if refusal := next((r for r in plan.refused if r.path == path), None):
+            self.select.discard(path)
+            return self.refuse(step, refusal.reasons)
+        self.plan = plan
         now_deleted = any(i.path == path for i in self.plan.delete)
         self.say(f"step {step} {'marked for deletion' if now_deleted else 'kept'}; "
                  f"plan frees {format_size(self.plan.bytes_freed)}")
         self.redraw()
         self.query_one("#checkpoints", DataTable).action_cursor_down()
+
+    def refuse(self, step: int, reasons) -> None:
+        self.say(f"step {step} cannot be deleted: " + "; ".join(EXPLAIN[r] for r in reasons), warn=True)
 
     def action_details(self) -> None:
         if isinstance(self.focused, Input):  # Enter in the filter box ends the filter edit
