@@ -9,6 +9,7 @@ release the GIL, so two worker threads use both cores. See docs/readers.md for t
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import stat
@@ -143,11 +144,14 @@ def digest_file(
     fspath = os.fspath(path)
     if expect_zip is None:
         expect_zip = str(fspath).endswith(ZIP_SUFFIXES)
-    fd = os.open(fspath, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    # O_NONBLOCK: opening a FIFO must not wait for a writer (regular-file reads ignore the flag)
+    fd = os.open(fspath, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", fspath)
         if not stat.S_ISREG(st.st_mode):
-            raise IsADirectoryError(21, "not a regular file", fspath)
+            raise OSError(errno.EINVAL, "not a regular file", fspath)
         head = os.pread(fd, 4, 0)
         is_zip = head.startswith(ZIP_MAGIC)
         archive: PtArchive | None = None

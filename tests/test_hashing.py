@@ -228,10 +228,13 @@ def test_digest_files_yields_every_path_and_oserrors(pt_dir: Path, tmp_path: Pat
     good = sorted(str(p) for p in pt_dir.iterdir())
     missing = str(tmp_path / "gone.pt")
     a_dir = str(tmp_path)
-    out = dict(digest_files([*good, missing, a_dir], workers=2))
-    assert set(out) == {*good, missing, a_dir}
+    fifo = str(tmp_path / "pipe.pt")
+    os.mkfifo(fifo)  # must be refused at once, not block waiting for a writer
+    out = dict(digest_files([*good, missing, a_dir, fifo], workers=2))
+    assert set(out) == {*good, missing, a_dir, fifo}
     assert isinstance(out[missing], FileNotFoundError)
-    assert isinstance(out[a_dir], OSError)
+    assert isinstance(out[a_dir], IsADirectoryError)
+    assert isinstance(out[fifo], OSError) and "not a regular file" in str(out[fifo])
     for p in good:
         assert out[p] == digest_file(p)
 
