@@ -52,12 +52,14 @@ def tui_base(request, tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def tree(tui_base, tmp_path) -> tuple[Path, Path]:
+def tree(tui_base, request, tmp_path) -> tuple[Path, Path]:
     """(root, run dir): a private copy of the session run, safe to prune."""
-    root = tmp_path / "root"
-    run = root / tui_base.parent.name / tui_base.name
-    shutil.copytree(tui_base, run, symlinks=True)
-    return root, run
+    try:
+        run = Path(request.getfixturevalue("copy_run")(tui_base))
+    except pytest.FixtureLookupError:
+        run = tmp_path / "root" / tui_base.parent.name / tui_base.name
+        shutil.copytree(tui_base, run, symlinks=True)
+    return run.parent.parent, run
 
 
 def steps_on_disk(run: Path) -> list[int]:
@@ -191,6 +193,12 @@ def test_details_explain_findings_of_a_truncated_shard(tree, tmp_path):
         assert "corrupt" in text_of(details, "#ckpt-title")
         findings = text_of(details, "#findings")
         assert "truncated" in findings and shard.name in findings and explain("truncated") in findings
+
+        await pilot.press("v")  # deep verify in a worker; the view takes the verified checkpoint
+        await settle(pilot)
+        assert app.last_error is None and app.last_verify is not None and app.last_verify.deep
+        verified = {c.path: c for r in app.last_verify.runs for c in r.checkpoints}[details.ckpt_path]
+        assert details.checkpoint is verified and "corrupt" in text_of(details, "#ckpt-title")
         await pilot.press("escape")
         await pilot.pause()
         row = table.get_row_at(table.get_row_index(str(step_dir.resolve())))

@@ -37,6 +37,7 @@ class AuditApp(App[None]):
         self.catalog_roots: tuple[str, ...] = ()
         self.last_prune = None
         self.last_export = None
+        self.last_verify: ScanResult | None = None
 
     def on_mount(self) -> None:
         from tui.screens.runs import RunsScreen
@@ -126,6 +127,7 @@ class AuditApp(App[None]):
             result = verify_paths(paths, self.catalog_path, progress=self._progress("verifying"))
         except Exception as exc:  # noqa: BLE001
             return self._failed("verifying", exc)
+        self.last_verify = result
         self.call_from_thread(self._merge_verified, result)
 
     @work(thread=True, group="io", exit_on_error=False)

@@ -49,12 +49,7 @@ def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Pro
     """Scan `roots`, reusing the hashes the catalog holds, and record the scan unless the catalog is locked."""
     from ckpt_audit.scanner import scan
 
-    previous = None
-    if catalog_path is not None and catalog_path.exists():
-        from ckpt_audit.catalog.manifest import read_previous
-
-        previous = read_previous(catalog_path)
-    result = scan(list(roots), previous=previous, progress=progress)
+    result = scan(list(roots), previous=_previous(catalog_path), progress=progress)
     unrecorded = record(result, catalog_path)
     done = result.finished_ns or time.time_ns()
     return Snapshot(runs=result.runs, scanned_ns={r.path: done for r in result.runs}, loaded_ns=done,
@@ -65,9 +60,18 @@ def verify_paths(paths: Sequence[str], catalog_path: Path | None, *, progress: P
     """Deep-verify checkpoints (loads tensors: imports torch) and record the result."""
     from ckpt_audit.verify import verify
 
-    result = verify(list(paths), progress=progress)
+    result = verify(list(paths), progress=progress, previous=_previous(catalog_path))
     record(result, catalog_path)
     return result
+
+
+def _previous(catalog_path: Path | None):
+    """The catalogued hashes to reuse by stat (a WAL read: fine while a cron scan writes)."""
+    if catalog_path is None or not catalog_path.exists():
+        return None
+    from ckpt_audit.catalog.manifest import read_previous
+
+    return read_previous(catalog_path)
 
 
 def record(result: ScanResult, catalog_path: Path | None) -> str:
