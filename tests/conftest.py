@@ -1,0 +1,143 @@
+"""Session fixtures: real verl checkpoint trees written by the reference trainer (multi-process FSDP2 on gloo).
+
+Each tree costs one trainer run (about 25 s for W=2 on a quiet 2-core box, most of it importing torch and
+transformers once). Trees are therefore cached between sessions under $CKPT_AUDIT_FIXTURES (default
+/tmp/ckpt-audit-fixtures-<uid>), keyed by the harness source, the torch/transformers versions and the
+parameters; a cached tree is re-used only if every file still has the size and mtime it was built with, so a test
+that mutated a session tree by mistake costs a rebuild, not a wrong answer. CKPT_AUDIT_FIXTURES=off disables the
+cache. Session trees are shared: tests that change files must work on `copy_run(tree)`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFEST = ".fixture-manifest.json"
+
+
+def _cache_root() -> Path | None:
+    value = os.environ.get("CKPT_AUDIT_FIXTURES", "")
+    if value.lower() in ("off", "0", "no"):
+        return None
+    return Path(value) if value else Path(tempfile.gettempdir()) / f"ckpt-audit-fixtures-{os.getuid()}"
+
+
+def _key(params: dict) -> str:
+    from importlib.metadata import version
+
+    h = hashlib.sha256(json.dumps(params, sort_keys=True).encode())
+    for pkg in ("torch", "transformers", "torchdata", "numpy"):
+        h.update(f"{pkg}={version(pkg)}".encode())
+    for src in sorted((REPO / "harness").glob("*.py")):
+        h.update(src.name.encode() + src.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _manifest(tree: Path) -> dict[str, list[int]]:
+    out = {}
+    for p in sorted(tree.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            st = p.stat()
+            out[str(p.relative_to(tree))] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _intact(tree: Path) -> bool:
+    try:
+        return json.loads((tree / MANIFEST).read_text()) == _manifest(tree)
+    except (OSError, ValueError):
+        return False
+
+
+def build_tree(tmp_path_factory, name: str, **params) -> Path:
+    """The run directory of a real trainer run with `params` (write_tree's keywords), cached across sessions."""
+    from harness.tree import write_tree
+
+    cache = _cache_root()
+    if cache is None:
+        return write_tree(tmp_path_factory.mktemp(name), **params)
+    cache.mkdir(parents=True, exist_ok=True)
+    final = cache / f"{name}-{_key(params)}"
+    with open(cache / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent session waits for this build instead of doubling it
+        if final.is_dir() and _intact(final):
+            return _run_dir(final, params)
+        shutil.rmtree(final, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
+        try:
+            write_tree(staging, **params)
+            (staging / MANIFEST).write_text(json.dumps(_manifest(staging)))
+            os.rename(staging, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        for stale in cache.glob(f"{name}-*"):  # trees built by older harness code
+            if stale.is_dir() and stale != final and stale.name.count("-") == final.name.count("-"):
+                shutil.rmtree(stale, ignore_errors=True)
+                stale.with_name(stale.name + ".lock").unlink(missing_ok=True)
+    return _run_dir(final, params)
+
+
+def _run_dir(tree: Path, params: dict) -> Path:
+    return tree / params.get("project", "demo") / params.get("experiment", "exp")
+
+
+@pytest.fixture(scope="session")
+def verl_run(tmp_path_factory) -> Path:
+    """PPO layout, W=2 (embeddings Shard(1)), steps 1..6 saved at 2, 4, 6 (epoch boundary after step 4)."""
+    return build_tree(tmp_path_factory, "verl_run", world_size=2, steps=6, save_every=2)
+
+
+@pytest.fixture(scope="session")
+def verl_run_w3(tmp_path_factory) -> Path:
+    """W=3: uneven torch.chunk shards everywhere (131 and 32 rows split 44/44/43 and 11/11/10)."""
+    return build_tree(tmp_path_factory, "verl_run_w3", world_size=3, steps=4, save_every=2)
+
+
+@pytest.fixture(scope="session")
+def verl_run_hsdp(tmp_path_factory) -> Path:
+    """HSDP 2x2 ("ddp", "fsdp") mesh: placements (Replicate(), Shard(d)); ranks r and r+2 hold equal shards."""
+    return build_tree(tmp_path_factory, "verl_run_hsdp", world_size=4, hsdp=True, steps=4, save_every=2)
+
+
+@pytest.fixture(scope="session")
+def verl_run_w1(tmp_path_factory) -> Path:
+    """W=1: DTensors on a 1-rank mesh (FSDP2 keeps DTensors even unsharded)."""
+    return build_tree(tmp_path_factory, "verl_run_w1", world_size=1, steps=4, save_every=2)
+
+
+@pytest.fixture(scope="session")
+def verl_run_critic(tmp_path_factory) -> Path:
+    """PPO with a critic: global_step_N/{actor,critic}/; at W=3 the critic's score.weight [1, H] has empty shards."""
+    return build_tree(tmp_path_factory, "verl_run_critic", world_size=3, steps=4, save_every=2, critic=True)
+
+
+@pytest.fixture(scope="session")
+def verl_run_sft(tmp_path_factory) -> Path:
+    """verl's SFT layout: shards, fsdp_config.json, huggingface/ and data.pt directly in global_step_N/."""
+    return build_tree(tmp_path_factory, "verl_run_sft", world_size=2, steps=4, save_every=2, sft=True)
+
+
+@pytest.fixture
+def copy_run(tmp_path):
+    """copy_run(src) -> a private copy of run directory `src` at tmp_path/<n>/<project>/<experiment>
+    (mtimes preserved) that a test may corrupt."""
+    count = 0
+
+    def copy(src: Path) -> Path:
+        nonlocal count
+        count += 1
+        src = Path(src)
+        dst = tmp_path / f"copy{count}" / src.parent.name / src.name
+        shutil.copytree(src, dst, symlinks=True)
+        return dst
+
+    return copy
