@@ -12,7 +12,7 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from ckpt_audit.models import Checkpoint, ScanResult, format_size
+from ckpt_audit.models import Checkpoint, ScanResult, Severity, format_size
 from tui.activity import ActivityBar
 from tui.snapshot import Snapshot, catalog_runs, locked_catalog, scan_roots, verify_paths
 
@@ -84,6 +84,7 @@ class AuditApp(App[None]):
         if self.busy:
             self.notify("busy with the previous job: try again when it is done", severity="warning")
             return False
+        self.last_error = None
         job(*args)
         return True
 
@@ -188,7 +189,7 @@ class AuditApp(App[None]):
         self.snapshot = snap
         for screen in self.screen_stack:
             refresh = getattr(screen, "refresh_from", None)
-            if refresh is not None:
+            if refresh is not None and screen.is_mounted:  # one still mounting reads the snapshot in on_mount
                 refresh(snap)
         self._done(message)
 
@@ -197,9 +198,9 @@ class AuditApp(App[None]):
         fresh = {c.path: c for r in result.runs for c in r.checkpoints}
         runs = tuple(replace(r, checkpoints=tuple(fresh.get(c.path, c) for c in r.checkpoints))
                      for r in self.snapshot.runs)
-        bad = sum(1 for c in fresh.values() for f in c.all_findings if f.severity.label == "error")
+        bad = sum(1 for c in fresh.values() for f in c.all_findings if f.severity is Severity.ERROR)
         self._set_snapshot(replace(self.snapshot, runs=runs, loaded_ns=time.time_ns()),
-                           f"verified {len(fresh)} checkpoint(s): {bad} error finding(s)")
+                           f"verified: {bad} error finding(s) in {len(fresh)} checkpoint(s)")
 
     def _progress(self, label: str):
         last = 0
