@@ -106,6 +106,8 @@ def test_navigation_runs_checkpoints_details_help(tree, tmp_path):
         scanned = app.snapshot.runs[0]
         assert row[0] == scanned.name and row[1] == str(len(scanned.checkpoints))
         assert row[3] == str(scanned.latest_complete.step)
+        if (run / "metrics.jsonl").exists():  # the harness logs loss per step: the runs view draws its curve
+            assert scanned.metrics_path and 2 <= len(row[6]) <= 12 and set(row[6]) <= set("▁▂▃▄▅▆▇█ ")
 
         screen = await open_run(pilot)
         table = screen.query_one("#checkpoints", DataTable)
