@@ -178,6 +178,20 @@ def test_filter_and_sort(tree, tmp_path):
     drive(app, script)
 
 
+def test_one_job_at_a_time(tree, tmp_path):
+    root, _ = tree
+    app = AuditApp(catalog_path=tmp_path / "cat.db", roots=[str(root)])
+
+    async def script(pilot):
+        assert not app.busy
+        assert app.rescan() is True
+        assert app.busy and app.rescan() is False  # refused while the first scan runs, not queued or cancelled
+        await settle(pilot)
+        assert not app.busy and app.last_error is None and app.snapshot.runs
+
+    drive(app, script)
+
+
 def test_details_explain_findings_of_a_truncated_shard(tree, tmp_path):
     root, run_dir = tree
     step_dir = sorted(run_dir.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))[0]
