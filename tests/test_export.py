@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
 
 from ckpt_audit.export import ExportError, export_checkpoint  # noqa: E402
 from ckpt_audit.hashing import digest_file  # noqa: E402
-from test_export_trees import write as write_stand_in  # noqa: E402
+from test_export_trees import write as write_stand_in, write_raw  # noqa: E402
 
 STAND_IN = {"verl_run": (2, False), "verl_run_w3": (3, False), "verl_run_hsdp": (4, True), "verl_run_w1": (1, False)}
 
@@ -115,11 +115,11 @@ def logits(model, config) -> torch.Tensor:
         return model(input_ids=ids).logits
 
 
-def reference_model(actor: Path, full: dict):
+def reference_model(actor: Path, full: dict, dtype=None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(actor / "huggingface", local_files_only=True)
-    model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config, **({"dtype": dtype} if dtype else {}))
     missing, unexpected = model.load_state_dict(full, strict=False)
     assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
     return model.eval(), config
@@ -129,7 +129,7 @@ def reference_model(actor: Path, full: dict):
     ("verl_run", {"shard0"}),
     ("verl_run_w3", {"shard0", "uneven"}),
     ("verl_run_hsdp", {"hsdp", "shard0"}),
-    ("verl_run_w1", {"plain"}),
+    ("verl_run_w1", set()),  # FSDP2 at W=1 still saves 1-rank DTensors; FSDP1's plain tensors: next test
 ])
 def test_export_equals_concatenated_shards_and_gives_the_same_logits(request, tmp_path, fixture, shapes):
     from transformers import AutoModelForCausalLM
@@ -160,12 +160,37 @@ def test_export_equals_concatenated_shards_and_gives_the_same_logits(request, tm
     assert torch.equal(logits(model, ref_config), logits(ref, ref_config))
 
 
-def test_shard1_and_empty_shards_are_covered_somewhere(request):
-    """The harness trees must exercise Shard(1) and empty trailing shards, or the export tests above prove less."""
+def test_world_size_1_plain_tensors_as_fsdp1_no_shard_saves_them(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    step = latest_step(write_stand_in(tmp_path / "run", 1))
+    full, seen = reference_state_dict(step / "actor")
+    assert seen == {"plain"}
+    result = export_checkpoint(step, tmp_path / "hf")
+    assert result.verified and result.world_size == 1
+    model = AutoModelForCausalLM.from_pretrained(result.out_dir, local_files_only=True).eval()
+    ref, config = reference_model(step / "actor", full)
+    assert torch.equal(logits(model, config), logits(ref, config))
+
+
+def test_shard1_and_uneven_shards_are_covered_by_the_trainer_trees(request):
+    """The trainer's trees must exercise Shard(1) and uneven shards, or the export tests above prove less."""
     seen = set()
     for fixture in ("verl_run", "verl_run_w3", "verl_run_hsdp"):
         seen |= reference_state_dict(latest_step(tree(request, fixture)) / "actor")[1]
-    assert {"shard1", "empty", "uneven"} <= seen, seen
+    assert {"shard0", "shard1", "uneven", "hsdp"} <= seen, seen
+
+
+def test_empty_trailing_shards_shard0_and_shard1(tmp_path):
+    """torch.chunk semantics: 4 rows over 3 ranks are 2/2/0; 7 columns are 3/3/1."""
+    step = write_raw(tmp_path / "raw", 3)
+    full, seen = reference_state_dict(step / "actor")
+    assert {"empty", "uneven", "shard0", "shard1"} <= seen
+    for dtype, tdtype in ((None, torch.float32), ("bf16", torch.bfloat16)):
+        result = export_checkpoint(step, tmp_path / f"hf-{dtype}", dtype=dtype)
+        got = exported_state_dict(Path(result.out_dir))
+        assert set(got) == set(full)
+        assert all(got[k].dtype == tdtype and torch.equal(got[k], full[k].to(tdtype)) for k in full)
 
 
 def test_bf16_sharded_export_with_index_loads_with_transformers(request, tmp_path):
@@ -187,8 +212,9 @@ def test_bf16_sharded_export_with_index_loads_with_transformers(request, tmp_pat
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
     model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True, dtype=torch.bfloat16).eval()
-    ref, config = reference_model(step / "actor", {k: v.to(torch.bfloat16) for k, v in full.items()})
-    assert torch.equal(logits(model, config), logits(ref.to(torch.bfloat16), config))
+    ref, config = reference_model(step / "actor", {k: v.to(torch.bfloat16) for k, v in full.items()},
+                                  dtype=torch.bfloat16)
+    assert torch.equal(logits(model, config), logits(ref, config))
 
 
 def test_refuses_to_overwrite_without_force_and_replaces_atomically_with_it(request, tmp_path):

@@ -58,6 +58,45 @@ def _rank(rank: int, world: int, out: str, hsdp: bool, port: int) -> None:
     dist.destroy_process_group()
 
 
+# (name, global shape, shard dim): with W=3, 4 rows chunk 2/2/0 and 7 columns 3/3/1, as torch.chunk does.
+RAW = (("model.norm.weight", (4,), 0), ("model.embed_tokens.weight", (5, 7), 1), ("lm_head.weight", (4, 6), 0))
+
+
+def _raw_rank(rank: int, world: int, out: str, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    sd = {}
+    for i, (name, shape, dim) in enumerate(RAW):
+        full = torch.Generator().manual_seed(i)
+        whole = torch.randn(shape, generator=full)
+        local = torch.chunk(whole, world, dim=dim)
+        piece = local[rank] if rank < len(local) else whole.narrow(dim, 0, 0)
+        sd[name] = DTensor.from_local(piece.clone(), mesh, [Shard(dim)], run_check=False, shape=whole.shape,
+                                      stride=whole.stride())
+    torch.save(sd, Path(out) / f"model_world_size_{world}_rank_{rank}.pt")
+    dist.destroy_process_group()
+
+
+def write_raw(out: Path, world: int = 3) -> Path:
+    """A step dir of bare DTensor shards (no model, no transformers): empty trailing shards on purpose."""
+    actor = Path(out) / "global_step_1" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "huggingface").mkdir()
+    (actor / "huggingface" / "config.json").write_text('{"model_type": "llama", "tie_word_embeddings": false}')
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run([sys.executable, __file__, "raw", str(actor), str(world), str(port)], check=True, timeout=300,
+                   capture_output=True)
+    return actor.parent
+
+
 def write(out: Path, world: int, hsdp: bool = False) -> Path:
     """Write `out/global_step_1/actor/...` (+ tracker) and return `out` (the run directory)."""
     run = Path(out)
@@ -84,5 +123,9 @@ def write(out: Path, world: int, hsdp: bool = False) -> Path:
 if __name__ == "__main__":
     import torch.multiprocessing as mp
 
-    out, world, hsdp, port = sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), int(sys.argv[4])
-    mp.spawn(_rank, args=(world, out, hsdp, port), nprocs=world)
+    if sys.argv[1] == "raw":
+        out, world, port = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        mp.spawn(_raw_rank, args=(world, out, port), nprocs=world)
+    else:
+        out, world, hsdp, port = sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), int(sys.argv[4])
+        mp.spawn(_rank, args=(world, out, hsdp, port), nprocs=world)
