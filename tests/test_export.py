@@ -28,6 +28,7 @@ from ckpt_audit.hashing import digest_file  # noqa: E402
 from test_export_trees import write as write_stand_in, write_raw  # noqa: E402
 
 STAND_IN = {"verl_run": (2, False), "verl_run_w3": (3, False), "verl_run_hsdp": (4, True), "verl_run_w1": (1, False)}
+# (verl_run_critic and verl_run_sft exist only as harness fixtures: their test needs the harness.)
 
 
 @pytest.fixture(scope="session")
@@ -345,3 +346,17 @@ def test_unsafe_shard_is_refused_without_executing_it(tmp_path):
     with pytest.raises(ExportError, match="cannot load safely"):
         export_checkpoint(actor.parent, tmp_path / "hf")
     assert not marker.exists()
+
+
+def test_critic_role_and_sft_layout_export(request, tmp_path):
+    critic = latest_step(tree(request, "verl_run_critic"))
+    full, _ = reference_state_dict(critic / "critic")
+    got = exported_state_dict(Path(export_checkpoint(critic, tmp_path / "critic", role="critic").out_dir))
+    assert set(got) <= set(full) and all(torch.equal(got[k], full[k]) for k in got)
+
+    sft = latest_step(tree(request, "verl_run_sft"))  # shards directly in global_step_N
+    full, _ = reference_state_dict(sft)
+    result = export_checkpoint(sft, tmp_path / "sft")
+    assert result.role_dir == str(sft.resolve())
+    got = exported_state_dict(Path(result.out_dir))
+    assert set(got) <= set(full) and all(torch.equal(got[k], full[k]) for k in got)

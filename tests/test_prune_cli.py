@@ -146,3 +146,25 @@ def test_multi_node_leftover_is_reclaimed_even_without_rules(tree, tmp_path):
     doc = json.loads(proc.stdout)
     assert [(d["step"], d["status"], d["reasons"]) for d in doc["plan"]["delete"]] == [(2, "incomplete", ["incomplete"])]
     assert steps_left(run) == [4, 6, 8]
+
+
+def test_real_trainer_tree_keep_best_by_logged_loss_then_keep_last(copy_run, verl_run, tmp_path):
+    run = Path(copy_run(verl_run))
+    root = run.parent.parent
+    steps = steps_left(run)
+    assert len(steps) >= 2
+    loss = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        loss[int(rec["step"])] = float(rec["loss"])
+    best = min((s for s in steps if s in loss), key=lambda s: (loss[s], -s))
+
+    proc = cli_run(["prune", str(root), "--keep-best", "1", "--metric", "loss", "--dry-run", "--json"],
+                   tmp_path / "c.db")
+    assert proc.returncode == 0, proc.stderr
+    keep = {d["step"]: d["reasons"] for d in json.loads(proc.stdout)["plan"]["keep"]}
+    assert "keep-best" in keep[best]
+
+    proc = cli_run(["prune", str(root), "--keep-last", "1", "--yes"], tmp_path / "c.db")
+    assert proc.returncode == 0, proc.stderr
+    assert steps_left(run) == [max(steps)]
