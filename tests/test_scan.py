@@ -394,3 +394,24 @@ def test_root_without_runs_is_not_silently_clean(tmp_path):
     (tmp_path / "empty-mount").mkdir()
     r = do_scan(tmp_path / "empty-mount")
     assert [f.code for f in r.findings] == ["no-runs"] and r.runs == ()
+
+
+@pytest.mark.parametrize("fixture,roles,world", [
+    ("verl_run_w3", [["actor"]], 3),
+    ("verl_run_hsdp", [["actor"]], 4),
+    ("verl_run_w1", [["actor"]], 1),
+    ("verl_run_critic", [["actor", "critic"]], 3),
+    ("verl_run_sft", [[""]], 2),
+])
+def test_every_harness_layout_scans_complete_and_clean(request, fixture, roles, world):
+    """Uneven chunks, HSDP meshes, W=1, critics and SFT trees from the reference trainer are all healthy."""
+    try:
+        run_dir = Path(request.getfixturevalue(fixture))
+    except pytest.FixtureLookupError:
+        pytest.skip(f"{fixture} not provided by tests/conftest.py")
+    r = do_scan(run_dir)
+    run = the_run(r)
+    assert [c.status for c in run.checkpoints] == [Status.COMPLETE] * len(run.checkpoints) and run.checkpoints
+    assert [[c.role for c in ck.components] for ck in run.checkpoints[:1]] == roles
+    assert {ck.world_size for ck in run.checkpoints} == {world}
+    assert [f for f in r.all_findings if f.severity >= Severity.WARNING] == []
