@@ -146,11 +146,15 @@ def saved_world_size(path: Path) -> int:
 
 def load_file(path: Path):
     """weights_only=True with exactly the numpy RNG globals allowed; DTensors need torch.distributed.tensor imported."""
+    import logging
+
     import torch
     import torch.distributed.tensor  # noqa: F401 - registers DTensor for the weights-only unpickler
 
     from harness.rng import numpy_safe_globals
 
+    # Unpickling a DeviceMesh outside its process group only matters to torch.compile; say nothing.
+    logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)
     with torch.serialization.safe_globals(numpy_safe_globals()):
         return torch.load(path, weights_only=True, map_location="cpu")
 
@@ -184,7 +188,8 @@ def assemble(pieces: dict, placements, mesh_shape) -> "object":
 
 
 def local_chunk(full, live):
-    """This rank's local shard of `full` for the live DTensor's mesh and placements."""
+    """This rank's local shard of `full` for the live DTensor's mesh and placements (an own, compact copy)."""
+    import torch
     from torch.distributed.tensor import Replicate, Shard
 
     t = full
@@ -200,7 +205,7 @@ def local_chunk(full, live):
             raise ValueError(f"unsupported placement {p!r}")
     if tuple(t.shape) != tuple(live.to_local().shape):
         raise ValueError(f"re-shard produced local shape {tuple(t.shape)}, live shard is {tuple(live.to_local().shape)}")
-    return t.contiguous()
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def full_tensor(values_by_rank: dict, ranks: range):

@@ -63,6 +63,8 @@ class TrainConfig:
     """None = from scratch; "auto" = from the tracker (verl resume_mode=auto); else a global_step_N directory."""
     drop: tuple[str, ...] = ()
     """Sabotage for resume-test: state pieces NOT restored on resume (subset of DROPPABLE)."""
+    copy_from: str | None = None
+    """Start by copying this run directory (e.g. a first half to resume from) to run_dir, which must not exist."""
     probe_dir: str | None = None
     """If set with a resume, every rank writes its live state right after restoring, in verl's layout, here."""
     metrics_name: str = "metrics.jsonl"

@@ -36,7 +36,8 @@ def run_phases(cfgs: list[TrainConfig], *, timeout_s: float = 300) -> None:
     failing phase stops the rest and raises HarnessError."""
     for cfg in cfgs:
         cfg.validate()
-        cfg.run_path.mkdir(parents=True, exist_ok=True)
+        if not cfg.copy_from:
+            cfg.run_path.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ckpt-audit-harness-") as tmp:
         spec = Path(tmp) / "spec.json"
         spec.write_text("[" + ",".join(cfg.to_json() for cfg in cfgs) + "]")
@@ -112,6 +113,10 @@ def main(spec_path: str) -> int:
 
 def run_ranks(cfg: TrainConfig, init_file: Path) -> int:
     """Fork one process per rank, wait for all; if one fails, kill the others at once (they would hang)."""
+    if cfg.copy_from:
+        import shutil
+
+        shutil.copytree(cfg.copy_from, cfg.run_dir, symlinks=True)
     children: dict[int, int] = {}
     for rank in range(cfg.world_size):
         pid = os.fork()

@@ -23,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "demo": "ckpt_audit.cli.demo:demo_command",
     "prune": "ckpt_audit.cli.prune:prune_command",
     "export": "ckpt_audit.cli.export:export_command",
+    "resume-test": "ckpt_audit.cli.resume_test:resume_test_command",
+    "train": "ckpt_audit.cli.train:train_command",
     "tui": "ckpt_audit.cli.tui:tui",
     "continuity": "ckpt_audit.cli.continuity:continuity_command",
 }

@@ -1,0 +1,75 @@
+"""`ckpt-audit resume-test`: prove that a restart from a checkpoint continues exactly as if it had never stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ckpt_audit.cli.common import CommandError, emit_json
+from ckpt_audit.exitcodes import ExitCode
+
+
+@click.command("resume-test")
+@click.option("-w", "--world-size", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Ranks for the straight run and the first half.")
+@click.option("--steps", type=click.IntRange(2, 10_000), default=8, show_default=True, help="S: total steps.")
+@click.option("--resume-step", type=click.IntRange(1, 10_000), default=None,
+              help="k: save and restart after this step (default S//2+1, mid-epoch).")
+@click.option("--resume-world-size", type=click.IntRange(1, 64), default=None,
+              help="Ranks after the restart (re-shards on load); losses are then judged within --tolerance.")
+@click.option("--hsdp", is_flag=True, help='2-replica HSDP ("ddp", "fsdp") mesh; world sizes must be even.')
+@click.option("--model-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A local transformers config.json of any causal-LM architecture (default: a tiny Qwen2).")
+@click.option("--layers", type=click.IntRange(1, 64), default=2, show_default=True, help="Decoder layers.")
+@click.option("--hidden", type=click.IntRange(8, 4096), default=32, show_default=True, help="Hidden size.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--tolerance", type=click.FloatRange(0, 1), default=0.02, show_default=True,
+              help="W->W' only: max relative per-step loss deviation after the restart.")
+@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep the produced checkpoint trees in this (empty or new) directory.")
+@click.option("--timeout", "timeout_s", type=click.IntRange(10, 86_400), default=900, show_default=True,
+              help="Seconds before every rank is killed.")
+@click.option("--drop", multiple=True, hidden=True,
+              type=click.Choice(["optimizer", "scheduler", "rng", "data"]),
+              help="Sabotage: do not restore this piece of state on resume (the test must then fail).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def resume_test_command(world_size, steps, resume_step, resume_world_size, hsdp, model_config, layers, hidden, seed,
+                        tolerance, keep, timeout_s, drop, as_json) -> None:
+    """Run S steps straight, then k steps + save + full restart + S-k steps, and compare everything.
+
+    Both runs use the reference FSDP2 trainer (real processes, gloo on CPU, NCCL on CUDA) and write verl
+    checkpoints. Compared: every per-step loss, lr and grad norm bit for bit; the live state right after the
+    restore against the checkpoint (model, optimizer, scheduler, every RNG stream of every rank, data position);
+    and every tensor of every rank of both final checkpoints. Exit 0 equivalent, 1 diverged, 3 error.
+
+    \b
+    Example:
+        ckpt-audit resume-test                          # W=2, 8 steps, restart after step 5
+        ckpt-audit resume-test -w 3 --steps 12 --resume-step 7 --json
+        ckpt-audit resume-test -w 2 --resume-world-size 3 --keep /tmp/rt
+        ckpt-audit resume-test --model-config ./my-model/config.json --layers 2 --hidden 64
+    """
+    from harness.launch import HarnessError
+    from harness.resume import ResumeTestSpec, run_resume_test
+
+    spec = ResumeTestSpec(world_size=world_size, steps=steps, resume_step=resume_step,
+                          resume_world_size=resume_world_size, hsdp=hsdp, drop=tuple(drop),
+                          model_config=str(model_config) if model_config else None, layers=layers, hidden=hidden,
+                          seed=seed, tolerance=tolerance, keep=keep, timeout_s=timeout_s)
+    try:
+        report = run_resume_test(spec, progress=lambda msg: click.echo(msg, err=True))
+    except (HarnessError, ValueError, OSError) as exc:
+        raise CommandError(str(exc).splitlines()[0] if not isinstance(exc, HarnessError) else _one_line(exc))
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        click.echo(report.summary())
+    raise click.exceptions.Exit(int(ExitCode.OK if report.equivalent else ExitCode.FINDINGS))
+
+
+def _one_line(exc: Exception) -> str:
+    """The trainer's own error line (the last line of its traceback), not the whole log."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    cause = next((line for line in reversed(lines) if "Error" in line and not line.startswith("[launcher]")), "")
+    return f"{lines[0]}: {cause.strip()}" if cause and cause != lines[0] else lines[0]
