@@ -24,6 +24,11 @@ from harness.config import TrainConfig
 class HarnessError(RuntimeError):
     """The reference trainer failed or timed out; the message ends with the tail of its log."""
 
+    def __init__(self, message: str, *, pgid: int | None = None) -> None:
+        super().__init__(message)
+        self.pgid = pgid
+        """The killed process group (every rank was in it)."""
+
 
 def run_training(cfg: TrainConfig, *, timeout_s: float = 300) -> None:
     """Run `cfg` to completion in fresh processes; raise HarnessError (group killed) on failure or timeout."""
@@ -57,11 +62,11 @@ def run_phases(cfgs: list[TrainConfig], *, timeout_s: float = 300) -> None:
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 raise HarnessError(f"trainer timed out after {timeout_s:.0f}s (all ranks killed)\n"
-                                   + _tail(log_path)) from None
+                                   + _tail(log_path), pgid=proc.pid) from None
             finally:
                 _kill_group(proc)  # reap stragglers on every path, including KeyboardInterrupt
         if rc != 0:
-            raise HarnessError(f"trainer failed (exit {rc})\n" + _tail(log_path))
+            raise HarnessError(f"trainer failed (exit {rc})\n" + _tail(log_path), pgid=proc.pid)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

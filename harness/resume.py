@@ -191,6 +191,8 @@ def run_resume_tests(specs: list[ResumeTestSpec], *, keep: Path | None = None, t
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="ckpt-audit-resume-"))
     try:
         phases, layout = plan_phases(specs, work)
+        for cfg in phases:
+            cfg.validate()
         for spec in specs:
             say(f"resume-test: {spec.steps} steps straight vs {spec.k} + restart + {spec.steps - spec.k} "
                 f"({spec.world_size}->{spec.second_world_size} ranks)")
