@@ -21,7 +21,7 @@ class TrainConfig:
     steps: int = 4
     """Train until this global step (inclusive). Steps are numbered from 1, as in verl."""
     save_every: int = 2
-    """Save a checkpoint after every step divisible by this, and after the last step."""
+    """Save a checkpoint after every step divisible by this, and after the last step; 0 = never save."""
     seed: int = 0
     """Seeds the model init (same on every rank), the data order, and each rank's RNG streams (seed, rank)."""
     critic: bool = False
@@ -80,8 +80,8 @@ class TrainConfig:
             raise ValueError(f"world_size {self.world_size} is not a multiple of replicas {self.replicas}")
         if self.batch_size % self.world_size:
             raise ValueError(f"batch_size {self.batch_size} does not divide evenly over {self.world_size} ranks")
-        if self.steps < 1 or self.save_every < 1:
-            raise ValueError("steps and save_every must be >= 1")
+        if self.steps < 1 or self.save_every < 0:
+            raise ValueError("steps must be >= 1 and save_every >= 0")
         if bad := set(self.drop) - set(DROPPABLE):
             raise ValueError(f"unknown --drop {sorted(bad)}; choose from {', '.join(DROPPABLE)}")
         if self.sft and self.critic:

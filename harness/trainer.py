@@ -124,7 +124,7 @@ def run_rank(cfg: TrainConfig, rank: int, init_file: str) -> None:
                     row |= {"world_size": cfg.world_size, "time_s": round(time.perf_counter() - t0, 4)}
                     metrics.write(json.dumps(row) + "\n")
                     metrics.flush()
-                if step % cfg.save_every == 0 or step == cfg.steps:
+                if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
                     checkpoint.save_checkpoint(built, stream, run_dir=cfg.run_path, step=step, rank=rank,
                                                world_size=cfg.world_size, sft=cfg.sft)
         finally:
