@@ -80,12 +80,14 @@ class ResumeReport:
     max_rel_loss_deviation: float
     tree: str | None
     seconds: float
+    architecture: str | None = None
+    """The model class trained (from the checkpoint's huggingface/config.json)."""
     problems: tuple[str, ...] = field(default=())
     """Structural failures (e.g. the resumed run did not continue at step k+1)."""
 
     def summary(self) -> str:
         s = self.spec
-        head = (f"resume-test: W={s.world_size}" + (f"->{s.second_world_size}" if self.mode == "continuity" else "")
+        head = (f"resume-test: {self.architecture or 'model'}, W={s.world_size}" + (f"->{s.second_world_size}" if self.mode == "continuity" else "")
                 + f"{' HSDP' if s.hsdp else ''}, {s.steps} steps, restart after step {s.k}"
                 + (f", dropping {', '.join(s.drop)}" if s.drop else ""))
         lines = [head]
@@ -119,7 +121,7 @@ class ResumeReport:
             "steps": s.steps, "resume_step": s.k, "dropped": list(s.drop), "tolerance": s.tolerance,
             "first_divergent_step": self.first_divergent_step, "first_divergent_metric": self.first_divergent_metric,
             "culprit": self.culprit, "max_rel_loss_deviation": self.max_rel_loss_deviation,
-            "problems": list(self.problems),
+            "architecture": self.architecture, "problems": list(self.problems),
             "restore_differences": [d.to_json() for d in self.restore_differences[:50]],
             "restore_difference_count": len(self.restore_differences),
             "final_differences": [d.to_json() for d in self.final_differences[:50]],
@@ -245,11 +247,13 @@ def judge(spec: ResumeTestSpec, paths: dict[str, Path], *, seconds: float, tree:
             culprit = _first_per_component(diffs)[0].component
             break
     equivalent = not (problems or restore or final or first_step is not None)
+    hf_config = k_dir / "actor" / "huggingface" / "config.json"
+    architecture = (json.loads(hf_config.read_text()).get("architectures") or [None])[0] if hf_config.is_file() else None
     return ResumeReport(spec=spec, mode="exact" if exact else "continuity", equivalent=equivalent,
                         first_divergent_step=first_step, first_divergent_metric=first_metric, culprit=culprit,
                         restore_differences=restore, final_differences=final, straight=tuple(straight),
                         resumed=tuple(resumed), max_rel_loss_deviation=max_dev, tree=tree, seconds=seconds,
-                        problems=tuple(problems))
+                        architecture=architecture, problems=tuple(problems))
 
 
 def metrics_of(run_dir: Path) -> list[dict]:

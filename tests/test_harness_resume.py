@@ -3,6 +3,8 @@ continues within tolerance. All runs share one launcher (one torch/transformers 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.resume import ResumeTestSpec, run_resume_tests
@@ -19,18 +21,27 @@ SPECS = {
 }
 
 
+LLAMA_7B_LIKE = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "rms_norm_eps": 1e-5}
+
+
 @pytest.fixture(scope="module")
-def reports():
-    return dict(zip(SPECS, run_resume_tests(list(SPECS.values()), timeout_s=1200)))
+def reports(tmp_path_factory):
+    config = tmp_path_factory.mktemp("llama") / "config.json"
+    config.write_text(json.dumps(LLAMA_7B_LIKE))
+    specs = dict(SPECS, llama=ResumeTestSpec(world_size=2, steps=4, resume_step=2, model_config=str(config),
+                                             hidden=64))
+    return dict(zip(specs, run_resume_tests(list(specs.values()), timeout_s=1200)))
 
 
-@pytest.mark.parametrize("name", ["w1", "w2", "w3", "hsdp"])
+@pytest.mark.parametrize("name", ["w1", "w2", "w3", "hsdp", "llama"])
 def test_resume_is_bit_exact(reports, name):
     r = reports[name]
     assert r.equivalent, r.summary()
     assert r.mode == "exact" and r.culprit is None and not r.restore_differences and not r.final_differences
     assert [row["loss"] for row in r.straight] == [row["loss"] for row in r.resumed]
     assert [row["step"] for row in r.resumed] == list(range(1, r.spec.steps + 1))
+    assert r.architecture == ("LlamaForCausalLM" if name == "llama" else "Qwen2ForCausalLM")
 
 
 @pytest.mark.parametrize("piece", DROPS)
