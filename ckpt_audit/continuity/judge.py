@@ -1,7 +1,7 @@
 """Judging a metric at one resume: did it jump further than its own recent noise explains?
 
-Robust statistics over the `window` points logged before the resume: a Theil-Sen-style line (median slope of
-consecutive points, median intercept) follows the trend, and the noise is 1.4826 x the MAD of the residuals, so one
+Robust statistics over the `window` points logged before the resume: a Theil-Sen line (median slope over all
+pairs of points, median intercept) follows the trend, and the noise is 1.4826 x the MAD of the residuals, so one
 spike inside the window moves neither. The score is the median residual of the first `after` points logged after
 the resume, in noise units: a single noisy point after a resume does not cry wolf, a level shift does. A noisy run
 has a wide noise band, so its ordinary wobble stays inside `threshold`. Pure: no I/O, no torch.
@@ -110,7 +110,7 @@ def judge_resume(series: Series | Sequence[tuple[int, float]], resume_step: int,
     if len(tail) < MIN_POINTS or (not post and not nonfinite_after):
         return Judgement(**base, slope=0.0, intercept=tail[-1][1] if tail else math.nan, noise=math.nan,
                          after_residual=math.nan, score=math.nan, jumped=False, sufficient=False)
-    slopes = [(v2 - v1) / (s2 - s1) for (s1, v1), (s2, v2) in zip(tail, tail[1:]) if s2 > s1]
+    slopes = [(v2 - v1) / (s2 - s1) for k, (s1, v1) in enumerate(tail) for s2, v2 in tail[k + 1:] if s2 > s1]
     slope = statistics.median(slopes) if slopes else 0.0
     intercept = statistics.median(v - slope * (s - resume_step) for s, v in tail)
     resid = [v - (intercept + slope * (s - resume_step)) for s, v in tail]

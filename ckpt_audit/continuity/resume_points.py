@@ -99,7 +99,7 @@ def resume_points(series: Series, *, file_starts: Sequence[int] = (), checkpoint
     found: dict[int, ResumePoint] = {}
     for i, why in boundaries(series, file_starts=file_starts, time_gap_s=time_gap_s).items():
         first, prev = steps[i], steps[i - 1]
-        matches = [r for r in hand if first - 1 - st <= r <= first]
+        matches = [r for r in hand if min(prev, first - 1) - st <= r <= first]
         if matches:
             r = min(matches, key=lambda r: abs(first - 1 - r))
             hand.remove(r)

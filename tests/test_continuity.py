@@ -1,0 +1,172 @@
+"""Continuity: synthetic logs with planted faults, noisy logs without a jump, reference-trainer resumes, the CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from ckpt_audit.cli.continuity import continuity_command
+from ckpt_audit.continuity import judge_resume, read_metrics, sparkline
+from ckpt_audit.continuity.audit import audit_log
+from ckpt_audit.continuity.resume_points import CheckpointRef
+
+
+def _loss(step: int, rng: random.Random, noise: float = 0.02) -> float:
+    return 2.0 * 0.98 ** step + 0.5 + rng.gauss(0, noise)
+
+
+def _write(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _codes(result) -> list[str]:
+    return [f.code for f in result.findings]
+
+
+def test_noisy_log_with_clean_restart_has_no_finding_but_a_jump_is_flagged(tmp_path):
+    rng = random.Random(3)
+    clean = [{"step": s, "loss": _loss(s, rng, 0.08)} for s in range(1, 41)]
+    clean += [{"step": s, "loss": _loss(s, rng, 0.08)} for s in range(41, 80)]
+    for seed in range(5):  # several noise draws: a noisy run must not cry wolf
+        rng = random.Random(seed)
+        rows = [{"step": s, "loss": _loss(s, rng, 0.08)} for s in range(1, 80)]
+        res = audit_log(read_metrics([_write(tmp_path / f"n{seed}.jsonl", rows)]), resume_at=[40])
+        assert [p.point.resume_step for p in res.points] == [40]
+        assert res.points[0].judgement.sufficient and not res.points[0].judgement.jumped
+        assert _codes(res) == []
+    rows = [dict(r, loss=r["loss"] + (1.2 if r["step"] > 40 else 0)) for r in clean]
+    res = audit_log(read_metrics([_write(tmp_path / "jump.jsonl", rows)]), resume_at=[40])
+    assert _codes(res) == ["metric-jump"]
+    assert res.points[0].judgement.score > res.threshold
+
+
+def test_one_spike_after_resume_is_not_a_jump_unless_after_is_one():
+    rng = random.Random(1)
+    pairs = [(s, _loss(s, rng)) for s in range(1, 40)]
+    pairs[20] = (21, pairs[20][1] + 1.0)  # a single spike on the first step after a resume from 20
+    assert not judge_resume(pairs, 20).jumped
+    assert judge_resume(pairs, 20, after=1).jumped
+
+
+def test_planted_double_counted_step_at_resume_with_catalog_steps(tmp_path):
+    rng = random.Random(2)
+    rows = [{"step": s, "loss": _loss(s, rng)} for s in range(1, 21)]
+    rows += [{"step": s, "loss": _loss(s, rng)} for s in range(20, 40)]  # resumed from 20, counted 20 again
+    log = read_metrics([_write(tmp_path / "m.jsonl", rows)])
+    res = audit_log(log, checkpoints=[CheckpointRef(step=10), CheckpointRef(step=20)])
+    assert [p.point.resume_step for p in res.points] == [20]
+    assert _codes(res) == ["step-duplicated"]
+
+
+def test_planted_duplicate_line_and_skipped_steps_inside_one_attempt(tmp_path):
+    rng = random.Random(4)
+    rows = [{"step": s, "loss": _loss(s, rng)} for s in range(1, 31) if s not in (17, 18)]
+    rows.insert(5, dict(rows[4]))  # step 5 logged twice in a row
+    res = audit_log(read_metrics([_write(tmp_path / "m.jsonl", rows)]))
+    assert res.points == ()
+    assert _codes(res) == ["step-duplicated", "step-skipped"]
+    assert "steps 17-18" in res.findings[1].message
+
+
+def test_crash_redo_is_info_and_resume_from_older_checkpoint_is_flagged(tmp_path):
+    rng = random.Random(5)
+    rows = [{"step": s, "loss": _loss(s, rng)} for s in range(1, 31)]
+    rows += [{"step": s, "loss": _loss(s, rng)} for s in range(21, 50)]  # resumed from 20 although 25 existed
+    log = read_metrics([_write(tmp_path / "m.jsonl", rows)])
+    plain = audit_log(log)
+    assert _codes(plain) == ["steps-redone"]
+    res = audit_log(log, checkpoints=[CheckpointRef(step=s) for s in (10, 20, 25)])
+    assert _codes(res) == ["steps-redone", "resumed-from-older"]
+    assert "step 25 was complete" in res.findings[1].message
+
+
+def test_resume_counting_past_its_checkpoint_is_skipped(tmp_path):
+    rng = random.Random(6)
+    a = _write(tmp_path / "a.jsonl", [{"step": s, "loss": _loss(s, rng)} for s in range(1, 21)])
+    b = _write(tmp_path / "b.jsonl", [{"step": s, "loss": _loss(s, rng)} for s in range(24, 40)])
+    res = audit_log(read_metrics([a, b]), resume_at=[20])
+    assert res.points[0].point.sources == ("file", "manual")
+    assert _codes(res) == ["step-skipped"]
+
+
+def test_readers_verl_data_console_csv_and_bad_lines(tmp_path):
+    verl = tmp_path / "verl.jsonl"
+    verl.write_text('{"step": 1, "data": {"actor": {"pg_loss": 0.5}, "critic/score/mean": 0.1}}\n'
+                    'step:2 - actor/pg_loss:0.4 - critic/score/mean:0.2\n'
+                    '{"step": 3, "data": {"actor/pg_loss": 0.3}\n')
+    log = read_metrics([verl])
+    assert [r.step for r in log.records] == [1, 2]
+    assert log.choose_metric(None) == "actor/pg_loss"
+    assert log.series("critic/score/mean").values == (0.1, 0.2)
+    assert len(log.bad_lines) == 1
+    csvf = tmp_path / "run.csv"
+    csvf.write_text("step,loss,reward\n1,2.0,0.1\n2,1.5,\n")
+    log = read_metrics([csvf])
+    assert log.series("loss").values == (2.0, 1.5) and log.series("reward").steps == (1,)
+
+
+def test_sparkline():
+    assert sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([1, None, float("nan"), 1]) == "▄  ▄"
+    assert sparkline([]) == ""
+
+
+# -- the reference trainer ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trainer_logs(tmp_path_factory):
+    from harness.tree import write_tree
+
+    root = tmp_path_factory.mktemp("cont")
+    first = write_tree(root, experiment="clean", world_size=2, steps=12, save_every=6)
+    shutil.copytree(first, root / "demo" / "dropped")
+    write_tree(root, experiment="clean", world_size=2, steps=18, save_every=6, resume="auto")
+    write_tree(root, experiment="dropped", world_size=2, steps=18, save_every=6, resume="auto", drop=("optimizer",))
+    return root / "demo" / "clean" / "metrics.jsonl", root / "demo" / "dropped" / "metrics.jsonl"
+
+
+def test_trainer_clean_resume_passes_and_dropped_optimizer_is_flagged(trainer_logs, tmp_path):
+    clean, dropped = trainer_logs
+    args = ["--resume-at", "12", "--window", "10", "--after", "1"]
+    runner = CliRunner()
+    for metric in ("loss", "lr", "grad_norm"):
+        res = runner.invoke(continuity_command, [str(clean), "--metric", metric, *args])
+        assert res.exit_code == 0, res.output
+    svg = tmp_path / "clean.svg"
+    res = runner.invoke(continuity_command, [str(dropped), "--metric", "lr", "--plot", str(svg), *args])
+    assert res.exit_code == 1, res.output
+    assert "metric-jump" in res.output and "resume from step 12" in res.output
+    assert svg.read_text().startswith("<svg") and "JUMP" in svg.read_text()
+
+
+def test_cli_subprocess_json_and_errors(tmp_path):
+    rng = random.Random(7)
+    rows = [{"step": s, "loss": _loss(s, rng)} for s in range(1, 21)] + \
+           [{"step": s, "loss": _loss(s, rng) + 1.0} for s in range(21, 35)]
+    path = _write(tmp_path / "m.jsonl", rows)
+    cmd = [sys.executable, "-m", "ckpt_audit.cli", "continuity", path, "--resume-at", "20", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["schema_version"] == 1 and doc["exit_code"] == 1
+    assert [f["code"] for f in doc["findings"]] == ["metric-jump"]
+    assert doc["resume_points"][0]["judgement"]["jumped"] is True
+    assert "torch" not in subprocess.run(
+        [sys.executable, "-c", "import sys, ckpt_audit.cli.continuity, ckpt_audit.continuity.plot, "
+         "ckpt_audit.continuity.audit; print(' '.join(sys.modules))"], capture_output=True, text=True).stdout.split()
+    runner = CliRunner()
+    res = runner.invoke(continuity_command, [path, "--metric", "nope"])
+    assert res.exit_code == 3 and "not in" in res.output
+    res = runner.invoke(continuity_command, [str(tmp_path / "missing.jsonl")])
+    assert res.exit_code == 3
+    tb = tmp_path / "events.out.tfevents.1.host"
+    tb.write_bytes(b"\0" * 16)
+    res = runner.invoke(continuity_command, [str(tb)])
+    assert res.exit_code == 3 and len(res.output.strip().splitlines()) == 1
