@@ -124,6 +124,11 @@ def _catalog_checkpoints(catalog: Path, run_path: Path | None, metrics) -> tuple
                  for r in rows)
 
 
+def _around(line: str, cut: int) -> str:
+    """One sparkline on one scale, with a bar where the resume falls."""
+    return f"{line[:cut]}|{line[cut:]}"
+
+
 def _finding_line(f) -> str:
     return f"  {f.severity.label:<7} {f.code:<20} {f.path}: {f.message}"
 
@@ -141,7 +146,7 @@ def _render(result, plot_path):
         score = f"{j.score:+.1f}" if j.sufficient else "-"
         yield (f"  resume from step {p.resume_step} (first logged {p.first_step}; {'+'.join(p.sources)}"
                f"{', inferred' if p.inferred else ''}): {verdict}  score {score} / {result.threshold:g}  "
-               f"{sparkline(s.values[lo:p.index])}|{sparkline(s.values[p.index:hi])}")
+               f"{_around(sparkline(s.values[lo:hi]), p.index - lo)}")
     if result.findings:
         yield "findings:"
         for f in result.findings:
