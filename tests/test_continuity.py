@@ -170,3 +170,21 @@ def test_cli_subprocess_json_and_errors(tmp_path):
     tb.write_bytes(b"\0" * 16)
     res = runner.invoke(continuity_command, [str(tb)])
     assert res.exit_code == 3 and len(res.output.strip().splitlines()) == 1
+
+
+def test_trainer_resume_points_from_the_catalog(trainer_logs, tmp_path):
+    from ckpt_audit.cli.scan import scan_command
+
+    clean, dropped = trainer_logs
+    db = tmp_path / "catalog.db"
+    runner = CliRunner()
+    assert runner.invoke(scan_command, ["--catalog", str(db), str(dropped.parent)]).exit_code == 0
+    res = runner.invoke(continuity_command, [str(dropped), "--catalog", str(db), "--at-checkpoints",
+                                             "--metric", "lr", "--after", "1", "--window", "10", "--json"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.output)
+    by_step = {p["resume_step"]: p for p in doc["resume_points"]}
+    assert sorted(by_step) == [6, 12] and by_step[6]["sources"] == ["checkpoint"]
+    assert by_step[12]["findings"] == ["metric-jump"] and by_step[6]["findings"] == []
+    res = runner.invoke(continuity_command, [str(clean), "--catalog", str(db)])
+    assert res.exit_code == 3 and "no run in catalog" in res.output
