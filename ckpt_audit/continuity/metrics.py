@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -270,7 +269,3 @@ def _read_tfevents(path: str) -> list[Record]:
     except Exception as exc:  # a damaged event file: one line, not a protobuf traceback
         raise MetricsError(f"{path}: unreadable TensorBoard event file: {exc}") from None
     return records
-
-
-def finite(values: Iterable[float]) -> list[float]:
-    return [v for v in values if math.isfinite(v)]
