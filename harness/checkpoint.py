@@ -204,7 +204,8 @@ def local_chunk(full, live):
         elif not isinstance(p, Replicate):
             raise ValueError(f"unsupported placement {p!r}")
     if tuple(t.shape) != tuple(live.to_local().shape):
-        raise ValueError(f"re-shard produced local shape {tuple(t.shape)}, live shard is {tuple(live.to_local().shape)}")
+        raise ValueError(f"re-shard produced local shape {tuple(t.shape)}, "
+                         f"live shard is {tuple(live.to_local().shape)}")
     return t.clone(memory_format=torch.contiguous_format)
 
 
@@ -281,7 +282,8 @@ def load_role(role, path: Path, *, rank: int, world_size: int, mesh_shape, drop:
         params = [p for group in role.optimizer.param_groups for p in group["params"]]
         state = {}
         for idx, entry in saved["state"].items():
-            state[idx] = {name: files.resharded("optim", lambda d, i=idx, n=name: d["state"][i][n], _like(value, params[idx]))
+            state[idx] = {name: files.resharded("optim", lambda d, i=idx, n=name: d["state"][i][n],
+                                                _like(value, params[idx]))
                           for name, value in entry.items()}
         role.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 

@@ -113,14 +113,16 @@ def compare_states(left: Path, right: Path, *, roles: tuple[str, ...] = ("actor"
                         for k, d in _ordered(diff_values(ma, mb), list(ma))]
                 oa = load(a_dir / checkpoint.shard_name("optim", wa, r))
                 ob = load(b_dir / checkpoint.shard_name("optim", wb, r))
-                out += [Difference(component="optimizer", role=role, rank=r, key=_name_optim(k, _param_keys(ma, oa)), detail=d)
+                names = _param_keys(ma, oa)
+                out += [Difference(component="optimizer", role=role, rank=r, key=_name_optim(k, names), detail=d)
                         for k, d in _sorted(diff_values(oa, ob))]
         else:
             ma, mb = _full_model(a_dir, wa), _full_model(b_dir, wb)
             out += [Difference(component="model", role=role, rank=None, key=k, detail=d)
                     for k, d in _ordered(diff_values(ma, mb), list(ma))]
             oa, ob = _full_optim(a_dir, wa), _full_optim(b_dir, wb)
-            out += [Difference(component="optimizer", role=role, rank=None, key=_name_optim(k, _param_keys(ma, oa)), detail=d)
+            names = _param_keys(ma, oa)
+            out += [Difference(component="optimizer", role=role, rank=None, key=_name_optim(k, names), detail=d)
                     for k, d in _sorted(diff_values(oa, ob))]
         for r in range(min(wa, wb) if rng_ranks is None else min(rng_ranks, wa, wb)):
             ea = load(a_dir / checkpoint.shard_name("extra_state", wa, r))

@@ -1,4 +1,4 @@
-"""The models: a transformers causal LM (actor) and value model (critic) from a config, random init, nothing downloaded."""
+"""The models: a transformers causal LM (actor) and a value model (critic) from a config; random init, no downloads."""
 
 from __future__ import annotations
 

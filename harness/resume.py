@@ -87,7 +87,8 @@ class ResumeReport:
 
     def summary(self) -> str:
         s = self.spec
-        head = (f"resume-test: {self.architecture or 'model'}, W={s.world_size}" + (f"->{s.second_world_size}" if self.mode == "continuity" else "")
+        world = f"{s.world_size}" + (f"->{s.second_world_size}" if self.mode == "continuity" else "")
+        head = (f"resume-test: {self.architecture or 'model'}, W={world}"
                 + f"{' HSDP' if s.hsdp else ''}, {s.steps} steps, restart after step {s.k}"
                 + (f", dropping {', '.join(s.drop)}" if s.drop else ""))
         lines = [head]
@@ -248,7 +249,9 @@ def judge(spec: ResumeTestSpec, paths: dict[str, Path], *, seconds: float, tree:
             break
     equivalent = not (problems or restore or final or first_step is not None)
     hf_config = k_dir / "actor" / "huggingface" / "config.json"
-    architecture = (json.loads(hf_config.read_text()).get("architectures") or [None])[0] if hf_config.is_file() else None
+    architecture = None
+    if hf_config.is_file():
+        architecture = (json.loads(hf_config.read_text()).get("architectures") or [None])[0]
     return ResumeReport(spec=spec, mode="exact" if exact else "continuity", equivalent=equivalent,
                         first_divergent_step=first_step, first_divergent_metric=first_metric, culprit=culprit,
                         restore_differences=restore, final_differences=final, straight=tuple(straight),
