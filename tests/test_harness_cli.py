@@ -70,6 +70,9 @@ def test_train_cli_writes_a_tree(tmp_path):
     doc = json.loads(result.stdout)
     assert doc["checkpoints"] == [1, 2] and [m["step"] for m in doc["metrics"]] == [1, 2]
     assert (tmp_path / "demo/exp/latest_checkpointed_iteration.txt").read_text() == "2"
+    again = CliRunner().invoke(cli, ["train", str(tmp_path), "-w", "1", "--steps", "2"])
+    assert again.exit_code == 3 and "--resume" in again.stderr  # never overwrites an existing run
+    assert (tmp_path / "demo/exp/latest_checkpointed_iteration.txt").read_text() == "2"
 
 
 def test_a_failing_rank_takes_every_process_down(verl_run, copy_run):

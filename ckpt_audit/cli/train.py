@@ -45,6 +45,8 @@ def train_command(root, project, experiment, world_size, steps, save_every, hsdp
     from harness.tree import write_tree
 
     run_dir = root / project / experiment
+    if not resume and (run_dir / "latest_checkpointed_iteration.txt").exists():
+        raise CommandError(f"{run_dir} already holds checkpoints; pass --resume to continue it, or another ROOT")
     try:
         write_tree(root, project=project, experiment=experiment, world_size=world_size, steps=steps,
                    save_every=save_every, hsdp=hsdp, critic=critic, sft=sft, seed=seed, timeout_s=timeout_s,
