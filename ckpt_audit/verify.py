@@ -31,6 +31,7 @@ def verify(
     paths: Sequence[str | Path],
     *,
     workers: int = 2,
+    rehash: bool = False,
     progress: Progress | None = None,
     previous: Mapping | None = None,
     in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
@@ -39,7 +40,7 @@ def verify(
     real = [scanner.check_root(p) for p in paths]
     steps = {p for p in real if STEP_DIR_RE.fullmatch(os.path.basename(p))}
     roots = sorted({os.path.dirname(p) if p in steps else p for p in real})
-    result = scanner.scan(roots, workers=workers, previous=previous, progress=None,
+    result = scanner.scan(roots, workers=workers, rehash=rehash, previous=previous, progress=None,
                           in_progress_window_s=in_progress_window_s)
     if steps:
         result = _only_steps(result, steps, whole=set(real) - steps)

@@ -458,6 +458,30 @@ def test_cli_verify_exit_codes_and_json(run, megatron, tmp_path):
     assert "lr-scheduler-differs" in codes
 
 
+def test_scan_deep_finds_what_verify_finds(run, tmp_path):
+    """`scan --deep` is verify behind scan's options: a deep-only defect fails it, plain scan stays clean."""
+    from click.testing import CliRunner
+
+    from ckpt_audit.cli import cli
+
+    def change(o):
+        for st in o["state"].values():
+            st["step"] = st["step"] + 3
+
+    rewrite(shard(run, "optim", 1), change)
+    cat = ["--catalog", str(tmp_path / "c.db")]
+    shallow = CliRunner().invoke(cli, ["scan", "--json", *cat, str(run)])
+    assert shallow.exit_code == 0, shallow.output
+    assert json.loads(shallow.output)["deep"] is False
+    deep = CliRunner().invoke(cli, ["scan", "--deep", "--json", *cat, str(run)])
+    assert deep.exit_code == 1, deep.output
+    doc = json.loads(deep.output)
+    assert doc["command"] == "scan" and doc["deep"] is True
+    codes = {f["code"] for r in doc["runs"] for c in r["checkpoints"] for comp in c["components"]
+             for f in comp["findings"] + c["findings"]}
+    assert "optimizer-step-differs" in codes
+
+
 @pytest.mark.parametrize("name", ["verl_run_w3", "verl_run_hsdp", "verl_run_w1"])
 def test_harness_trees_verify_clean(request, name):
     """Uneven W=3 shards (empty ones allowed), HSDP 2x2 replicas, W=1: no deep finding above info."""

@@ -12,24 +12,36 @@ from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, resol
 from ckpt_audit.exitcodes import ExitCode
 
 
+def scan_options(f):
+    """The options scan and verify share."""
+    for option in reversed([
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document (with schema_version) to stdout."),
+        click.option("-q", "--quiet", is_flag=True, help="Print nothing when clean; else only the failing findings."),
+        click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
+                     help="Exit 1 when a finding at or above this severity is present."),
+        click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True, help="Reader threads."),
+        click.option("--rehash", is_flag=True,
+                     help="Re-read every file, and report content that changed under an unchanged stat."),
+        click.option("--in-progress-window", type=click.FloatRange(0), default=300.0, show_default=True,
+                     metavar="SECONDS", help="An uncommitted checkpoint written this recently is in-progress, not broken."),
+        catalog_option,
+    ]):
+        f = option(f)
+    return f
+
+
 @click.command("scan")
 @click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (with schema_version) to stdout.")
-@click.option("-q", "--quiet", is_flag=True, help="Print nothing when clean; else only the failing findings.")
-@click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
-              help="Exit 1 when a finding at or above this severity is present.")
-@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True, help="Hashing threads.")
-@click.option("--rehash", is_flag=True, help="Re-read every file, and report content that changed under an unchanged stat.")
-@click.option("--in-progress-window", type=click.FloatRange(0), default=300.0, show_default=True, metavar="SECONDS",
-              help="An uncommitted checkpoint written this recently is in-progress, not broken.")
-@catalog_option
+@click.option("--deep", is_flag=True, help="Also run verify's deep checks (imports torch; per-file cost).")
+@scan_options
 @click.pass_context
-def scan_command(ctx: click.Context, roots, as_json, quiet, fail_on, workers, rehash, in_progress_window, catalog) -> None:
+def scan_command(ctx: click.Context, roots, deep, **options) -> None:
     """Hash, validate and catalog every checkpoint under ROOT... (cron-ready).
 
     Walks each root (links out of it are reported, not followed), hashes every file of every run with xxh3-128
     while checking the CRC-32 of each .pt zip entry, reads data.pkl without executing it, gives every checkpoint a
     status and records the scan in the catalog. Unchanged files (size, mtime, inode) reuse their recorded hash.
+    `--deep` adds everything `ckpt-audit verify` checks.
 
     Exit codes: 0 clean, 1 findings at/above --fail-on, 2 usage, 3 error (bad root or catalog), 4 another run holds
     the catalog lock.
@@ -40,12 +52,18 @@ def scan_command(ctx: click.Context, roots, as_json, quiet, fail_on, workers, re
         ckpt-audit scan -q --fail-on warning /ckpts /scratch/ckpts   # cron: mail only when something is wrong
         ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
     """
+    run_scan(ctx, roots, deep=deep, **options)
+
+
+def run_scan(ctx: click.Context, paths, *, deep: bool, as_json: bool, quiet: bool, fail_on: str, workers: int,
+             rehash: bool, in_progress_window: float, catalog: Path | None) -> None:
+    """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`."""
     from ckpt_audit import lock, report, scanner
     from ckpt_audit.catalog.manifest import CatalogError, probe, read_previous
 
     threshold = report.FAIL_ON[fail_on]
     try:
-        real_roots = [scanner.check_root(r) for r in roots]
+        real = [scanner.check_root(p) for p in paths]
     except scanner.ScanError as exc:
         raise CommandError(str(exc)) from None
     cat_path = resolve_catalog(catalog)
@@ -54,20 +72,27 @@ def scan_command(ctx: click.Context, roots, as_json, quiet, fail_on, workers, re
         with lock.hold(lock.lock_path_for(cat_path)):
             previous = read_previous(cat_path)
             with _progress(enabled=not as_json and not quiet) as progress:
-                result = scanner.scan(real_roots, workers=workers, rehash=rehash, previous=previous,
-                                      progress=progress, in_progress_window_s=in_progress_window)
+                if deep:
+                    from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
+
+                    result = verify(paths, workers=workers, rehash=rehash, previous=previous, progress=progress,
+                                    in_progress_window_s=in_progress_window)
+                else:
+                    result = scanner.scan(real, workers=workers, rehash=rehash, previous=previous,
+                                          progress=progress, in_progress_window_s=in_progress_window)
             from ckpt_audit.catalog import open_catalog
 
             with open_catalog(cat_path) as cat:
                 scan_id = cat.record_scan(result, rehash=rehash)
-    except CatalogError as exc:
+    except (CatalogError, scanner.ScanError) as exc:
         raise CommandError(str(exc)) from None
     except lock.Locked as exc:
         click.echo(f"ckpt-audit: {exc}", err=True)
         ctx.exit(int(ExitCode.LOCKED))
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
     if as_json:
-        emit_json(report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code)))
+        doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
+        emit_json({**doc, "command": ctx.info_name, "deep": deep})
     else:
         for line in report.render_text(result, quiet=quiet, fail_on=threshold):
             click.echo(line)
