@@ -57,6 +57,10 @@ def scan(
         in_progress_window_ns=int(in_progress_window_s * 1e9),
     )
     result = reduce(partials, ctx=ctx, layouts=layouts)
+    if deep:
+        from ckpt_audit.verify import deepen  # torch, lazily: the shallow cron path never imports it
+
+        result = deepen(result, workers=workers)
     return replace(result, started_ns=started, finished_ns=time.time_ns(), deep=deep)
 
 
