@@ -65,18 +65,9 @@ def shard(step_dir: Path, kind: str = "model", rank: int = 0) -> Path:
 
 def flip_payload_byte(path: Path) -> None:
     """Flip one byte inside the largest tensor payload, keeping size, mtime and inode."""
-    st = os.stat(path)
-    with zipfile.ZipFile(path) as z:
-        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    with open(path, "r+b") as f:
-        f.seek(info.header_offset + 26)
-        n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
-        at = info.header_offset + 30 + n + m + info.file_size // 2
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0xFF]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    from ckpt_audit.cli.demo import flip_payload_byte as flip
+
+    flip(path, mask=0xFF)
 
 
 def rewrite_zip(path: Path, *, drop: str | None = None, shorten: str | None = None,

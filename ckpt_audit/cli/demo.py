@@ -14,19 +14,24 @@ from ckpt_audit.cli.common import CommandError
 def break_checkpoint(step_dir: Path) -> Path:
     """Flip one byte inside a tensor of rank 0's model shard (same size and mtime): only the CRC check sees it."""
     target = next((step_dir / "actor").glob("model_world_size_*_rank_0.pt"))
-    st = target.stat()
-    with zipfile.ZipFile(target) as z:
+    flip_payload_byte(target)
+    return target
+
+
+def flip_payload_byte(path: Path, mask: int = 0x40) -> None:
+    """Flip bits of one byte inside the largest tensor payload, keeping size, mtime and inode."""
+    st = os.stat(path)
+    with zipfile.ZipFile(path) as z:
         info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    with open(target, "r+b") as f:
-        f.seek(info.header_offset + 26)
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)  # local header: name and extra lengths decide where the payload starts
         n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
         at = info.header_offset + 30 + n + m + info.file_size // 2
         f.seek(at)
         b = f.read(1)
         f.seek(at)
-        f.write(bytes([b[0] ^ 0x40]))
-    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
-    return target
+        f.write(bytes([b[0] ^ mask]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def build_demo_tree(directory: Path, *, world_size: int = 2, steps: int = 6, save_every: int = 2) -> Path:
