@@ -1,7 +1,8 @@
 """Real checkpoint trees for the scanner tests, and one-corruption helpers.
 
-`base_run` is the harness's session tree (`verl_run`: real multi-process FSDP, W=2) when tests/conftest.py provides
-it; until then a verl-named tree written by real torch.save calls stands in. Each test corrupts a private copy.
+`base_run` is the harness's session tree (`verl_run` from tests/conftest.py: real multi-process FSDP, W=2). Each test
+corrupts a private copy. `write_torch_tree` writes a verl-named tree with chosen steps by real torch.save calls
+(test_prune_cli needs four saved steps).
 """
 
 from __future__ import annotations
@@ -39,11 +40,8 @@ def write_torch_tree(root: Path, *, world_size: int = 2, steps: tuple[int, ...] 
 
 
 @pytest.fixture(scope="session")
-def base_run(request, tmp_path_factory) -> Path:
-    try:
-        return Path(request.getfixturevalue("verl_run"))
-    except pytest.FixtureLookupError:
-        return write_torch_tree(tmp_path_factory.mktemp("scan-base"))
+def base_run(verl_run) -> Path:
+    return Path(verl_run)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,40 +24,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
 
 from ckpt_audit.export import ExportError, export_checkpoint  # noqa: E402
 from ckpt_audit.hashing import digest_file  # noqa: E402
-from test_export_trees import write as write_stand_in, write_raw  # noqa: E402
-
-STAND_IN = {"verl_run": (2, False), "verl_run_w3": (3, False), "verl_run_hsdp": (4, True), "verl_run_w1": (1, False)}
-# (verl_run_critic and verl_run_sft exist only as harness fixtures: their test needs the harness.)
-
-
-@pytest.fixture(scope="session")
-def stand_ins(tmp_path_factory):
-    cache: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in cache:
-            cache[name] = write_stand_in(tmp_path_factory.mktemp(name), *STAND_IN[name])
-        return cache[name]
-
-    return get
-
-
-def tree(request, name: str) -> Path:
-    """The harness's session tree when tests/conftest.py has it, else a real FSDP2 stand-in of the same shape."""
-    try:
-        return Path(request.getfixturevalue(name))
-    except pytest.FixtureLookupError:
-        return request.getfixturevalue("stand_ins")(name)
-
-
-def private_copy(request, name: str, tmp_path: Path) -> Path:
-    src = tree(request, name)
-    try:
-        return Path(request.getfixturevalue("copy_run")(src))
-    except pytest.FixtureLookupError:
-        dst = tmp_path / "copy" / src.name
-        shutil.copytree(src, dst, symlinks=True)
-        return dst
+from test_export_trees import write_plain, write_raw  # noqa: E402
 
 
 def latest_step(run: Path) -> Path:
@@ -135,7 +101,7 @@ def reference_model(actor: Path, full: dict, dtype=None):
 def test_export_equals_concatenated_shards_and_gives_the_same_logits(request, tmp_path, fixture, shapes):
     from transformers import AutoModelForCausalLM
 
-    step = latest_step(tree(request, fixture))
+    step = latest_step(Path(request.getfixturevalue(fixture)))
     actor = step / "actor"
     full, seen = reference_state_dict(actor)
     assert shapes <= seen, f"{fixture} no longer covers {shapes - seen}"
@@ -164,7 +130,7 @@ def test_export_equals_concatenated_shards_and_gives_the_same_logits(request, tm
 def test_world_size_1_plain_tensors_as_fsdp1_no_shard_saves_them(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    step = latest_step(write_stand_in(tmp_path / "run", 1))
+    step = latest_step(write_plain(tmp_path / "run"))
     full, seen = reference_state_dict(step / "actor")
     assert seen == {"plain"}
     result = export_checkpoint(step, tmp_path / "hf")
@@ -178,7 +144,7 @@ def test_shard1_and_uneven_shards_are_covered_by_the_trainer_trees(request):
     """The trainer's trees must exercise Shard(1) and uneven shards, or the export tests above prove less."""
     seen = set()
     for fixture in ("verl_run", "verl_run_w3", "verl_run_hsdp"):
-        seen |= reference_state_dict(latest_step(tree(request, fixture)) / "actor")[1]
+        seen |= reference_state_dict(latest_step(Path(request.getfixturevalue(fixture))) / "actor")[1]
     assert {"shard0", "shard1", "uneven", "hsdp"} <= seen, seen
 
 
@@ -194,10 +160,10 @@ def test_empty_trailing_shards_shard0_and_shard1(tmp_path):
         assert all(got[k].dtype == tdtype and torch.equal(got[k], full[k].to(tdtype)) for k in full)
 
 
-def test_bf16_sharded_export_with_index_loads_with_transformers(request, tmp_path):
+def test_bf16_sharded_export_with_index_loads_with_transformers(verl_run, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    step = latest_step(tree(request, "verl_run"))
+    step = latest_step(verl_run)
     full, _ = reference_state_dict(step / "actor")
     largest = max(v.numel() for v in full.values()) * 2
     result = export_checkpoint(step, tmp_path / "hf", dtype="bf16", max_shard_size=largest + 1)
@@ -218,8 +184,8 @@ def test_bf16_sharded_export_with_index_loads_with_transformers(request, tmp_pat
     assert torch.equal(logits(model, config), logits(ref, config))
 
 
-def test_refuses_to_overwrite_without_force_and_replaces_atomically_with_it(request, tmp_path):
-    step = latest_step(tree(request, "verl_run"))
+def test_refuses_to_overwrite_without_force_and_replaces_atomically_with_it(verl_run, tmp_path):
+    step = latest_step(verl_run)
     out = tmp_path / "hf"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
@@ -231,8 +197,8 @@ def test_refuses_to_overwrite_without_force_and_replaces_atomically_with_it(requ
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temp or old dirs left
 
 
-def test_missing_rank_is_a_one_line_error(request, tmp_path):
-    run = private_copy(request, "verl_run", tmp_path)
+def test_missing_rank_is_a_one_line_error(verl_run, copy_run, tmp_path):
+    run = copy_run(verl_run)
     step = latest_step(run)
     rank_files(step / "actor")[-1].unlink()
     with pytest.raises(ExportError, match="missing model shard"):
@@ -240,8 +206,8 @@ def test_missing_rank_is_a_one_line_error(request, tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
-def test_cli_export_records_hashes_in_the_catalog(request, tmp_path):
-    step = latest_step(tree(request, "verl_run"))
+def test_cli_export_records_hashes_in_the_catalog(verl_run, tmp_path):
+    step = latest_step(verl_run)
     catalog = tmp_path / "c.db"
     env = {**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)}
     cmd = [sys.executable, "-m", "ckpt_audit", "export", str(step), "--to", str(tmp_path / "hf"), "--json"]
@@ -348,13 +314,13 @@ def test_unsafe_shard_is_refused_without_executing_it(tmp_path):
     assert not marker.exists()
 
 
-def test_critic_role_and_sft_layout_export(request, tmp_path):
-    critic = latest_step(tree(request, "verl_run_critic"))
+def test_critic_role_and_sft_layout_export(verl_run_critic, verl_run_sft, tmp_path):
+    critic = latest_step(verl_run_critic)
     full, _ = reference_state_dict(critic / "critic")
     got = exported_state_dict(Path(export_checkpoint(critic, tmp_path / "critic", role="critic").out_dir))
     assert set(got) <= set(full) and all(torch.equal(got[k], full[k]) for k in got)
 
-    sft = latest_step(tree(request, "verl_run_sft"))  # shards directly in global_step_N
+    sft = latest_step(verl_run_sft)  # shards directly in global_step_N
     full, _ = reference_state_dict(sft)
     result = export_checkpoint(sft, tmp_path / "sft")
     assert result.role_dir == str(sft.resolve())

@@ -1,8 +1,8 @@
-"""Stand-in FSDP2 trees for the export tests, used only while tests/conftest.py lacks the harness fixtures.
+"""Hand-made trees for the export tests that the harness fixtures do not cover.
 
-Real parts: a tiny transformers Qwen2 model, `fully_shard` in W gloo CPU processes with verl's placement rule
-(first dim divisible by the FSDP size, else dim 0), `torch.save(model.state_dict())` per rank under verl's names,
-`huggingface/config.json` from `save_pretrained`. Run as a script: python tests/test_export_trees.py OUT W HSDP.
+`write_raw`: bare DTensor shards saved by W gloo CPU processes, with empty trailing shards on purpose (run as a
+script: python tests/test_export_trees.py OUT W PORT). `write_plain`: a W=1 run of plain tensors from a tiny
+transformers Qwen2 model, as FSDP1 NO_SHARD saves them.
 (No tests here; the module name only keeps it inside this project's lifecycle test files.)
 """
 
@@ -21,41 +21,6 @@ def _config():
     return Qwen2Config(vocab_size=37, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=32,
                        tie_word_embeddings=True)
-
-
-def _rank(rank: int, world: int, out: str, hsdp: bool, port: int) -> None:
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Shard
-    from transformers import AutoModelForCausalLM
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    if hsdp:
-        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("ddp", "fsdp"))
-    else:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
-    fsdp = mesh.shape[-1] if hsdp else world
-
-    def place(param):
-        return Shard(next((d for d, n in enumerate(param.shape) if n % fsdp == 0), 0))
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_config())
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, shard_placement_fn=place)
-    fully_shard(model, mesh=mesh, shard_placement_fn=place)
-    step = Path(out) / "global_step_1" / "actor"
-    if rank == 0:
-        step.mkdir(parents=True, exist_ok=True)
-        model.config.save_pretrained(step / "huggingface")
-    dist.barrier()
-    torch.save(model.state_dict(), step / f"model_world_size_{world}_rank_{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 # (name, global shape, shard dim): with W=3, 4 rows chunk 2/2/0 and 7 columns 3/3/1, as torch.chunk does.
@@ -92,30 +57,23 @@ def write_raw(out: Path, world: int = 3) -> Path:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    subprocess.run([sys.executable, __file__, "raw", str(actor), str(world), str(port)], check=True, timeout=300,
+    subprocess.run([sys.executable, __file__, str(actor), str(world), str(port)], check=True, timeout=300,
                    capture_output=True)
     return actor.parent
 
 
-def write(out: Path, world: int, hsdp: bool = False) -> Path:
-    """Write `out/global_step_1/actor/...` (+ tracker) and return `out` (the run directory)."""
-    run = Path(out)
-    if world == 1:
-        import torch
-        from transformers import AutoModelForCausalLM
+def write_plain(out: Path) -> Path:
+    """A W=1 run of plain tensors, as FSDP1 NO_SHARD saves them: `out/global_step_1/actor/...` (+ tracker)."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(_config())
-        actor = run / "global_step_1" / "actor"
-        actor.mkdir(parents=True)
-        model.config.save_pretrained(actor / "huggingface")
-        torch.save(model.state_dict(), actor / "model_world_size_1_rank_0.pt")
-    else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        subprocess.run([sys.executable, __file__, str(run), str(world), str(int(hsdp)), str(port)], check=True,
-                       timeout=300, capture_output=True)
+    run = Path(out)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_config())
+    actor = run / "global_step_1" / "actor"
+    actor.mkdir(parents=True)
+    model.config.save_pretrained(actor / "huggingface")
+    torch.save(model.state_dict(), actor / "model_world_size_1_rank_0.pt")
     (run / "latest_checkpointed_iteration.txt").write_text("1")
     return run
 
@@ -123,9 +81,5 @@ def write(out: Path, world: int, hsdp: bool = False) -> Path:
 if __name__ == "__main__":
     import torch.multiprocessing as mp
 
-    if sys.argv[1] == "raw":
-        out, world, port = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-        mp.spawn(_raw_rank, args=(world, out, port), nprocs=world)
-    else:
-        out, world, hsdp, port = sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3])), int(sys.argv[4])
-        mp.spawn(_rank, args=(world, out, hsdp, port), nprocs=world)
+    out, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    mp.spawn(_raw_rank, args=(world, out, port), nprocs=world)

@@ -405,10 +405,7 @@ def test_root_without_runs_is_not_silently_clean(tmp_path):
 ])
 def test_every_harness_layout_scans_complete_and_clean(request, fixture, roles, world):
     """Uneven chunks, HSDP meshes, W=1, critics and SFT trees from the reference trainer are all healthy."""
-    try:
-        run_dir = Path(request.getfixturevalue(fixture))
-    except pytest.FixtureLookupError:
-        pytest.skip(f"{fixture} not provided by tests/conftest.py")
+    run_dir = Path(request.getfixturevalue(fixture))
     r = do_scan(run_dir)
     run = the_run(r)
     assert [c.status for c in run.checkpoints] == [Status.COMPLETE] * len(run.checkpoints) and run.checkpoints

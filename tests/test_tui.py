@@ -1,14 +1,13 @@
 """The real TUI driven through Textual's Pilot at 80x24, over real checkpoint trees and a real catalog.
 
 No pytest-asyncio here: each test runs its pilot session with asyncio.run. Trees come from the harness
-(`verl_run`, real multi-process FSDP) when tests/conftest.py provides it, else from real torch.save files.
+(`verl_run`, real multi-process FSDP, from tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -40,25 +39,10 @@ from tui.screens.runs import RunsScreen  # noqa: E402
 SIZE = (80, 24)
 
 
-@pytest.fixture(scope="session")
-def tui_base(request, tmp_path_factory) -> Path:
-    try:
-        return Path(request.getfixturevalue("verl_run"))
-    except pytest.FixtureLookupError:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from scan_trees import write_torch_tree
-
-        return write_torch_tree(tmp_path_factory.mktemp("tui-base"))
-
-
 @pytest.fixture
-def tree(tui_base, request, tmp_path) -> tuple[Path, Path]:
+def tree(verl_run, copy_run) -> tuple[Path, Path]:
     """(root, run dir): a private copy of the session run, safe to prune."""
-    try:
-        run = Path(request.getfixturevalue("copy_run")(tui_base))
-    except pytest.FixtureLookupError:
-        run = tmp_path / "root" / tui_base.parent.name / tui_base.name
-        shutil.copytree(tui_base, run, symlinks=True)
+    run = Path(copy_run(verl_run))
     return run.parent.parent, run
 
 

@@ -1,7 +1,7 @@
 """verify: each deep check on a real tree (real gloo FSDP2 / DCP saves) broken in exactly that property.
 
 Trees come from harness/dcp_tree.py (one multi-process gloo run per session); the FSDP2 run is the harness's
-`verl_run` when tests/conftest.py provides it. Shards are broken by loading them with weights_only=True, changing
+`verl_run` from tests/conftest.py. Shards are broken by loading them with weights_only=True, changing
 one thing and torch.save-ing them back under the same name.
 """
 
@@ -34,11 +34,8 @@ def trees(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def fsdp_src(request, trees) -> Path:
-    try:
-        return Path(request.getfixturevalue("verl_run"))
-    except pytest.FixtureLookupError:
-        return trees["verl"]
+def fsdp_src(verl_run) -> Path:
+    return Path(verl_run)
 
 
 @pytest.fixture
@@ -167,13 +164,9 @@ def test_tied_embedding_missing(trees, tmp_path):
     one(run, "tied-embedding-missing", rank=0, tensor="lm_head.weight")
 
 
-def test_hsdp_replicas_identical_then_differ(request, tmp_path):
-    try:
-        src = Path(request.getfixturevalue("verl_run_hsdp"))
-    except pytest.FixtureLookupError:
-        pytest.skip("needs the harness's verl_run_hsdp (2x2) fixture")
+def test_hsdp_replicas_identical_then_differ(verl_run_hsdp, tmp_path):
     run = tmp_path / "hsdp"
-    shutil.copytree(src, run)
+    shutil.copytree(verl_run_hsdp, run)
     assert findings(run, "hsdp-replica-differs")[0] == []
     path = shard(run, "model", 2)  # replica of rank 0 on a (ddp=2, fsdp=2) mesh
     key = first_dtensor_key(path)
@@ -485,10 +478,7 @@ def test_scan_deep_finds_what_verify_finds(run, tmp_path):
 @pytest.mark.parametrize("name", ["verl_run_w3", "verl_run_hsdp", "verl_run_w1"])
 def test_harness_trees_verify_clean(request, name):
     """Uneven W=3 shards (empty ones allowed), HSDP 2x2 replicas, W=1: no deep finding above info."""
-    try:
-        src = Path(request.getfixturevalue(name))
-    except pytest.FixtureLookupError:
-        pytest.skip(f"needs the harness's {name} fixture")
+    src = Path(request.getfixturevalue(name))
     found, result = findings(src)
     assert [(f.code, f.rank, f.tensor, f.message) for f in found if f.severity > 0] == []
     assert all(c.status is Status.COMPLETE for r in result.runs for c in r.checkpoints)
