@@ -8,7 +8,6 @@ corrupts a private copy. `write_torch_tree` writes a verl-named tree with chosen
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import zipfile
 from pathlib import Path
