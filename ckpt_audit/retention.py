@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
 
-from ckpt_audit.models import Checkpoint, Run, Status, format_size
+from ckpt_audit.models import Checkpoint, Run, Status
 
 NS_PER_S = 1_000_000_000
 DEFAULT_STALE_AFTER_NS = 3600 * NS_PER_S  # an uncommitted save older than this is abandoned, not running

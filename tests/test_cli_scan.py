@@ -7,7 +7,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 from click.testing import CliRunner
 from scan_trees import base_run, run_copy, shard, steps_of  # noqa: F401

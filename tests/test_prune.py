@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import sqlite_utils
 
 from ckpt_audit.catalog.lifecycle import LifecycleLog, create_lifecycle_tables

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -252,7 +251,7 @@ def test_pickle_problems(run_copy):
 def test_legacy_names_without_world_size(run_copy):
     step = steps_of(run_copy)[0]
     for p in (step / "actor").glob("*_world_size_*"):
-        p.rename(p.with_name(p.name.replace(f"world_size_2_", "")))
+        p.rename(p.with_name(p.name.replace("world_size_2_", "")))
     (step / "actor" / "fsdp_config.json").unlink()
     r = do_scan(run_copy)
     ck = next(c for c in the_run(r).checkpoints if c.path == str(step))
