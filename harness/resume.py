@@ -8,8 +8,11 @@ Three comparisons decide:
      first step) against the checkpoint it was loaded from: this names the piece that was not restored;
   3. the final checkpoints of both runs, every tensor of every rank (exact mode only).
 Exact mode (same world size) demands all three be identical. With a different world size for the second half the
-reduction order and the per-rank data split change, so the loss is judged within `tolerance` (relative), while the
-restore itself (full tensors, scheduler, data position, RNG of the ranks both runs share) must still be exact.
+reduction order and the per-rank data split change, so the loss cannot match bit for bit. It is then judged twice:
+by the continuity judgement `ckpt-audit continuity` applies to real logs (a jump beyond the loss's own recent noise
+at the restart, steps counted twice or skipped), with the straight run judged at the same step as the control, and
+step by step within `tolerance` (relative) of the straight run. The restore itself (full tensors, scheduler, data
+position, RNG of the ranks both runs share) must still be exact.
 """
 
 from __future__ import annotations
@@ -23,17 +26,26 @@ from pathlib import Path
 
 from harness.compare import COMPONENTS, Difference, compare_states
 from harness.config import TrainConfig
+from harness.continuity import MetricJudgement, judge_metrics
 from harness.launch import run_phases
 
 METRIC_FIELDS = ("loss", "lr", "grad_norm")
+EXACT_STEPS = 8
+CONTINUITY_STEPS = 24
+"""Default S for W->W': the judgement needs a window of steps past the LR warmup before the restart (k = 13);
+restarting at step 5, the warmup's bend makes even the uninterrupted run look like a jump."""
+
+
+def default_steps(world_size: int, resume_world_size: int | None) -> int:
+    return CONTINUITY_STEPS if resume_world_size not in (None, world_size) else EXACT_STEPS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResumeTestSpec:
     world_size: int = 2
     """Ranks for the straight run and the first half."""
-    steps: int = 8
-    """S: total steps of both runs."""
+    steps: int = EXACT_STEPS
+    """S: total steps of both runs (default_steps() picks CONTINUITY_STEPS for W->W')."""
     resume_step: int | None = None
     """k: the save/restart point (default S // 2 + 1, so the restart falls mid-epoch)."""
     resume_world_size: int | None = None
@@ -83,7 +95,15 @@ class ResumeReport:
     architecture: str | None = None
     """The model class trained (from the checkpoint's huggingface/config.json)."""
     problems: tuple[str, ...] = field(default=())
-    """Structural failures (e.g. the resumed run did not continue at step k+1)."""
+    """Structural failures (e.g. the resumed run did not continue at step k+1) and the continuity judgement's."""
+    continuity: tuple[MetricJudgement, ...] = ()
+    """W->W' only: loss, lr and grad_norm judged at the restart as `ckpt-audit continuity` judges real logs."""
+
+    @property
+    def inconclusive(self) -> bool:
+        """Not equivalent only because the judgement fires on the straight run too (the restart is too early)."""
+        return (not self.equivalent and bool(self.problems) and all(" inconclusive at " in p for p in self.problems)
+                and not (self.restore_differences or self.final_differences or self.first_divergent_step))
 
     def summary(self) -> str:
         s = self.spec
@@ -95,10 +115,14 @@ class ResumeReport:
         if self.equivalent:
             what = ("bit-identical losses, parameters, optimizer state, RNG and data position"
                     if self.mode == "exact" else
-                    f"restore exact; loss within {s.tolerance:.1%} (max deviation {self.max_rel_loss_deviation:.2e})")
+                    f"restore exact; {_no_jump(self.continuity)}; loss within {s.tolerance:.1%} "
+                    f"of the straight run (max deviation {self.max_rel_loss_deviation:.2e})")
             lines.append(f"EQUIVALENT: {what}")
             return "\n".join(lines)
-        lines.append("DIVERGED" + (f" (culprit: {self.culprit})" if self.culprit else ""))
+        if self.inconclusive:
+            lines.append("INCONCLUSIVE: the restore was exact, but the continuity judgement cannot tell at this step")
+        else:
+            lines.append("DIVERGED" + (f" (culprit: {self.culprit})" if self.culprit else ""))
         for p in self.problems:
             lines.append(f"  {p}")
         if self.first_divergent_step is not None:
@@ -117,12 +141,13 @@ class ResumeReport:
     def to_json(self) -> dict:
         s = self.spec
         return {
-            "equivalent": self.equivalent, "mode": self.mode,
+            "equivalent": self.equivalent, "inconclusive": self.inconclusive, "mode": self.mode,
             "world_size": s.world_size, "resume_world_size": s.second_world_size, "hsdp": s.hsdp,
             "steps": s.steps, "resume_step": s.k, "dropped": list(s.drop), "tolerance": s.tolerance,
             "first_divergent_step": self.first_divergent_step, "first_divergent_metric": self.first_divergent_metric,
             "culprit": self.culprit, "max_rel_loss_deviation": self.max_rel_loss_deviation,
             "architecture": self.architecture, "problems": list(self.problems),
+            "continuity": {m.metric: m.to_json() for m in self.continuity} if self.mode == "continuity" else None,
             "restore_differences": [d.to_json() for d in self.restore_differences[:50]],
             "restore_difference_count": len(self.restore_differences),
             "final_differences": [d.to_json() for d in self.final_differences[:50]],
@@ -131,6 +156,13 @@ class ResumeReport:
                        "resumed": [r.get("loss") for r in self.resumed]},
             "tree": self.tree, "seconds": round(self.seconds, 2),
         }
+
+
+def _no_jump(judged: tuple[MetricJudgement, ...]) -> str:
+    loss = next((m.judgement for m in judged if m.metric == "loss"), None)
+    detail = (f" (loss {loss.score:+.1f} x its noise, threshold {loss.threshold:g})"
+              if loss is not None and loss.sufficient else "")
+    return f"no jump in {', '.join(m.metric for m in judged) or 'nothing'} at the restart{detail}"
 
 
 def _row(rows, step: int) -> dict:
@@ -233,6 +265,9 @@ def judge(spec: ResumeTestSpec, paths: dict[str, Path], *, seconds: float, tree:
                 bad = "loss" if dev > spec.tolerance else None
         if bad and first_step is None:
             first_step, first_metric = a["step"], bad
+    continuity = () if exact else judge_metrics(paths["resumed"], paths["straight"], spec.k, METRIC_FIELDS)
+    for m in continuity:
+        problems += m.problems()
     k_dir = paths["resumed"] / f"global_step_{spec.k}"
     shared = min(spec.world_size, spec.second_world_size)
     restore = tuple(compare_states(k_dir, paths["probe"], rng_ranks=shared)) if paths["probe"].is_dir() else ()
@@ -256,7 +291,7 @@ def judge(spec: ResumeTestSpec, paths: dict[str, Path], *, seconds: float, tree:
                         first_divergent_step=first_step, first_divergent_metric=first_metric, culprit=culprit,
                         restore_differences=restore, final_differences=final, straight=tuple(straight),
                         resumed=tuple(resumed), max_rel_loss_deviation=max_dev, tree=tree, seconds=seconds,
-                        architecture=architecture, problems=tuple(problems))
+                        architecture=architecture, problems=tuple(problems), continuity=continuity)
 
 
 def metrics_of(run_dir: Path) -> list[dict]:

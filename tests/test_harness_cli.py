@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +48,28 @@ def test_resume_test_subprocess_exit_1_names_dropped_data():
     assert doc["equivalent"] is False and doc["culprit"] == "data"
     assert doc["restore_differences"][0]["component"] == "data"
     assert "Traceback" not in proc.stderr
+
+
+def test_resume_test_to_another_world_size_judges_continuity_and_plots_it(tmp_path):
+    svg = tmp_path / "resume.svg"
+    result = CliRunner().invoke(cli, ["resume-test", "-w", "1", "--resume-world-size", "2", "--plot", str(svg),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["mode"] == "continuity" and doc["steps"] == 24 and doc["resume_step"] == 13  # past the warmup
+    assert set(doc["continuity"]) == {"loss", "lr", "grad_norm"}
+    assert doc["continuity"]["loss"]["judgement"]["jumped"] is False
+    text = svg.read_text()
+    assert text.startswith("<svg") and "resume from step 13" in text and "JUMP" not in text
+
+
+def test_resume_test_plot_needs_another_world_size_and_a_writable_place(tmp_path):
+    result = CliRunner().invoke(cli, ["resume-test", "--plot", "x.svg"])
+    assert result.exit_code == 2 and "--plot needs --resume-world-size" in result.output
+    missing = tmp_path / "no-such-dir" / "x.svg"
+    result = CliRunner().invoke(cli, ["resume-test", "--resume-world-size", "3", "--plot", str(missing)])
+    assert result.exit_code == 3 and "not a writable directory" in result.stderr  # refused before any training
+    assert "training" not in result.stderr
 
 
 @pytest.mark.parametrize("args", [["--steps", "3", "--resume-step", "5"], ["-w", "3", "--hsdp"],

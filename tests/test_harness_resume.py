@@ -1,5 +1,6 @@
 """Resume equivalence on real restarts: bit-exact at W=1, 2, 3 and HSDP, every sabotage caught and named, W->W'
-continues within tolerance. All runs share one launcher (one torch/transformers import) and straight runs."""
+continues without a jump (the `continuity` judgement) and within tolerance. All runs share one launcher (one
+torch/transformers import) and straight runs."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import json
 
 import pytest
 
-from harness.resume import ResumeTestSpec, run_resume_tests
+from harness.resume import CONTINUITY_STEPS, METRIC_FIELDS, ResumeTestSpec, run_resume_tests
 
 DROPS = ("optimizer", "scheduler", "rng", "data")
 SPECS = {
     "w2": ResumeTestSpec(world_size=2, steps=8, resume_step=5),
     **{f"w2-drop-{d}": ResumeTestSpec(world_size=2, steps=8, resume_step=5, drop=(d,)) for d in DROPS},
-    "w2->3": ResumeTestSpec(world_size=2, steps=8, resume_step=5, resume_world_size=3),
-    "w2->1": ResumeTestSpec(world_size=2, steps=8, resume_step=5, resume_world_size=1),
+    "w2->3": ResumeTestSpec(world_size=2, steps=CONTINUITY_STEPS, resume_world_size=3),
+    "w2->1": ResumeTestSpec(world_size=2, steps=CONTINUITY_STEPS, resume_world_size=1),
+    "w2->3-drop-scheduler": ResumeTestSpec(world_size=2, steps=CONTINUITY_STEPS, resume_world_size=3,
+                                           drop=("scheduler",)),
+    "w2->3-in-warmup": ResumeTestSpec(world_size=2, steps=8, resume_step=5, resume_world_size=3),
     "w1": ResumeTestSpec(world_size=1, steps=6, resume_step=4),  # restart at the epoch boundary (4 per epoch)
     "w3": ResumeTestSpec(world_size=3, steps=5, resume_step=3),
     "hsdp": ResumeTestSpec(world_size=4, hsdp=True, steps=5, resume_step=2),
@@ -70,6 +74,35 @@ def test_resume_at_another_world_size_continues_within_tolerance(reports, name):
     assert r.equivalent, r.summary()
     assert not r.restore_differences  # full tensors, scheduler, data and the shared ranks' RNG restored exactly
     assert 0 < r.max_rel_loss_deviation <= r.spec.tolerance  # not bit-exact (reduction order), but close
+    # the judgement `ckpt-audit continuity` gives real logs, on every logged metric, and on the control
+    assert tuple(m.metric for m in r.continuity) == METRIC_FIELDS
+    for m in r.continuity:
+        assert m.judgement.sufficient and not m.judgement.jumped, m.to_json()
+        assert m.control_judgement.sufficient and not m.control_judgement.jumped
+        assert m.judgement.n_before == r.spec.k == 13 and m.problems() == []
+    doc = r.to_json()["continuity"]
+    assert doc["loss"]["judgement"]["resume_step"] == 13 and doc["loss"]["findings"] == []
+    assert "no jump in loss, lr, grad_norm at the restart" in r.summary()
+
+
+def test_resume_at_another_world_size_judges_a_jump_like_continuity_does(reports):
+    r = reports["w2->3-drop-scheduler"]
+    assert not r.equivalent and r.culprit == "scheduler"
+    judged = {m.metric: m for m in r.continuity}
+    assert judged["lr"].judgement.jumped  # the LR restarts its warmup: far outside its own noise
+    assert any(p.startswith("continuity: metric-jump: resume from step 13: lr moved") for p in r.problems)
+    assert r.to_json()["continuity"]["lr"]["findings"][0]["code"] == "metric-jump"
+
+
+def test_a_restart_inside_the_warmup_is_inconclusive_not_a_pass_or_a_jump(reports):
+    r = reports["w2->3-in-warmup"]
+    assert not r.equivalent and not r.restore_differences  # the restore itself was exact
+    loss = next(m for m in r.continuity if m.metric == "loss")
+    assert loss.control_judgement.jumped  # the uninterrupted run "jumps" at the warmup's bend too
+    assert any("loss inconclusive at step 5" in p for p in r.problems), r.problems
+    assert not any("metric-jump" in p and "loss moved" in p for p in r.problems)
+    assert r.inconclusive and r.to_json()["inconclusive"] is True and "INCONCLUSIVE" in r.summary()
+    assert not reports["w2->3-drop-scheduler"].inconclusive
 
 
 def test_report_json_names_culprit(reports):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -13,11 +14,13 @@ from ckpt_audit.exitcodes import ExitCode
 @click.command("resume-test")
 @click.option("-w", "--world-size", type=click.IntRange(1, 64), default=2, show_default=True,
               help="Ranks for the straight run and the first half.")
-@click.option("--steps", type=click.IntRange(2, 10_000), default=8, show_default=True, help="S: total steps.")
+@click.option("--steps", type=click.IntRange(2, 10_000), default=None,
+              help="S: total steps (default 8; 24 with --resume-world-size, so the restart falls past the warmup).")
 @click.option("--resume-step", type=click.IntRange(1, 10_000), default=None,
               help="k: save and restart after this step (default S//2+1, mid-epoch).")
 @click.option("--resume-world-size", type=click.IntRange(1, 64), default=None,
-              help="Ranks after the restart (re-shards on load); losses are then judged within --tolerance.")
+              help="Ranks after the restart (re-shards on load); loss, lr and grad_norm are then judged as "
+                   "`continuity` judges real logs, and within --tolerance of the straight run.")
 @click.option("--hsdp", is_flag=True, help='2-replica HSDP ("ddp", "fsdp") mesh; world sizes must be even.')
 @click.option("--model-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A local transformers config.json of any causal-LM architecture (default: a tiny Qwen2).")
@@ -33,26 +36,37 @@ from ckpt_audit.exitcodes import ExitCode
 @click.option("--drop", multiple=True, hidden=True,
               type=click.Choice(["optimizer", "scheduler", "rng", "data"]),
               help="Sabotage: do not restore this piece of state on resume (the test must then fail).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --resume-world-size: write an SVG of the resumed loss around the restart (the "
+                   "continuity judgement's window and threshold drawn), e.g. as a CI artefact.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def resume_test_command(world_size, steps, resume_step, resume_world_size, hsdp, model_config, layers, hidden, seed,
-                        tolerance, keep, timeout_s, drop, as_json) -> None:
+                        tolerance, keep, timeout_s, drop, plot_path, as_json) -> None:
     """Run S steps straight, then k steps + save + full restart + S-k steps, and compare everything.
 
     Both runs use the reference FSDP2 trainer (real processes, gloo on CPU, NCCL on CUDA) and write verl
     checkpoints. Compared: every per-step loss, lr and grad norm bit for bit; the live state right after the
     restore against the checkpoint (model, optimizer, scheduler, every RNG stream of every rank, data position);
-    and every tensor of every rank of both final checkpoints. Exit 0 equivalent, 1 diverged, 3 error.
+    and every tensor of every rank of both final checkpoints. With a different world size after the restart the
+    loss cannot match bit for bit: it is judged by the same continuity judgement as `ckpt-audit continuity`
+    (no jump beyond its own noise at the restart, the straight run judged as the control) and within --tolerance
+    of the straight run. Exit 0 equivalent, 1 diverged (or inconclusive), 2 usage, 3 error.
 
     \b
     Example:
         ckpt-audit resume-test                          # W=2, 8 steps, restart after step 5
         ckpt-audit resume-test -w 3 --steps 12 --resume-step 7 --json
-        ckpt-audit resume-test -w 2 --resume-world-size 3 --keep /tmp/rt
+        ckpt-audit resume-test -w 2 --resume-world-size 3 --plot resume.svg
         ckpt-audit resume-test --model-config ./my-model/config.json --layers 2 --hidden 64
     """
     from harness.launch import HarnessError
-    from harness.resume import ResumeTestSpec, run_resume_test
+    from harness.resume import ResumeTestSpec, default_steps, run_resume_test
 
+    if plot_path is not None and resume_world_size in (None, world_size):
+        raise click.UsageError("--plot needs --resume-world-size (a same-size resume is compared bit for bit)")
+    if plot_path is not None and not os.access(plot_path.parent, os.W_OK):  # fail before minutes of training
+        raise CommandError(f"cannot write {plot_path}: {plot_path.parent} is not a writable directory")
+    steps = steps or default_steps(world_size, resume_world_size)
     spec = ResumeTestSpec(world_size=world_size, steps=steps, resume_step=resume_step,
                           resume_world_size=resume_world_size, hsdp=hsdp, drop=tuple(drop),
                           model_config=str(model_config) if model_config else None, layers=layers, hidden=hidden,
@@ -61,6 +75,14 @@ def resume_test_command(world_size, steps, resume_step, resume_world_size, hsdp,
         report = run_resume_test(spec, progress=lambda msg: click.echo(msg, err=True))
     except (HarnessError, ValueError, OSError) as exc:
         raise CommandError(str(exc).splitlines()[0] if not isinstance(exc, HarnessError) else _one_line(exc))
+    loss = next((m.resumed for m in report.continuity if m.metric == "loss"), None)
+    if plot_path is not None and loss is not None:
+        from ckpt_audit.continuity.plot import render_svg
+
+        try:
+            plot_path.write_text(render_svg(loss), encoding="utf-8")
+        except OSError as exc:
+            raise CommandError(f"cannot write {plot_path}: {exc.strerror or exc}") from None
     if as_json:
         emit_json(report.to_json())
     else:
