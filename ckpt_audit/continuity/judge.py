@@ -85,10 +85,13 @@ def judge_resume(series: Series | Sequence[tuple[int, float]], resume_step: int,
         index = crossing_index(steps, resume_step)
     if index is None:
         index = len(steps)
-    before = [(s, v) for s, v in zip(steps[:index], values[:index]) if s <= resume_step and math.isfinite(v)]
-    # only the stretch logged just before the resume: stop at the previous restart of the counter
+    # walking back from the resume: points up to the checkpoint (skipping the thrown-away steps past it), only the
+    # stretch logged just before the resume (stop at the previous restart of the counter), at most `window`
     tail: list[tuple[int, float]] = []
-    for s, v in reversed(before):
+    for i in range(index - 1, -1, -1):
+        s, v = steps[i], values[i]
+        if s > resume_step or not math.isfinite(v):
+            continue
         if tail and s >= tail[-1][0]:
             break
         tail.append((s, v))
