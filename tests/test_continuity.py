@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -188,3 +189,93 @@ def test_trainer_resume_points_from_the_catalog(trainer_logs, tmp_path):
     assert by_step[12]["findings"] == ["metric-jump"] and by_step[6]["findings"] == []
     res = runner.invoke(continuity_command, [str(clean), "--catalog", str(db)])
     assert res.exit_code == 3 and "no run in catalog" in res.output
+
+
+# -- TensorBoard event files, written as verl's tensorboard logger writes them --------------------------------
+
+def _as_tensorboard(metrics_jsonl, directory, *, attempts: tuple[slice, ...]) -> list:
+    """verl's tensorboard logger: torch's SummaryWriter in tensorboard_log/<project>/<experiment>, one add_scalar per
+    key and step, and a new writer (a new event file) each time the trainer process starts."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines()]
+    for attempt in attempts:
+        writer = SummaryWriter(str(directory))
+        for row in rows[attempt]:
+            for key in ("loss", "lr", "grad_norm"):
+                writer.add_scalar(f"actor/{key}", row[key], row["step"])
+        writer.close()
+    return rows
+
+
+def test_tensorboard_event_files_of_a_clean_and_a_dropped_resume(trainer_logs, tmp_path):
+    clean, dropped = trainer_logs
+    tb = tmp_path / "tensorboard_log" / "demo"
+    rows = _as_tensorboard(clean, tb / "clean", attempts=(slice(0, 12), slice(12, None)))
+    _as_tensorboard(dropped, tb / "dropped", attempts=(slice(0, 12), slice(12, None)))
+    log = read_metrics([tb / "clean"])  # the directory: its event files, oldest writer first
+    assert len(log.paths) == 2 and log.file_starts == (0, 12)
+    series = log.series("actor/loss")
+    assert series.steps == tuple(range(1, 19))
+    assert series.values == pytest.approx([r["loss"] for r in rows], rel=1e-6)  # float32 in the event file
+    args = ["--metric", "actor/lr", "--window", "10", "--after", "1", "--json"]
+    runner = CliRunner()
+    res = runner.invoke(continuity_command, [str(tb / "clean"), *args])
+    assert res.exit_code == 0, res.output
+    point = json.loads(res.output)["resume_points"][0]
+    assert point["sources"] == ["file"] and point["resume_step"] == 12 and point["findings"] == []
+    res = runner.invoke(continuity_command, [str(tb / "dropped"), *args])
+    assert res.exit_code == 1, res.output
+    assert json.loads(res.output)["resume_points"][0]["findings"] == ["metric-jump"]
+
+
+def test_tensorboard_event_file_cut_by_a_crash_is_a_finding_and_garbage_an_error(trainer_logs, tmp_path):
+    clean, _ = trainer_logs
+    tb = tmp_path / "tb"
+    _as_tensorboard(clean, tb, attempts=(slice(0, 12),))
+    event = next(tb.iterdir())
+    whole = event.read_bytes()
+    event.write_bytes(whole[:-9])  # the writer died inside its last record
+    log = read_metrics([event])
+    assert log.series("actor/loss").steps == tuple(range(1, 13))
+    assert set(log.records[-1].values) == {"actor/loss", "actor/lr"}  # step 12's grad_norm event was the cut one
+    [(path, _, why)] = log.bad_lines
+    kept = int(why.split("cut after ")[1].split()[0])
+    assert path == str(event) and f"of {len(whole) - 9} bytes" in why
+    assert len(whole) - 9 - 100 < kept < len(whole) - 9  # whole frames end where the last scalar's frame began
+    res = CliRunner().invoke(continuity_command, [str(tb), "--metric", "actor/loss"])
+    assert res.exit_code == 1 and "metrics-bad-line" in res.output and "crash mid-write" in res.output
+    event.write_bytes(b"\x07" * 40)  # not an event file at all
+    res = CliRunner().invoke(continuity_command, [str(event)])
+    assert res.exit_code == 3 and len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    empty = tmp_path / "no-events"
+    empty.mkdir()
+    res = CliRunner().invoke(continuity_command, [str(empty)])
+    assert res.exit_code == 3 and "no TensorBoard event files" in res.output
+
+
+def test_tensorboard_missing_is_one_line_naming_the_extra(trainer_logs, tmp_path):
+    clean, _ = trainer_logs
+    _as_tensorboard(clean, tmp_path, attempts=(slice(0, 6),))
+    # a Python without the optional package: the import is blocked, the real file is still read by our code path
+    code = ("import sys; sys.modules['tensorboard'] = None\n"
+            "from ckpt_audit.cli import main; sys.argv = ['ckpt-audit', 'continuity', sys.argv[1]]; main()")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "pip install 'ckpt-audit[tensorboard]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_tensorboard_tf2_tensor_scalars_are_read(tmp_path):
+    """TF2's tf.summary.scalar stores a scalar tensor, not simple_value: float_val or raw tensor_content."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    for step in range(1, 4):
+        value = (TensorProto(dtype=1, float_val=[0.5 * step]) if step < 3 else
+                 TensorProto(dtype=2, tensor_content=struct.pack("<d", 0.25)))
+        writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="eval/loss", tensor=value)]), step)
+    writer.close()
+    series = read_metrics([tmp_path]).series("eval/loss")
+    assert series.steps == (1, 2, 3) and series.values == (0.5, 1.0, 0.25)

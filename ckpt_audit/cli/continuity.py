@@ -47,7 +47,8 @@ def continuity_command(ctx: click.Context, metrics, metric, resume_at, catalog, 
     Finds the resumes (step counter reset or repeated, a new file per attempt, a pause in the timestamps, the
     catalog's checkpoint steps, or --resume-at) and at each one reports: a jump beyond what the metric's own
     recent noise explains (median/MAD over --window points), steps logged twice, steps skipped, and a resume from
-    an older checkpoint than the newest complete one. Files are read in the order given.
+    an older checkpoint than the newest complete one. Files are read in the order given; a directory stands for
+    its TensorBoard event files, oldest first (verl's tensorboard_log/PROJECT/EXPERIMENT).
 
     Exit codes: 0 clean, 1 findings at/above --fail-on, 2 usage, 3 error (unreadable log, unknown metric, bad
     catalog).
@@ -57,14 +58,15 @@ def continuity_command(ctx: click.Context, metrics, metric, resume_at, catalog, 
         ckpt-audit continuity runs/demo/exp/metrics.jsonl
         ckpt-audit continuity attempt1.jsonl attempt2.jsonl --metric critic/score/mean --plot resume.svg
         ckpt-audit continuity metrics.jsonl --catalog catalog.db --json | jq '.findings[].code'
+        ckpt-audit continuity tensorboard_log/my_project/my_exp --metric actor/pg_loss
     """
     from ckpt_audit.continuity.audit import audit_log
     from ckpt_audit.continuity.metrics import MetricsError, read_metrics
     from ckpt_audit.models import Severity
 
     for p in metrics:
-        if not p.is_file():
-            raise CommandError(f"{p}: no such file")
+        if not (p.is_file() or p.is_dir()):
+            raise CommandError(f"{p}: no such file or directory")
     try:
         log = read_metrics(metrics)
         checkpoints = _catalog_checkpoints(catalog, run_path, metrics) if catalog is not None else ()

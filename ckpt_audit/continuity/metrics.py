@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import re
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -92,20 +93,39 @@ class Series:
 
 
 def read_metrics(paths: Sequence[str | os.PathLike[str]]) -> MetricLog:
-    """Read each file in the order given (one file per attempt is a common layout) into one MetricLog."""
+    """Read each file in the order given (one file per attempt is a common layout) into one MetricLog.
+
+    A directory stands for its TensorBoard event files, oldest writer first (verl's tensorboard_log/P/E holds one
+    per attempt)."""
+    files = [f for p in paths for f in (_event_files(os.fspath(p)) if os.path.isdir(p) else [os.fspath(p)])]
     records: list[Record] = []
     starts: list[int] = []
     bad: list[tuple[str, int, str]] = []
-    for p in paths:
-        path = os.fspath(p)
+    for path in files:
         starts.append(len(records))
         recs, errs = _read_one(path)
         records.extend(_merge_split_steps(recs))
         bad.extend(errs)
     if not records:
-        raise MetricsError(f"no step-numbered records in {', '.join(os.fspath(p) for p in paths)}")
-    return MetricLog(paths=tuple(os.fspath(p) for p in paths), records=tuple(records), file_starts=tuple(starts),
-                     bad_lines=tuple(bad))
+        raise MetricsError(f"no step-numbered records in {', '.join(files)}")
+    return MetricLog(paths=tuple(files), records=tuple(records), file_starts=tuple(starts), bad_lines=tuple(bad))
+
+
+def _event_files(directory: str) -> list[str]:
+    """The event files directly in `directory`, in the order their writers started: the name carries the start
+    time (events.out.tfevents.<unix seconds>.<host>.<pid>.<n>)."""
+    try:
+        names = [n for n in os.listdir(directory) if "tfevents" in n and os.path.isfile(os.path.join(directory, n))]
+    except OSError as exc:
+        raise MetricsError(f"cannot list {directory}: {exc.strerror or exc}") from None
+    if not names:
+        raise MetricsError(f"{directory} holds no TensorBoard event files (events.out.tfevents.*)")
+
+    def started(name: str) -> tuple[int, str]:
+        field = name.split("tfevents.", 1)[-1].split(".", 1)[0]
+        return (int(field) if field.isdigit() else 0, name)
+
+    return [os.path.join(directory, n) for n in sorted(names, key=started)]
 
 
 def _merge_split_steps(records: list[Record]) -> list[Record]:
@@ -125,7 +145,7 @@ def _merge_split_steps(records: list[Record]) -> list[Record]:
 def _read_one(path: str) -> tuple[list[Record], list[tuple[str, int, str]]]:
     name = os.path.basename(path)
     if "tfevents" in name:
-        return _read_tfevents(path), []
+        return _read_tfevents(path)
     try:
         if name.lower().endswith(".csv"):
             with open(path, newline="", encoding="utf-8") as fh:
@@ -246,26 +266,63 @@ def _read_csv(fh, path: str) -> tuple[list[Record], list[tuple[str, int, str]]]:
     return records, bad
 
 
-def _read_tfevents(path: str) -> list[Record]:
+def _read_tfevents(path: str) -> tuple[list[Record], list[tuple[str, int, str]]]:
     try:
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+        from tensorboard.compat.proto.event_pb2 import Event
     except ImportError:
         raise MetricsError(f"{path}: reading TensorBoard event files needs the optional 'tensorboard' package "
                            "(pip install 'ckpt-audit[tensorboard]')") from None
     records: list[Record] = []
+    events = 0
     try:
-        for i, event in enumerate(EventFileLoader(path).Load(), 1):
-            values: dict[str, float] = {}
-            for v in event.summary.value:
-                if v.HasField("simple_value"):
-                    values[v.tag] = float(v.simple_value)
-                elif v.HasField("tensor") and v.tensor.float_val:
-                    values[v.tag] = float(v.tensor.float_val[0])
-                elif v.HasField("tensor") and v.tensor.double_val:
-                    values[v.tag] = float(v.tensor.double_val[0])
+        # raw records (CRC-checked by the loader) parsed here: 3x faster than EventFileLoader, which also
+        # migrates every event to the tensor form only TensorBoard's own plugins need
+        for events, raw in enumerate(RawEventFileLoader(path).Load(), 1):
+            event = Event.FromString(raw)
+            values = {v.tag: x for v in event.summary.value if (x := _scalar(v)) is not None}
             if values:
                 records.append(Record(step=int(event.step), values=values, time=float(event.wall_time),
-                                      source=path, line=i))
+                                      source=path, line=events))
+        whole, size = _whole_records_bytes(path)
     except Exception as exc:  # a damaged event file: one line, not a protobuf traceback
         raise MetricsError(f"{path}: unreadable TensorBoard event file: {exc}") from None
-    return records
+    # TensorBoard's loader stops quietly at a cut record; a crash mid-write is worth a finding, like a cut line
+    bad = [(path, events + 1, f"event file cut after {whole} of {size} bytes (a crash mid-write); the rest is lost")
+           ] if whole < size else []
+    return records, bad
+
+
+_TENSOR_FORMATS = {1: "<f", 2: "<d"}  # DataType DT_FLOAT, DT_DOUBLE
+
+
+def _scalar(value) -> float | None:
+    """One summary value as a float: torch's and TF1's simple_value, or TF2's scalar tensor."""
+    kind = value.WhichOneof("value")
+    if kind == "simple_value":
+        return float(value.simple_value)
+    if kind != "tensor":
+        return None
+    t = value.tensor
+    if t.float_val:
+        return float(t.float_val[0])
+    if t.double_val:
+        return float(t.double_val[0])
+    fmt = _TENSOR_FORMATS.get(t.dtype)
+    if fmt and len(t.tensor_content) == struct.calcsize(fmt):
+        return struct.unpack(fmt, t.tensor_content)[0]
+    return None
+
+
+def _whole_records_bytes(path: str) -> tuple[int, int]:
+    """(bytes of the whole TFRecord frames at the start of the file, file size). A frame is a little-endian
+    u64 payload length, a u32 CRC of it, the payload and a u32 CRC of the payload."""
+    size, pos = os.path.getsize(path), 0
+    with open(path, "rb") as f:
+        while pos + 12 <= size:
+            f.seek(pos)
+            end = pos + 12 + int.from_bytes(f.read(8), "little") + 4
+            if end > size:
+                break
+            pos = end
+    return pos, size
