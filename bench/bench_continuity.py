@@ -37,7 +37,7 @@ def write_log(path: Path, steps: int, every: int = 500, redo: int = 7) -> int:
     return resumes
 
 
-def best_of(repeat: int, fn) -> float:
+def median_time(repeat: int, fn) -> float:
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -67,7 +67,7 @@ def main() -> None:
             result = audit_log(read_metrics([log]))
             assert len(result.points) == resumes and not any(f.code == "metric-jump" for f in result.findings)
 
-        base, ours = best_of(args.repeat, floor), best_of(args.repeat, audit)
+        base, ours = median_time(args.repeat, floor), median_time(args.repeat, audit)
         lines = sum(1 for _ in open(log))
         print(f"continuity on {lines} JSONL lines, {resumes} resumes (median of {args.repeat})")
         print(f"  json.loads floor {base:.3f} s   read+audit {ours:.3f} s   ratio {ours / base:.2f}   "
@@ -86,8 +86,8 @@ def main() -> None:
         event = str(next(tb.iterdir()))
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-        base = best_of(args.repeat, lambda: sum(1 for _ in EventFileLoader(event).Load()))
-        ours = best_of(args.repeat, lambda: audit_log(read_metrics([event])))
+        base = median_time(args.repeat, lambda: sum(1 for _ in EventFileLoader(event).Load()))
+        ours = median_time(args.repeat, lambda: audit_log(read_metrics([event])))
         print(f"  event file ({Path(event).stat().st_size >> 10} KiB): TensorBoard's EventFileLoader loop "
               f"{base:.3f} s   read+audit {ours:.3f} s   ratio {ours / base:.2f}")
 
