@@ -110,6 +110,22 @@ def test_bad_input_is_one_line_and_a_documented_exit_code(tree, tmp_path, args, 
     assert steps_left(run) == list(STEPS)
 
 
+def test_a_second_prune_or_a_bad_catalog_touches_nothing(tree, tmp_path):
+    from ckpt_audit import lock
+
+    root, run = tree
+    db = tmp_path / "c.db"
+    with lock.hold(lock.lock_path_for(db)):  # a scan or prune already running on this catalog
+        proc = cli_run(["prune", str(root), "--keep-last", "1", "--yes"], db)
+    assert proc.returncode == 4 and "another ckpt-audit run" in proc.stderr and proc.stderr.count("\n") == 1
+    assert steps_left(run) == list(STEPS)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not sqlite" * 100)
+    proc = cli_run(["prune", str(root), "--keep-last", "1", "--yes"], garbage)
+    assert proc.returncode == 3 and proc.stderr.startswith("ckpt-audit: error:") and "Traceback" not in proc.stderr
+    assert steps_left(run) == list(STEPS) and garbage.read_bytes() == b"this is not sqlite" * 100
+
+
 @pytest.mark.parametrize("kill_after", [1, 4, 9])
 def test_killed_cli_prune_leaves_marked_trash_and_the_next_run_finishes(tree, tmp_path, kill_after):
     root, run = tree

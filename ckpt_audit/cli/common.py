@@ -1,9 +1,11 @@
-"""Pieces every command shares: catalog location, --json rendering, one-line errors."""
+"""Pieces every command shares: catalog location, the locked catalog session, --json rendering, one-line errors."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -32,6 +34,30 @@ catalog_option = click.option(
 
 def resolve_catalog(path: Path | None) -> Path:
     return path if path is not None else default_catalog_path()
+
+
+@contextmanager
+def locked_catalog(ctx: click.Context, roots, catalog: Path | None) -> Iterator[tuple[list[str], Path, dict]]:
+    """The preamble of every command that scans and records: the roots checked, the catalog probed, then held
+    under its lock for the whole body, with the previous scan's manifest read. Yields (real roots, catalog path,
+    previous). A bad root or catalog is a one-line error (exit 3); another run holding the lock exits 4."""
+    from ckpt_audit import lock, scanner
+    from ckpt_audit.catalog.manifest import CatalogError, probe, read_previous
+
+    try:
+        real = [scanner.check_root(r) for r in roots]
+    except scanner.ScanError as exc:
+        raise CommandError(str(exc)) from None
+    cat_path = resolve_catalog(catalog)
+    try:
+        probe(cat_path)
+        with lock.hold(lock.lock_path_for(cat_path)):
+            yield real, cat_path, read_previous(cat_path)
+    except (CatalogError, scanner.ScanError) as exc:
+        raise CommandError(str(exc)) from None
+    except lock.Locked as exc:
+        click.echo(f"ckpt-audit: {exc}", err=True)
+        ctx.exit(int(ExitCode.LOCKED))
 
 
 def emit_json(document: dict) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, resolve_catalog
+from ckpt_audit.cli.common import catalog_option, emit_json, locked_catalog
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -64,72 +64,59 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
         ckpt-audit prune /ckpts --keep-last 2 --keep-every 1000 --keep-best 1 --metric loss --yes
         ckpt-audit prune runs/ --keep-within 7d --pin runs/p/e/global_step_500 --json --yes
     """
-    from ckpt_audit import lock, scanner
-    from ckpt_audit.catalog.manifest import CatalogError, probe, read_previous
+    from ckpt_audit import scanner
     from ckpt_audit.prune import find_trash
     from ckpt_audit.retention import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy, plan_prune, read_metric
 
-    try:
-        real_roots = [scanner.check_root(r) for r in roots]
-    except scanner.ScanError as exc:
-        raise CommandError(str(exc)) from None
-    cat_path = resolve_catalog(catalog)
-    try:
-        probe(cat_path)
-        with lock.hold(lock.lock_path_for(cat_path)):
-            now = time.time_ns()
-            result = scanner.scan(real_roots, previous=read_previous(cat_path), now_ns=now)
-            runs = result.runs
-            rules: list = []
-            if keep_last is not None:
-                rules.append(KeepLast(n=keep_last))
-            if keep_every is not None:
-                rules.append(KeepEvery(k=keep_every))
-            if keep_within is not None:
-                rules.append(KeepWithin(duration_ns=keep_within))
-            if keep_best is not None:
-                rules.append(KeepBest(n=keep_best, metric=metric, mode=mode, values=read_metric(runs, metric)))
-            policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
+    with locked_catalog(ctx, roots, catalog) as (real_roots, cat_path, previous):
+        now = time.time_ns()
+        result = scanner.scan(real_roots, previous=previous, now_ns=now)
+        runs = result.runs
+        rules: list = []
+        if keep_last is not None:
+            rules.append(KeepLast(n=keep_last))
+        if keep_every is not None:
+            rules.append(KeepEvery(k=keep_every))
+        if keep_within is not None:
+            rules.append(KeepWithin(duration_ns=keep_within))
+        if keep_best is not None:
+            rules.append(KeepBest(n=keep_best, metric=metric, mode=mode, values=read_metric(runs, metric)))
+        policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
 
-            known = {c.path for r in runs for c in r.checkpoints}
-            pin_paths = frozenset(os.path.realpath(p) for p in pins)
-            if unknown := sorted(pin_paths - known):
-                raise click.UsageError(f"--pin {unknown[0]} matches no scanned checkpoint")
-            plan = plan_prune(runs, policy, now_ns=now, pins=pin_paths)
-            trash_dirs = sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints})
-            trash = find_trash(trash_dirs)
+        known = {c.path for r in runs for c in r.checkpoints}
+        pin_paths = frozenset(os.path.realpath(p) for p in pins)
+        if unknown := sorted(pin_paths - known):
+            raise click.UsageError(f"--pin {unknown[0]} matches no scanned checkpoint")
+        plan = plan_prune(runs, policy, now_ns=now, pins=pin_paths)
+        trash_dirs = sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints})
+        trash = find_trash(trash_dirs)
 
-            if not as_json:
-                _render_plan(plan, trash)
-            if plan.empty and not trash:
-                _finish(ctx, as_json, plan, trash, None, roots=real_roots)
-            if dry_run:
-                _finish(ctx, as_json, plan, trash, None, roots=real_roots)
-            if not yes:
-                if not sys.stdin.isatty():
-                    if as_json:
-                        emit_json(_document(plan, trash, None, real_roots))
-                    click.echo("ckpt-audit: refusing to prompt: stdin is not a terminal; re-run with --yes to "
-                               "delete, or --dry-run to only show the plan", err=True)
-                    ctx.exit(int(ExitCode.USAGE))
-                if not click.confirm(f"Delete {len(plan.delete)} checkpoint(s) and {len(trash)} leftover(s)?",
-                                     default=False, err=True):
-                    click.echo("nothing deleted", err=True)
-                    ctx.exit(int(ExitCode.OK))
+        if not as_json:
+            _render_plan(plan, trash)
+        if plan.empty and not trash:
+            _finish(ctx, as_json, plan, trash, None, roots=real_roots)
+        if dry_run:
+            _finish(ctx, as_json, plan, trash, None, roots=real_roots)
+        if not yes:
+            if not sys.stdin.isatty():
+                if as_json:
+                    emit_json(_document(plan, trash, None, real_roots))
+                click.echo("ckpt-audit: refusing to prompt: stdin is not a terminal; re-run with --yes to "
+                           "delete, or --dry-run to only show the plan", err=True)
+                ctx.exit(int(ExitCode.USAGE))
+            if not click.confirm(f"Delete {len(plan.delete)} checkpoint(s) and {len(trash)} leftover(s)?",
+                                 default=False, err=True):
+                click.echo("nothing deleted", err=True)
+                ctx.exit(int(ExitCode.OK))
 
-            from ckpt_audit.catalog import open_catalog
-            from ckpt_audit.catalog.lifecycle import LifecycleLog
-            from ckpt_audit.prune import execute
+        from ckpt_audit.catalog import open_catalog
+        from ckpt_audit.catalog.lifecycle import LifecycleLog
+        from ckpt_audit.prune import execute
 
-            with open_catalog(cat_path) as cat:
-                cat.record_scan(result)
-                outcome = execute(plan, catalog=LifecycleLog(cat.db), reclaim_dirs=trash_dirs,
-                                  progress=None if as_json else _progress)
-    except CatalogError as exc:
-        raise CommandError(str(exc)) from None
-    except lock.Locked as exc:
-        click.echo(f"ckpt-audit: {exc}", err=True)
-        ctx.exit(int(ExitCode.LOCKED))
+        with open_catalog(cat_path) as cat:
+            cat.record_scan(result)
+            outcome = execute(plan, catalog=LifecycleLog(cat.db), reclaim_dirs=trash_dirs,
+                              progress=None if as_json else _progress)
     _finish(ctx, as_json, plan, trash, outcome, roots=real_roots)
 
 

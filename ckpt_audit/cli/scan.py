@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, resolve_catalog
+from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, locked_catalog, resolve_catalog
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -58,37 +58,23 @@ def scan_command(ctx: click.Context, roots, deep, **options) -> None:
 def run_scan(ctx: click.Context, paths, *, deep: bool, as_json: bool, quiet: bool, fail_on: str, workers: int,
              rehash: bool, in_progress_window: float, catalog: Path | None) -> None:
     """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`."""
-    from ckpt_audit import lock, report, scanner
-    from ckpt_audit.catalog.manifest import CatalogError, probe, read_previous
+    from ckpt_audit import report, scanner
 
     threshold = report.FAIL_ON[fail_on]
-    try:
-        real = [scanner.check_root(p) for p in paths]
-    except scanner.ScanError as exc:
-        raise CommandError(str(exc)) from None
-    cat_path = resolve_catalog(catalog)
-    try:
-        probe(cat_path)
-        with lock.hold(lock.lock_path_for(cat_path)):
-            previous = read_previous(cat_path)
-            with _progress(enabled=not as_json and not quiet) as progress:
-                if deep:
-                    from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
+    with locked_catalog(ctx, paths, catalog) as (real, cat_path, previous):
+        with _progress(enabled=not as_json and not quiet) as progress:
+            if deep:
+                from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
 
-                    result = verify(paths, workers=workers, rehash=rehash, previous=previous, progress=progress,
-                                    in_progress_window_s=in_progress_window)
-                else:
-                    result = scanner.scan(real, workers=workers, rehash=rehash, previous=previous,
-                                          progress=progress, in_progress_window_s=in_progress_window)
-            from ckpt_audit.catalog import open_catalog
+                result = verify(paths, workers=workers, rehash=rehash, previous=previous, progress=progress,
+                                in_progress_window_s=in_progress_window)
+            else:
+                result = scanner.scan(real, workers=workers, rehash=rehash, previous=previous,
+                                      progress=progress, in_progress_window_s=in_progress_window)
+        from ckpt_audit.catalog import open_catalog
 
-            with open_catalog(cat_path) as cat:
-                scan_id = cat.record_scan(result, rehash=rehash)
-    except (CatalogError, scanner.ScanError) as exc:
-        raise CommandError(str(exc)) from None
-    except lock.Locked as exc:
-        click.echo(f"ckpt-audit: {exc}", err=True)
-        ctx.exit(int(ExitCode.LOCKED))
+        with open_catalog(cat_path) as cat:
+            scan_id = cat.record_scan(result, rehash=rehash)
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
     if as_json:
         doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
