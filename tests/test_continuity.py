@@ -276,6 +276,10 @@ def test_tensorboard_tf2_tensor_scalars_are_read(tmp_path):
         value = (TensorProto(dtype=1, float_val=[0.5 * step]) if step < 3 else
                  TensorProto(dtype=2, tensor_content=struct.pack("<d", 0.25)))
         writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="eval/loss", tensor=value)]), step)
+        histogram = TensorProto(dtype=2, tensor_shape={"dim": [{"size": 2}]}, double_val=[1.0, 2.0])
+        writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="eval/hist", tensor=histogram)]),
+                                              step)
     writer.close()
+    assert "eval/hist" not in read_metrics([tmp_path]).metric_names  # not a scalar: no metric
     series = read_metrics([tmp_path]).series("eval/loss")
     assert series.steps == (1, 2, 3) and series.values == (0.5, 1.0, 0.25)

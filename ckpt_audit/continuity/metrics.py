@@ -288,7 +288,8 @@ def _read_tfevents(path: str) -> tuple[list[Record], list[tuple[str, int, str]]]
     except Exception as exc:  # a damaged event file: one line, not a protobuf traceback
         raise MetricsError(f"{path}: unreadable TensorBoard event file: {exc}") from None
     # TensorBoard's loader stops quietly at a cut record; a crash mid-write is worth a finding, like a cut line
-    bad = [(path, events + 1, f"event file cut after {whole} of {size} bytes (a crash mid-write); the rest is lost")
+    bad = [(path, events + 1, f"event file cut after {whole} of {size} bytes (a crash mid-write, or a writer still "
+                              "writing); the rest is not read")
            ] if whole < size else []
     return records, bad
 
@@ -304,6 +305,8 @@ def _scalar(value) -> float | None:
     if kind != "tensor":
         return None
     t = value.tensor
+    if t.tensor_shape.dim:  # histograms and other non-scalar tensors are not a metric's value
+        return None
     if t.float_val:
         return float(t.float_val[0])
     if t.double_val:
