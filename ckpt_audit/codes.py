@@ -102,6 +102,7 @@ _TABLE: tuple[Code, ...] = (
     Code(code="symlink-outside-root", severity=W, explanation="a symbolic link points outside the scanned root; not followed"),
     Code(code="symlink-loop", severity=W, explanation="a symbolic link leads back to a directory already being walked; not followed again"),
     Code(code="broken-symlink", severity=W, explanation="a symbolic link whose target does not exist"),
+    Code(code="prune-leftover", severity=I, explanation="an interrupted prune left an entry renamed to .ckpt-audit-trash-*: it is not a checkpoint any more, is not hashed, and the next prune deletes it"),
     Code(code="non-utf8-name", severity=W, explanation="a file or directory name is not valid UTF-8; it is reported but not catalogued"),
     # continuity of training metrics (ckpt-audit continuity)
     Code(code="metric-jump", severity=E, explanation="after a resume the watched metric left its recent trend by more than --threshold times its own noise (MAD): the resume did not restore the training state"),

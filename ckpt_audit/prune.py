@@ -26,8 +26,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from ckpt_audit.retention import PlanItem, PrunePlan
+from ckpt_audit.tree import TRASH_PREFIX
 
-TRASH_PREFIX = ".ckpt-audit-trash-"
 TRASH_RE = re.compile(r"^\.ckpt-audit-trash-(?P<name>.+)-(?P<exec_id>[0-9a-f]{12})$")
 TRACKER = "latest_checkpointed_iteration.txt"
 # Test seam for the kill test: SIGKILL this process right after its k-th filesystem mutation.

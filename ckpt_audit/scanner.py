@@ -19,9 +19,9 @@ from pathlib import Path
 from ckpt_audit import hashing, pickles
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, load_layouts
-from ckpt_audit.models import Finding, ScanResult, ShardFile
+from ckpt_audit.models import Finding, ScanResult, ShardFile, format_size
 from ckpt_audit.rules import files as file_rules
-from ckpt_audit.tree import FileFacts, Partial, PtFacts, Tree
+from ckpt_audit.tree import FileFacts, Partial, PtFacts, Tree, trash_entry
 
 TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json"})
 TEXT_LIMIT = 64 * 1024
@@ -91,7 +91,8 @@ def scan_partial(
     run_dirs = {d for layout in layouts for d in layout.find_runs(tree)}
     if not run_dirs:  # cron must not report "clean" for an empty mount point
         walk_findings.append(finding("no-runs", root, "no checkpoint runs found under this root"))
-    paths = sorted({p for r in run_dirs for p in tree.files_below(r)})
+    paths, leftovers = _without_trash(sorted({p for r in run_dirs for p in tree.files_below(r)}), stats)
+    walk_findings.extend(leftovers)
     facts: dict[str, FileFacts] = {}
     todo: list[str] = []
     for p in paths:
@@ -121,6 +122,22 @@ def scan_partial(
         reused_paths=frozenset(paths).difference(todo),
         bytes_hashed=sum(facts[p].size_bytes for p in todo if facts[p].hash is not None),
     )
+
+
+def _without_trash(paths: list[str], stats: Mapping[str, os.stat_result]) -> tuple[list[str], list[Finding]]:
+    """The paths outside prune's trash, and one finding per trash entry: an interrupted prune's leftovers are
+    being deleted, so hashing them would only spend I/O, but the disk they hold is worth a line in cron's mail."""
+    keep: list[str] = []
+    trash: dict[str, list[int]] = {}
+    for p in paths:
+        if (entry := trash_entry(p)) is None:
+            keep.append(p)
+        else:
+            trash.setdefault(entry, []).append(stats[p].st_size)
+    found = [finding("prune-leftover", entry, f"marked for deletion by an interrupted prune: {len(sizes)} file(s), "
+                     f"{format_size(sum(sizes))}; the next `ckpt-audit prune` reclaims it")
+             for entry, sizes in trash.items()]
+    return keep, found
 
 
 def _same_stat(prev: FileFacts | ShardFile, st: os.stat_result) -> bool:

@@ -13,6 +13,18 @@ from dataclasses import dataclass, field
 
 from ckpt_audit.models import Finding
 
+TRASH_PREFIX = ".ckpt-audit-trash-"
+"""What `prune` renames an entry to before deleting it: the walker lists such entries but never reads them."""
+
+
+def trash_entry(path: str) -> str | None:
+    """The prune-trash entry `path` lies in (or is), else None."""
+    i = path.find(f"/{TRASH_PREFIX}")
+    if i < 0:
+        return None
+    j = path.find("/", i + 1)
+    return path if j < 0 else path[:j]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PtFacts:

@@ -297,8 +297,10 @@ def test_missing_root_is_an_error():
         scan(["/nonexistent/ckpt-root"])
 
 
-def test_every_registered_scan_code_has_an_explanation():
+def test_every_registered_scan_code_has_an_explanation_and_a_readme_entry():
     assert all(c.explanation and c.code == k for k, c in CODES.items())
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert [c for c in CODES if f"`{c}`" not in readme] == []
 
 
 def test_optimizer_without_model_shards(run_copy):
@@ -411,3 +413,26 @@ def test_every_harness_layout_scans_complete_and_clean(request, fixture, roles, 
     assert [[c.role for c in ck.components] for ck in run.checkpoints[:1]] == roles
     assert {ck.world_size for ck in run.checkpoints} == {world}
     assert [f for f in r.all_findings if f.severity >= Severity.WARNING] == []
+
+
+def test_an_interrupted_prune_leaves_trash_that_is_reported_not_hashed(run_copy, tmp_path):
+    """A prune killed right after its first rename: the step is now prune's trash. The scan reports the disk it
+    holds, reads none of it, and no longer counts it as a checkpoint; the next prune reclaims it."""
+    from ckpt_audit.prune import KILL_AFTER_ENV
+
+    root = run_copy.parent.parent
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db"), KILL_AFTER_ENV: "1"}
+    prune = [sys.executable, "-m", "ckpt_audit", "prune", str(root), "--keep-last", "1", "--yes"]
+    assert subprocess.run(prune, env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL).returncode == -9
+    [trash] = [p for p in run_copy.iterdir() if p.name.startswith(".ckpt-audit-trash-global_step_")]
+    trash_bytes = sum(f.stat().st_size for f in trash.rglob("*") if f.is_file())
+    clean = do_scan(root)
+    [left] = [f for f in clean.all_findings if f.code == "prune-leftover"]
+    assert left.path == str(trash) and left.severity is Severity.INFO and "next `ckpt-audit prune`" in left.message
+    assert f"{sum(1 for f in trash.rglob('*') if f.is_file())} file(s)" in left.message
+    assert all(not f.path.startswith(str(trash)) for c in the_run(clean).checkpoints for f in c.files)
+    everything = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    assert trash_bytes > 0 and clean.bytes_hashed == everything - trash_bytes  # every file read but the trash
+    del env[KILL_AFTER_ENV]
+    assert subprocess.run(prune, env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL).returncode == 0
+    assert not trash.exists() and "prune-leftover" not in codes(do_scan(root))
