@@ -76,12 +76,7 @@ def continuity_command(ctx: click.Context, metrics, metric, resume_at, catalog, 
     except MetricsError as exc:
         raise CommandError(str(exc)) from None
     if plot_path is not None:
-        from ckpt_audit.continuity.plot import render_svg
-
-        try:
-            plot_path.write_text(render_svg(result), encoding="utf-8")
-        except OSError as exc:
-            raise CommandError(f"cannot write {plot_path}: {exc.strerror or exc}") from None
+        write_plot(plot_path, result)
     level = Severity[fail_on.upper()]
     failing = [f for f in result.findings if f.severity >= level]
     code = ExitCode.FINDINGS if failing else ExitCode.OK
@@ -94,6 +89,16 @@ def continuity_command(ctx: click.Context, metrics, metric, resume_at, catalog, 
         for line in _render(result, plot_path):
             click.echo(line)
     ctx.exit(int(code))
+
+
+def write_plot(path: Path, result) -> None:
+    """The SVG of a ContinuityResult at `path` (continuity --plot, resume-test --plot); a one-line error if not."""
+    from ckpt_audit.continuity.plot import render_svg
+
+    try:
+        path.write_text(render_svg(result), encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _catalog_checkpoints(catalog: Path, run_path: Path | None, metrics) -> tuple:

@@ -77,12 +77,9 @@ def resume_test_command(world_size, steps, resume_step, resume_world_size, hsdp,
         raise CommandError(str(exc).splitlines()[0] if not isinstance(exc, HarnessError) else _one_line(exc))
     loss = next((m.resumed for m in report.continuity if m.metric == "loss"), None)
     if plot_path is not None and loss is not None:
-        from ckpt_audit.continuity.plot import render_svg
+        from ckpt_audit.cli.continuity import write_plot
 
-        try:
-            plot_path.write_text(render_svg(loss), encoding="utf-8")
-        except OSError as exc:
-            raise CommandError(f"cannot write {plot_path}: {exc.strerror or exc}") from None
+        write_plot(plot_path, loss)
     if as_json:
         emit_json(report.to_json())
     else:
