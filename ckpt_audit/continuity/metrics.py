@@ -274,27 +274,30 @@ def _read_tfevents(path: str) -> tuple[list[Record], list[tuple[str, int, str]]]
         raise MetricsError(f"{path}: reading TensorBoard event files needs the optional 'tensorboard' package "
                            "(pip install 'ckpt-audit[tensorboard]')") from None
     records: list[Record] = []
-    events = 0
+    events = whole = 0
     try:
+        size = os.path.getsize(path)
         # raw records (CRC-checked by the loader) parsed here: 3x faster than EventFileLoader, which also
         # migrates every event to the tensor form only TensorBoard's own plugins need
         for events, raw in enumerate(RawEventFileLoader(path).Load(), 1):
+            whole += len(raw) + FRAME_OVERHEAD
             event = Event.FromString(raw)
             values = {v.tag: x for v in event.summary.value if (x := _scalar(v)) is not None}
             if values:
                 records.append(Record(step=int(event.step), values=values, time=float(event.wall_time),
                                       source=path, line=events))
-        whole, size = _whole_records_bytes(path)
     except Exception as exc:  # a damaged event file: one line, not a protobuf traceback
         raise MetricsError(f"{path}: unreadable TensorBoard event file: {exc}") from None
-    # TensorBoard's loader stops quietly at a cut record; a crash mid-write is worth a finding, like a cut line
-    bad = [(path, events + 1, f"event file cut after {whole} of {size} bytes (a crash mid-write, or a writer still "
-                              "writing); the rest is not read")
+    # TensorBoard's loader stops quietly at a cut (or damaged) record: what it did not reach is worth a finding,
+    # like a cut line
+    bad = [(path, events + 1, f"event file cut after {whole} of {size} bytes (a crash mid-write, a writer still "
+                              "writing, or a damaged record); the rest is not read")
            ] if whole < size else []
     return records, bad
 
 
 _TENSOR_FORMATS = {1: "<f", 2: "<d"}  # DataType DT_FLOAT, DT_DOUBLE
+FRAME_OVERHEAD = 16  # a TFRecord frame: u64 payload length, u32 CRC of it, the payload, u32 CRC of the payload
 
 
 def _scalar(value) -> float | None:
@@ -315,17 +318,3 @@ def _scalar(value) -> float | None:
     if fmt and len(t.tensor_content) == struct.calcsize(fmt):
         return struct.unpack(fmt, t.tensor_content)[0]
     return None
-
-
-def _whole_records_bytes(path: str) -> tuple[int, int]:
-    """(bytes of the whole TFRecord frames at the start of the file, file size). A frame is a little-endian
-    u64 payload length, a u32 CRC of it, the payload and a u32 CRC of the payload."""
-    size, pos = os.path.getsize(path), 0
-    with open(path, "rb") as f:
-        while pos + 12 <= size:
-            f.seek(pos)
-            end = pos + 12 + int.from_bytes(f.read(8), "little") + 4
-            if end > size:
-                break
-            pos = end
-    return pos, size
