@@ -34,17 +34,23 @@ class MetricJudgement:
     def control_judgement(self) -> Judgement | None:
         return self.control.points[0].judgement if self.control and self.control.points else None
 
+    @property
+    def inconclusive(self) -> bool:
+        """The judgement fires on the uninterrupted run too: at this step it cannot tell a jump from the curve."""
+        j, c = self.judgement, self.control_judgement
+        return j is not None and j.sufficient and c is not None and c.jumped
+
     def problems(self) -> list[str]:
-        """What keeps this metric from passing: the judgement's findings, or a verdict it cannot give here."""
+        """What keeps this metric from passing: the judgement's findings, or a verdict it cannot give here (an
+        inconclusive metric adds exactly one line, saying so, in place of its metric-jump)."""
         j, c, k = self.judgement, self.control_judgement, self.resume_step
         if j is None:
             return [f"continuity: no {self.metric} logged after step {k} to judge"]
-        inconclusive = c is not None and c.jumped
         out = [f"continuity: {f.code}: {f.message}" for f in self.resumed.findings
-               if f.severity >= Severity.WARNING and not (inconclusive and f.code == "metric-jump")]
+               if f.severity >= Severity.WARNING and not (self.inconclusive and f.code == "metric-jump")]
         if not j.sufficient:
             out.append(f"continuity: only {j.n_before} {self.metric} points up to step {k}; restart later to judge")
-        elif inconclusive:
+        elif self.inconclusive:
             out.append(f"continuity: {self.metric} inconclusive at step {k}: the uninterrupted run 'jumps' there "
                        f"too ({c.score:+.1f} x its noise; resumed {j.score:+.1f}); restart later (--resume-step)")
         return out

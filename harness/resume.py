@@ -102,7 +102,9 @@ class ResumeReport:
     @property
     def inconclusive(self) -> bool:
         """Not equivalent only because the judgement fires on the straight run too (the restart is too early)."""
-        return (not self.equivalent and bool(self.problems) and all(" inconclusive at " in p for p in self.problems)
+        blocked = sum(m.inconclusive for m in self.continuity)
+        # each inconclusive metric adds one problem line: as many problems as those means nothing else failed
+        return (blocked > 0 and len(self.problems) == blocked
                 and not (self.restore_differences or self.final_differences or self.first_divergent_step))
 
     def summary(self) -> str:
