@@ -28,6 +28,8 @@ class Status(StrEnum):
     UNCOMMITTED = "uncommitted"  # newer than the tracker
     HUSK = "husk"  # only data.pt (or nothing resumable) left after retention
     IN_PROGRESS = "in-progress"  # being written now: never called corrupt
+    UNSAFE = "unsafe"  # a pickle in it reaches globals outside the allowlist: resuming would run code
+    UNKNOWN = "unknown"  # something inside could not be read (permissions, I/O, a link out of the root): protected
 
 
 class FileKind(StrEnum):

@@ -35,6 +35,7 @@ class Reason(StrEnum):
     TRACKER_TARGET = "tracker-target"
     PINNED = "pinned"
     IN_PROGRESS = "in-progress"
+    UNREAD = "unread"  # something inside could not be read: no evidence it is disposable
     # kept by a rule
     KEEP_LAST = "keep-last"
     KEEP_EVERY = "keep-every"
@@ -43,6 +44,7 @@ class Reason(StrEnum):
     NO_RULES = "no-rules"  # no keep rule given: complete checkpoints stay, only broken ones go
     UNCOMMITTED_RECENT = "uncommitted-recent"  # newer than the tracker but young: maybe an async save
     NEWEST_OF_PARTIAL_RUN = "newest-of-partial-run"  # run with nothing complete (e.g. one node's disk)
+    UNSAFE = "unsafe"  # would run code on resume: not resumable, but kept for a person to judge (or select)
     # deleted
     INCOMPLETE = "incomplete"
     CORRUPT = "corrupt"
@@ -58,13 +60,15 @@ class Reason(StrEnum):
         return self in PROTECTED
 
 
-PROTECTED = frozenset({Reason.NEWEST_COMPLETE, Reason.TRACKER_TARGET, Reason.PINNED, Reason.IN_PROGRESS})
+PROTECTED = frozenset({Reason.NEWEST_COMPLETE, Reason.TRACKER_TARGET, Reason.PINNED, Reason.IN_PROGRESS,
+                       Reason.UNREAD})
 
 EXPLAIN: dict[Reason, str] = {
     Reason.NEWEST_COMPLETE: "newest complete checkpoint of its run (never deleted)",
     Reason.TRACKER_TARGET: "the tracker names it: resume loads it (never deleted)",
     Reason.PINNED: "pinned (never deleted)",
     Reason.IN_PROGRESS: "being written now (never deleted)",
+    Reason.UNREAD: "could not be read in full: no evidence it is disposable (never deleted)",
     Reason.KEEP_LAST: "among the last N complete",
     Reason.KEEP_EVERY: "step is a multiple of K",
     Reason.KEEP_WITHIN: "newer than the keep-within duration",
@@ -72,6 +76,7 @@ EXPLAIN: dict[Reason, str] = {
     Reason.NO_RULES: "no keep rule given: complete checkpoints are kept",
     Reason.UNCOMMITTED_RECENT: "newer than the tracker but recent: may still be committing",
     Reason.NEWEST_OF_PARTIAL_RUN: "newest of a run with no complete checkpoint (maybe one node's share)",
+    Reason.UNSAFE: "unsafe to resume (a pickle reaches code): kept for a person to judge; select it to delete",
     Reason.INCOMPLETE: "incomplete: cannot be resumed",
     Reason.CORRUPT: "corrupt: cannot be resumed",
     Reason.HUSK: "husk: nothing resumable left in it",
@@ -330,7 +335,7 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
     # With nothing complete we may be looking at one node's share of a multi-node run: keep its newest.
     partial_newest = None
     if newest is None:
-        candidates = [c for c in ckpts if c.status not in (Status.HUSK, Status.IN_PROGRESS)]
+        candidates = [c for c in ckpts if c.status not in (Status.HUSK, Status.IN_PROGRESS, Status.UNKNOWN)]
         partial_newest = candidates[-1].path if candidates else None
 
     out = []
@@ -344,6 +349,10 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
             reasons.append(Reason.PINNED)
         if c.status is Status.IN_PROGRESS:
             reasons.append(Reason.IN_PROGRESS)
+        if c.status is Status.UNKNOWN:
+            reasons.append(Reason.UNREAD)
+        if c.status is Status.UNSAFE:
+            reasons.append(Reason.UNSAFE)
         if c.status is Status.COMPLETE:
             reasons.extend(kept_by.get(c.path, ()))
             if not policy.rules:

@@ -21,6 +21,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, load_layouts
 from ckpt_audit.models import Finding, ScanResult, ShardFile, format_size
 from ckpt_audit.rules import files as file_rules
+from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.tree import FileFacts, Partial, PtFacts, Tree, trash_entry
 
 TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json"})
@@ -357,16 +358,19 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
     layouts = layouts if layouts is not None else load_layouts()
     tree, facts, walk_findings = merge_partials(partials)
     changed = frozenset(p for p, f in facts.items() if any(x.code == "file-changed-during-scan" for x in f.findings))
-    ctx = replace(ctx, changed_paths=ctx.changed_paths | changed)
+    unread = tuple(f for f in walk_findings if f.code in UNREAD_CODES)
+    ctx = replace(ctx, changed_paths=ctx.changed_paths | changed, unread=ctx.unread + unread)
     owner: dict[str, Layout] = {}
     for layout in layouts:
         for d in layout.find_runs(tree):
             owner.setdefault(d, layout)
     runs = tuple(owner[d].build_run(d, tree, facts, ctx) for d in sorted(owner))
+    # a walk finding inside a checkpoint now belongs to that checkpoint (judge attached it): report it once
+    attached = {f for run in runs for c in run.checkpoints for f in c.findings}
     return ScanResult(
         roots=tuple(p.root for p in partials),
         runs=runs,
-        findings=walk_findings,
+        findings=tuple(f for f in walk_findings if f not in attached),
         files_hashed=sum(p.files_hashed for p in partials),
         files_reused=sum(p.files_reused for p in partials),
         bytes_hashed=sum(p.bytes_hashed for p in partials),

@@ -123,3 +123,14 @@ def m002_lifecycle(db) -> None:
     from ckpt_audit.catalog.lifecycle import create_lifecycle_tables
 
     create_lifecycle_tables(db)
+
+
+@MIGRATIONS()
+def m003_trust(db) -> None:
+    """What a cached verdict needs to stay true: when each file was last read by content, and what its structure
+    showed; what a scan re-read on purpose (scrub); how an export's source was checked and what it overrode."""
+    db.execute("ALTER TABLE files ADD COLUMN verified_ns INTEGER")  # last content read (hash + CRC); NULL never
+    db.execute("ALTER TABLE files ADD COLUMN pt_facts TEXT")  # JSON of tree.PtFacts; NULL: not a torch zip
+    db.execute("ALTER TABLE scans ADD COLUMN bytes_scrubbed INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE exports ADD COLUMN source_verified INTEGER NOT NULL DEFAULT 0")  # shards re-read = manifest
+    db.execute("ALTER TABLE exports ADD COLUMN override TEXT NOT NULL DEFAULT ''")  # e.g. allow-corrupt; '' none

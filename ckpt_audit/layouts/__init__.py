@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Protocol
 
-from ckpt_audit.models import Component, Run
+from ckpt_audit.models import Component, Finding, Run
 from ckpt_audit.tree import FileFacts, Tree
 
 # module path of each layout plug-in, in priority order (first claim wins).
@@ -34,6 +34,7 @@ class ScanContext:
     now_ns: int  # wall clock at scan start
     in_progress_window_ns: int = 120 * 10**9  # a checkpoint touched this recently (and uncommitted) is being written
     changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
+    unread: tuple[Finding, ...] = ()  # entries the walk or the readers could not read: their checkpoint is unknown
 
 
 class Layout(Protocol):

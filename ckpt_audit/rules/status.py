@@ -32,6 +32,17 @@ def is_in_progress(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanConte
     return recent and not committed
 
 
+# what says "this entry was not read", as opposed to "this entry was read and is bad": a checkpoint holding one is
+# unknown, and unknown is never disposable (a broken link was read: its target is missing)
+UNREAD_CODES = frozenset({"unreadable", "symlink-outside-root", "symlink-loop", "file-vanished", "non-utf8-name"})
+
+
+def unread_inside(ckpt: Checkpoint, ctx: ScanContext) -> tuple[Finding, ...]:
+    """The walk's findings of entries below `ckpt` that could not be read (the readers' own are in its findings)."""
+    below = ckpt.path.rstrip("/") + "/"
+    return tuple(f for f in ctx.unread if f.path == ckpt.path or f.path.startswith(below))
+
+
 def _soften(found: tuple[Finding, ...]) -> tuple[Finding, ...]:
     return tuple(replace(f, severity=Severity.INFO) if f.severity > Severity.INFO else f for f in found)
 
@@ -46,9 +57,13 @@ def judge(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanContext) -> Ch
             components=tuple(replace(c, findings=_soften(c.findings)) for c in ckpt.components),
             findings=_soften(ckpt.findings) + (finding("in-progress", ckpt.path, "being written now; judged on a later scan"),),
         )
+    if walked := unread_inside(ckpt, ctx):
+        ckpt = replace(ckpt, findings=ckpt.findings + walked)
     errors = [f for f in ckpt.all_findings if f.severity is Severity.ERROR]
     husk = is_husk(ckpt)
-    if any(CODES[f.code].corrupts for f in errors if f.code in CODES):
+    if any(f.code in UNREAD_CODES for f in ckpt.all_findings):
+        st = Status.UNKNOWN  # judged on what could not be seen: never a husk, never disposable
+    elif any(CODES[f.code].corrupts for f in errors if f.code in CODES):
         st = Status.CORRUPT
     elif tracker_step is not None and ckpt.step > tracker_step:
         st = Status.UNCOMMITTED
