@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 
 
+MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
+
+
 class Severity(IntEnum):
     INFO = 0
     WARNING = 1

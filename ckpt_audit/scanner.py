@@ -46,23 +46,91 @@ def scan(
     in_progress_window_s: float = DEFAULT_IN_PROGRESS_WINDOW_S,
     now_ns: int | None = None,
 ) -> ScanResult:
+    """Scan `roots`: directories above runs, runs, or step directories (and paths inside them).
+
+    A path at or inside a step directory scans that checkpoint alone: its run is walked (the tracker and the
+    neighbours' names are needed to judge it) but only the checkpoint's files are read, and the result holds
+    only that checkpoint, so recording it changes nothing else in the catalog.
+    """
     started = time.time_ns()
     real_roots = [check_root(r) for r in roots]
+    walk_roots, focus = focus_of(real_roots)
     layouts = load_layouts()
     partials = [
-        scan_partial(r, workers=workers, rehash=rehash, previous=previous or {}, progress=progress, layouts=layouts)
-        for r in real_roots
+        scan_partial(r, workers=workers, rehash=rehash, previous=previous or {}, progress=progress, layouts=layouts,
+                     focus=focus)
+        for r in walk_roots
     ]
     ctx = ScanContext(
         now_ns=now_ns if now_ns is not None else started,
         in_progress_window_ns=int(in_progress_window_s * 1e9),
     )
     result = reduce(partials, ctx=ctx, layouts=layouts)
+    if focus:
+        result = only_checkpoints(result, focus, whole=frozenset(walk_roots) - {os.path.dirname(f) for f in focus})
+    result = replace(result, roots=tuple(real_roots))
     if deep:
         from ckpt_audit.verify import deepen  # torch, lazily: the shallow cron path never imports it
 
         result = deepen(result, workers=workers)
     return replace(result, started_ns=started, finished_ns=time.time_ns(), deep=deep)
+
+
+def focus_of(real_roots: Sequence[str]) -> tuple[list[str], frozenset[str]]:
+    """(directories to walk, checkpoint directories asked for by a path at or inside them).
+
+    A checkpoint is judged with its run (tracker, world size of its neighbours), so for a path inside a step
+    directory the run is walked instead; a root that is not inside any step directory is walked as it is.
+    """
+    walk_roots: list[str] = []
+    focus: set[str] = set()
+    for root in real_roots:
+        step_dir = enclosing_step_dir(root)
+        target = os.path.dirname(step_dir) if step_dir else root
+        if step_dir:
+            focus.add(step_dir)
+        if target not in walk_roots:
+            walk_roots.append(target)
+    # a run asked for whole and also through one of its steps: the whole run wins
+    focus = {f for f in focus if not any(f.startswith(r.rstrip("/") + "/") and r in real_roots for r in walk_roots)}
+    return walk_roots, frozenset(focus)
+
+
+def enclosing_step_dir(path: str) -> str | None:
+    """`path` itself or its nearest ancestor that is a step directory (global_step_N), else None."""
+    from ckpt_audit.layouts.verl_fsdp import step_of
+
+    p = path.rstrip("/")
+    while p and p != "/":
+        if step_of(os.path.basename(p))[0] is not None:
+            return p
+        p = os.path.dirname(p)
+    return None
+
+
+def only_checkpoints(result: ScanResult, focus: frozenset[str], *, whole: frozenset[str]) -> ScanResult:
+    """The result cut down to the checkpoints in `focus` (runs under a root in `whole` are kept entire).
+
+    Run-level judgements about checkpoints that were not read do not belong to a focused result: the tracker's
+    verdict on its target is kept only when the target is one of them.
+    """
+    runs = []
+    for run in result.runs:
+        if any(run.path == w or run.path.startswith(w.rstrip("/") + "/") for w in whole):
+            runs.append(run)
+            continue
+        keep = tuple(c for c in run.checkpoints if c.path in focus)
+        if not keep:
+            continue
+        kept_steps = {c.step for c in keep}
+        found = tuple(f for f in run.findings if f.code not in RUN_WIDE_CODES
+                      and not (f.code == "tracker-dangling" and run.tracker_step not in kept_steps))
+        runs.append(replace(run, checkpoints=keep, findings=found))
+    return replace(result, runs=tuple(runs))
+
+
+# findings about a run's checkpoints taken together: a focused scan did not read them all
+RUN_WIDE_CODES = frozenset({"no-complete-checkpoint", "tracker-behind"})
 
 
 def check_root(root: str | Path) -> str:
@@ -85,6 +153,7 @@ def scan_partial(
     previous: Mapping[str, FileFacts | ShardFile] | None = None,
     progress: Progress | None = None,
     layouts: Sequence[Layout] | None = None,
+    focus: frozenset[str] = frozenset(),
 ) -> Partial:
     previous = previous or {}
     tree, stats, walk_findings = walk(root)
@@ -93,6 +162,8 @@ def scan_partial(
     if not run_dirs:  # cron must not report "clean" for an empty mount point
         walk_findings.append(finding("no-runs", root, "no checkpoint runs found under this root"))
     paths, leftovers = _without_trash(sorted({p for r in run_dirs for p in tree.files_below(r)}), stats)
+    if focus:  # a checkpoint asked for alone: read its files and the run's own (tracker), not its neighbours'
+        paths = [p for p in paths if _in_focus(p, focus)]
     walk_findings.extend(leftovers)
     facts: dict[str, FileFacts] = {}
     todo: list[str] = []
@@ -123,6 +194,11 @@ def scan_partial(
         reused_paths=frozenset(paths).difference(todo),
         bytes_hashed=sum(facts[p].size_bytes for p in todo if facts[p].hash is not None),
     )
+
+
+def _in_focus(path: str, focus: frozenset[str]) -> bool:
+    parent = os.path.dirname(path)
+    return any(path.startswith(f + "/") or parent == os.path.dirname(f) for f in focus)
 
 
 def _without_trash(paths: list[str], stats: Mapping[str, os.stat_result]) -> tuple[list[str], list[Finding]]:
@@ -200,7 +276,7 @@ def read_file(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None,
         found.append(finding("hash-drift", path, f"content hash changed ({prev.hash[:12]}… -> {d.hash[:12]}…) "
                                                  "while size, mtime and inode did not"))
     pt = None
-    if d.is_zip and d.zip_error is None and path.endswith(file_rules.ZIP_SUFFIXES):
+    if file_rules.reads_structure(path, kind=d.kind, is_zip=d.is_zip, zip_error=d.zip_error):
         pt, more = _structure(path)
         found.extend(more)
     return replace(
@@ -249,6 +325,7 @@ def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
     dirs: dict[str, tuple[str, ...]] = {}
     files: dict[str, tuple[str, ...]] = {}
     stats: dict[str, os.stat_result] = {}
+    dir_mtimes: dict[str, int] = {}
     found: list[Finding] = []
     seen: set[tuple[int, int]] = set()
     inside = root.rstrip("/") + "/"
@@ -264,6 +341,7 @@ def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
             found.append(finding("symlink-loop", d, "directory already walked under another path"))
             continue
         seen.add((dst.st_dev, dst.st_ino))
+        dir_mtimes[d] = dst.st_mtime_ns
         subdirs: list[str] = []
         names: list[str] = []
         try:
@@ -301,7 +379,7 @@ def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
         dirs[d] = tuple(subdirs)
         files[d] = tuple(names)
         stack.extend(f"{d}/{s}" for s in reversed(subdirs))
-    return Tree(dirs=dirs, files=files), stats, found
+    return Tree(dirs=dirs, files=files, dir_mtime_ns=dir_mtimes), stats, found
 
 
 def _follow_link(path: str, parent: str, root: str, inside: str, found: list[Finding]) -> os.stat_result | None:
@@ -341,9 +419,12 @@ def _os_finding(path: str, exc: OSError) -> Finding:
 def merge_partials(partials: Sequence[Partial]) -> tuple[Tree, dict[str, FileFacts], tuple[Finding, ...]]:
     dirs: dict[str, tuple[str, ...]] = {}
     files: dict[str, tuple[str, ...]] = {}
+    dir_mtimes: dict[str, int] = {}
     facts: dict[str, FileFacts] = {}
     found: list[Finding] = []
     for part in partials:
+        for d, mtime in part.tree.dir_mtime_ns.items():
+            dir_mtimes[d] = max(mtime, dir_mtimes.get(d, 0))
         for d, subs in part.tree.dirs.items():
             dirs[d] = tuple(sorted(set(dirs.get(d, ())) | set(subs)))
         for d, names in part.tree.files.items():
@@ -351,7 +432,7 @@ def merge_partials(partials: Sequence[Partial]) -> tuple[Tree, dict[str, FileFac
         for p, f in part.facts.items():
             facts.setdefault(p, f)  # the same path seen from two nodes: the first partial wins
         found.extend(part.findings)
-    return Tree(dirs=dirs, files=files), facts, tuple(found)
+    return Tree(dirs=dirs, files=files, dir_mtime_ns=dir_mtimes), facts, tuple(found)
 
 
 def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[Layout] | None = None) -> ScanResult:

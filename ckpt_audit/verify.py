@@ -9,8 +9,6 @@ statuses are re-derived. `scan(deep=True)` may call `deepen` lazily. torch is im
 from __future__ import annotations
 
 import json
-import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +22,6 @@ from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResu
 from ckpt_audit.rules import deep
 
 Progress = Callable[[int, int], None]
-STEP_DIR_RE = re.compile(r"global_steps?_\d+")
 
 
 def verify(
@@ -37,33 +34,10 @@ def verify(
     in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
 ) -> ScanResult:
     """Scan `paths` (step directories, runs or roots) and add the deep findings. Raises scanner.ScanError."""
-    real = [scanner.check_root(p) for p in paths]
-    steps = {p for p in real if STEP_DIR_RE.fullmatch(os.path.basename(p))}
-    roots = sorted({os.path.dirname(p) if p in steps else p for p in real})
-    result = scanner.scan(roots, workers=workers, rehash=rehash, previous=previous, progress=None,
+    result = scanner.scan(paths, workers=workers, rehash=rehash, previous=previous, progress=None,
                           in_progress_window_s=in_progress_window_s)
-    if steps:
-        result = _only_steps(result, steps, whole=set(real) - steps)
     result = deepen(result, workers=workers, progress=progress)
-    return replace(result, roots=tuple(real), deep=True, finished_ns=time.time_ns())
-
-
-def _only_steps(result: ScanResult, steps: set[str], whole: set[str]) -> ScanResult:
-    """Keep the asked-for step directories of runs scanned through their parent (plus roots asked for whole)."""
-    runs = []
-    for run in result.runs:
-        if any(run.path == w or run.path.startswith(w.rstrip("/") + "/") for w in whole):
-            runs.append(run)
-            continue
-        keep = tuple(c for c in run.checkpoints if c.path in steps)
-        if not keep:
-            continue
-        kept_steps = {c.step for c in keep}
-        # run-level judgements about checkpoints we did not look at do not belong to this result
-        found = tuple(f for f in run.findings if f.code != "no-complete-checkpoint"
-                      and not (f.code == "tracker-dangling" and run.tracker_step not in kept_steps))
-        runs.append(replace(run, checkpoints=keep, findings=found))
-    return replace(result, runs=tuple(runs))
+    return replace(result, deep=True, finished_ns=time.time_ns())
 
 
 # -- deepen ---------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_audit import lock
+from ckpt_audit.catalog.manifest import CatalogError
 from ckpt_audit.models import Run, ScanResult
 
 Progress = Callable[[int, int], None]
@@ -39,9 +40,9 @@ def catalog_runs(catalog_path: Path) -> tuple[str, ...]:
     """The run directories the catalog knows (still present at its last scan)."""
     if not catalog_path.exists():
         return ()
-    from ckpt_audit.catalog import open_catalog
+    from ckpt_audit.catalog import read_catalog
 
-    with open_catalog(catalog_path) as cat:
+    with read_catalog(catalog_path) as cat:  # browsing needs no write access to the catalog or its directory
         return tuple(r["path"] for r in cat.runs() if os.path.isdir(r["path"]))
 
 
@@ -86,6 +87,8 @@ def record(result: ScanResult, catalog_path: Path | None) -> str:
         return "catalog locked by another run"
     except sqlite3.OperationalError as exc:  # a writer outside the lock kept the database busy
         return f"catalog busy ({exc})"
+    except (OSError, CatalogError) as exc:  # a catalog this user may read but not write: browsing goes on
+        return f"catalog not writable ({getattr(exc, 'strerror', None) or exc})"
     return ""
 
 

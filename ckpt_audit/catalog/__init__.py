@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from ckpt_audit.catalog.manifest import CatalogError, probe, read_previous
 
-__all__ = ["Catalog", "CatalogError", "open_catalog", "probe", "read_previous"]
+__all__ = ["Catalog", "CatalogError", "open_catalog", "probe", "read_catalog", "read_previous"]
 
 
 def __getattr__(name: str):
     # Catalog/open_catalog import sqlite_utils (~0.2-0.3 s): loaded on first use, after the scan has started
-    if name in ("Catalog", "open_catalog"):
+    if name in ("Catalog", "open_catalog", "read_catalog"):
         from ckpt_audit.catalog import store
 
         return getattr(store, name)

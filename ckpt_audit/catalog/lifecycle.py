@@ -103,7 +103,11 @@ class LifecycleLog:
                 "detail": outcome.detail, "size_bytes": outcome.size_bytes, "at_ns": time.time_ns(),
             })
             if str(outcome.action) in ("deleted", "reclaimed") and self.db["checkpoints"].exists():
+                from ckpt_audit.catalog.store import refresh_run_summaries
+
                 self.db.execute("UPDATE checkpoints SET present = 0 WHERE path = ?", [outcome.path])
+                if outcome.run_path is not None:
+                    refresh_run_summaries(self.db.conn, [outcome.run_path])
 
     def record_prune_finish(self, *, exec_id: str, result: PruneResult) -> None:
         with self.db.atomic():

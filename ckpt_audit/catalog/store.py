@@ -37,15 +37,48 @@ def open_catalog(path: str | os.PathLike[str]) -> Catalog:
         MIGRATIONS.apply(db)
     except (sqlite3.Error, OSError) as exc:
         raise CatalogError(f"catalog {path} is unusable: {exc}") from None
-    return Catalog(db, path)
+    return Catalog(db, path, writable=True)
+
+
+def read_catalog(path: str | os.PathLike[str]) -> Catalog:
+    """Open an existing catalog read-only, for `ls`, `show`, `continuity` and browsing in the TUI.
+
+    Works for a user who can write neither the catalog nor its directory (a root-owned cron catalog): nothing is
+    created, no migration runs, no lock is taken. Raises CatalogError (missing, not SQLite, or written by an
+    older ckpt-audit whose schema a writer has not upgraded yet).
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CatalogError(f"no catalog at {path}; run `ckpt-audit scan ROOT` first")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout=5000")
+        db = sqlite_utils.Database(conn)
+        pending = MIGRATIONS.pending(db)
+    except sqlite3.Error as exc:
+        raise CatalogError(f"catalog {path} cannot be read: {exc}") from None
+    if pending:
+        conn.close()
+        raise CatalogError(f"catalog {path} was written by an older ckpt-audit: the next `ckpt-audit scan` "
+                           "(by a user who can write it) upgrades it")
+    return Catalog(db, path, writable=False)
 
 
 class Catalog:
-    def __init__(self, db: sqlite_utils.Database, path: str) -> None:
+    def __init__(self, db: sqlite_utils.Database, path: str, *, writable: bool) -> None:
         self.db = db
         self.path = path
+        self.writable = writable
 
     def close(self) -> None:
+        if self.writable:
+            # leave no WAL behind: a reader who cannot write the directory cannot create the -shm file a WAL
+            # database needs, but opens a rollback-journal one read-only. Another open connection keeps WAL on.
+            try:
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self.db.execute("PRAGMA journal_mode=DELETE")
+            except sqlite3.Error:
+                pass
         self.db.close()
 
     def __enter__(self) -> Catalog:
@@ -115,6 +148,7 @@ class Catalog:
                 for table in ("checkpoints", "runs"):
                     conn.execute(f"UPDATE {table} SET present = 0 WHERE last_scan_id != ? AND present = 1 AND {under}",
                                  [scan_id, root, len(below), below])
+            refresh_run_summaries(conn, [r.path for r in result.runs])
         return int(scan_id)
 
     # -- reading ----------------------------------------------------------------------------------------------
@@ -189,6 +223,22 @@ class Catalog:
             row = self.db.execute("SELECT MAX(id) FROM scans").fetchone()
             scan_id = row[0] if row else None
         return self._rows("SELECT * FROM findings WHERE scan_id = ? ORDER BY id", [scan_id])
+
+
+RUN_SUMMARY_SQL = """
+    UPDATE runs SET
+        n_checkpoints = (SELECT COUNT(*) FROM checkpoints c WHERE c.run_path = runs.path AND c.present = 1),
+        latest_complete_step = (SELECT MAX(c.step) FROM checkpoints c
+                                WHERE c.run_path = runs.path AND c.present = 1 AND c.status = 'complete'),
+        size_bytes = (SELECT COALESCE(SUM(c.size_bytes), 0) FROM checkpoints c
+                      WHERE c.run_path = runs.path AND c.present = 1)
+    WHERE path = ?"""
+
+
+def refresh_run_summaries(conn: sqlite3.Connection, run_paths: list[str]) -> None:
+    """A run's summary is what the catalog holds of it, not what one scan looked at: a scan of one step
+    directory (or a prune that removed some) must not make the run one checkpoint long."""
+    conn.executemany(RUN_SUMMARY_SQL, [(p,) for p in run_paths])
 
 
 def _files_with_role(ckpt: Checkpoint) -> Iterator[tuple[str | None, ShardFile]]:

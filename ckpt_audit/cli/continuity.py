@@ -102,14 +102,14 @@ def write_plot(path: Path, result) -> None:
 
 
 def _catalog_checkpoints(catalog: Path, run_path: Path | None, metrics) -> tuple:
-    from ckpt_audit.catalog import CatalogError, open_catalog
+    from ckpt_audit.catalog import CatalogError, read_catalog
     from ckpt_audit.continuity.resume_points import CheckpointRef
     from ckpt_audit.continuity.metrics import MetricsError
 
     if not catalog.is_file():
         raise MetricsError(f"catalog {catalog} does not exist (run ckpt-audit scan first)")
     try:
-        with open_catalog(catalog) as cat:
+        with read_catalog(catalog) as cat:
             runs = cat.runs()
             if run_path is not None:
                 wanted = os.path.realpath(run_path)

@@ -109,13 +109,11 @@ class _progress:
 
 
 def _open(catalog: Path | None):
-    from ckpt_audit.catalog import CatalogError, open_catalog
+    """The catalog, read-only: `ls` and `show` work for a user who can write neither it nor its directory."""
+    from ckpt_audit.catalog import CatalogError, read_catalog
 
-    path = resolve_catalog(catalog)
-    if not path.exists():
-        raise CommandError(f"no catalog at {path}; run `ckpt-audit scan ROOT` first")
     try:
-        return open_catalog(path)
+        return read_catalog(resolve_catalog(catalog))
     except CatalogError as exc:
         raise CommandError(str(exc)) from None
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import ScanContext
-from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import status
 from ckpt_audit.tree import FileFacts, Tree
 
@@ -26,7 +26,7 @@ MEGATRON = "verl-megatron"
 DCP = "dcp"
 DIST_CKPT = "dist_ckpt"
 METADATA = ".metadata"
-DISTCP_RE = re.compile(r"__(\d+)_(\d+)\.distcp")
+DISTCP_RE = re.compile(r"__(\d{1,9})_(\d{1,9})\.distcp")  # a longer number is no rank (nor an SQLite INTEGER)
 STEP_RE = re.compile(r"global_step_\d+")
 TRAILING_INT_RE = re.compile(r"(\d+)$")
 KNOWN_SHARDED_BACKENDS = frozenset({"torch_dist", "zarr"})
@@ -154,18 +154,23 @@ class DcpLayout:
     def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:
         dirs = [run_dir] if METADATA in tree.file_names(run_dir) else []
         dirs += [f"{run_dir}/{s}" for s in tree.subdirs(run_dir) if METADATA in tree.file_names(f"{run_dir}/{s}")]
-        checkpoints = []
+        checkpoints, found = [], []
         for d in dirs:
             m = TRAILING_INT_RE.search(d.rsplit("/", 1)[-1])
+            if m and int(m.group(1)) > MAX_STEP:
+                found.append(finding("step-out-of-range", d, f"step {m.group(1)} is past 2^63-1; not a checkpoint"))
+                continue
             comp = self._plain("", d, tree, facts)
-            mtime = max((f.mtime_ns for f in comp.files), default=0)
+            # directories included (see verl_fsdp); a run dir that is itself a checkpoint stops at its siblings
+            below = frozenset(x for x in dirs if x != d)
+            mtime = max([tree.newest_dir_mtime_ns(d, stop=below), *(f.mtime_ns for f in comp.files)])
             ckpt = Checkpoint(run_path=run_dir, step=int(m.group(1)) if m else 0, path=d, status=Status.INCOMPLETE,
                               components=(comp,), mtime_ns=mtime)
             # DCP's coordinator writes .metadata last: its presence commits the checkpoint, as verl's tracker does
             committed = ckpt.step if METADATA in tree.file_names(d) else None
             checkpoints.append(status.judge(ckpt, tracker_step=committed, ctx=ctx))
         checkpoints.sort(key=lambda c: (c.step, c.path))
-        return Run(path=run_dir, layout=DCP, checkpoints=tuple(checkpoints))
+        return Run(path=run_dir, layout=DCP, checkpoints=tuple(checkpoints), findings=tuple(found))
 
 
 def _under_verl_step(d: str) -> bool:

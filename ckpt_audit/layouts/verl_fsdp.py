@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import ScanContext, component_for
-from ckpt_audit.models import Checkpoint, Component, FileKind, Run, ShardFile, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Run, ShardFile, Status
 from ckpt_audit.rules import shards, status, tracker
 from ckpt_audit.tree import FileFacts, Tree
 
@@ -39,7 +39,8 @@ def classify(name: str, rel_parts: tuple[str, ...]) -> tuple[FileKind, int | Non
         return FileKind.LORA, None, None
     if rel_parts:
         return FileKind.OTHER, None, None
-    if m := SHARD_RE.fullmatch(name):
+    if (m := SHARD_RE.fullmatch(name)) and max(len(m.group(2) or ""), len(m.group(3))) < 10:
+        # (a rank or world size of ten digits or more is no shard name: SQLite could not even record it)
         return _KINDS[m.group(1)], int(m.group(3)), int(m.group(2)) if m.group(2) else None
     if name == "fsdp_config.json":
         return FileKind.FSDP_CONFIG, None, None
@@ -122,6 +123,10 @@ class VerlFsdp:
             step, misnamed = step_of(sub)
             if step is None:
                 continue
+            if step > MAX_STEP:  # one absurd name must not stop the catalog from recording the rest
+                run_findings += (finding("step-out-of-range", f"{run_dir}/{sub}", f"step {step} is past 2^63-1; "
+                                         "not a checkpoint"),)
+                continue
             ckpt = self._checkpoint(run_dir, f"{run_dir}/{sub}", step, tree, facts, ctx)
             if misnamed:
                 ckpt = replace(ckpt, findings=ckpt.findings + (
@@ -167,8 +172,9 @@ class VerlFsdp:
             kind = FileKind.DATA if len(rel) == 1 and DATA_RE.fullmatch(rel[0]) else FileKind.OTHER
             step_files.append(shard_file(fact, kind, None, None))
             step_findings.extend(fact.findings)
-        mtime = max((f.mtime_ns for f in step_files), default=0)
-        mtime = max([mtime] + [f.mtime_ns for c in components for f in c.files])
+        # its age is its newest entry's, directories included: an empty global_step_N/ made a second ago is young
+        mtime = max([tree.newest_dir_mtime_ns(step_dir), *(f.mtime_ns for f in step_files),
+                     *(f.mtime_ns for c in components for f in c.files)])
         ckpt = Checkpoint(
             run_path=run_dir,
             step=step,

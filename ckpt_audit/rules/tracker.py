@@ -6,7 +6,8 @@ import re
 from collections.abc import Sequence
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import Checkpoint, Finding, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Finding, Severity, Status
+from ckpt_audit.rules.status import is_husk
 
 _STEP = re.compile(r"\s*(\d+)\s*")
 
@@ -20,7 +21,10 @@ def read_tracker(path: str, text: str | None, *, present: bool) -> tuple[int | N
     m = _STEP.fullmatch(text)
     if m is None:
         return None, (finding("tracker-invalid", path, f"tracker holds {text[:40]!r}, not a step number"),)
-    return int(m.group(1)), ()
+    step = int(m.group(1))
+    if step > MAX_STEP:
+        return None, (finding("tracker-invalid", path, f"tracker holds step {step}, past 2^63-1"),)
+    return step, ()
 
 
 def check_run(
@@ -42,6 +46,20 @@ def check_run(
                 "tracker-dangling", tracker_path,
                 f"tracker names step {tracker_step}, which is {target[0].status.value}: resume fails or loses state",
             ))
+    if ahead := ahead_of_tracker(checkpoints):
+        steps = ", ".join(str(c.step) for c in ahead)
+        found.append(finding(
+            "tracker-behind", tracker_path,
+            f"tracker names step {tracker_step} but {len(ahead)} newer checkpoint(s) look whole (step {steps}): "
+            "resume loads the older one; prune keeps them",
+        ))
     if checkpoints and not any(c.status in (Status.COMPLETE, Status.IN_PROGRESS) for c in checkpoints):
         found.append(finding("no-complete-checkpoint", run_dir, f"none of {len(checkpoints)} checkpoint(s) is complete"))
     return tuple(found)
+
+
+def ahead_of_tracker(checkpoints: Sequence[Checkpoint]) -> tuple[Checkpoint, ...]:
+    """Checkpoints newer than the tracker with no error and model shards left: uncommitted only because the
+    tracker lags (a save whose tracker write failed, a tracker edited back). Not disposable as abandoned saves."""
+    return tuple(c for c in checkpoints if c.status is Status.UNCOMMITTED and not is_husk(c)
+                 and not any(f.severity is Severity.ERROR for f in c.all_findings))

@@ -1,0 +1,178 @@
+"""Partial input never erases the whole; readers only read (issue 11, invariants 7 and 8).
+
+Every test runs the real CLI in a subprocess on a copy of a trainer-written run, with a real catalog.
+Permission cases run as root with the capabilities that bypass file permissions dropped (setpriv), not skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from scan_trees import flip_payload_byte
+
+SETPRIV = shutil.which("setpriv")
+UNPRIVILEGED = [] if os.geteuid() != 0 else [SETPRIV, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def cli(*args: str, catalog: Path, unprivileged: bool = False) -> subprocess.CompletedProcess:
+    prefix = UNPRIVILEGED if unprivileged else []
+    return subprocess.run([*prefix, sys.executable, "-m", "ckpt_audit.cli", *args, "--catalog", str(catalog)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def ls_run(run: Path, catalog: Path) -> dict:
+    out = cli("ls", str(run), "--json", catalog=catalog)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.fixture
+def run(verl_run, copy_run) -> Path:
+    return Path(copy_run(verl_run))
+
+
+def test_verify_of_one_step_keeps_the_runs_summary(run, tmp_path):
+    cat = tmp_path / "cat.db"
+    assert cli("scan", str(run), catalog=cat).returncode == 0
+    before = ls_run(run, cat)
+    assert before["run"]["n_checkpoints"] == 3 and before["run"]["latest_complete_step"] == 6
+
+    assert cli("verify", str(run / "global_step_4"), catalog=cat).returncode == 0
+    after = ls_run(run, cat)
+    assert after["run"]["n_checkpoints"] == 3
+    assert after["run"]["latest_complete_step"] == 6
+    assert [c["step"] for c in after["checkpoints"]] == [2, 4, 6]
+
+
+def test_scan_of_a_step_dir_checks_that_checkpoint_and_only_it(run, tmp_path):
+    cat = tmp_path / "cat.db"
+    assert cli("scan", str(run), catalog=cat).returncode == 0
+    victim = run / "global_step_4" / "actor" / "model_world_size_2_rank_0.pt"
+    flip_payload_byte(victim)
+    os.utime(victim)  # a rewrite the stat shows: this test is about scope, not about the cache
+
+    out = cli("scan", "--json", str(run / "global_step_4"), catalog=cat)
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    [scanned_run] = doc["runs"]
+    assert [(c["step"], c["status"]) for c in scanned_run["checkpoints"]] == [(4, "corrupt")]
+    # its own files and the run's (tracker, metrics log) were read or reused, not its neighbours'
+    own = [p for p in (run / "global_step_4").rglob("*") if p.is_file()] + [p for p in run.iterdir() if p.is_file()]
+    assert doc["files_hashed"] + doc["files_reused"] == len(own)
+
+    listed = {c["step"]: c["status"] for c in ls_run(run, cat)["checkpoints"]}
+    assert listed == {2: "complete", 4: "corrupt", 6: "complete"}
+
+
+def test_scan_of_a_path_inside_a_step_dir_checks_its_checkpoint(run, tmp_path):
+    cat = tmp_path / "cat.db"
+    out = cli("scan", "--json", str(run / "global_step_2" / "actor"), catalog=cat)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert [c["path"] for r in doc["runs"] for c in r["checkpoints"]] == [str(run.resolve() / "global_step_2")]
+    assert "no-runs" not in {f["code"] for f in doc["findings"]}
+
+
+def test_a_step_number_sqlite_cannot_hold_is_a_finding_not_an_error(run, tmp_path):
+    cat = tmp_path / "cat.db"
+    huge = run / "global_step_99999999999999999999999"
+    shutil.copytree(run / "global_step_2", huge)
+    actor = run / "global_step_4" / "actor"
+    shutil.copy2(actor / "model_world_size_2_rank_0.pt", actor / "model_world_size_99999999999_rank_0.pt")
+
+    out = cli("scan", "--json", str(run.parent.parent), catalog=cat)
+    assert out.returncode == 0, out.stderr  # a warning: the rest of the root is judged and recorded
+    doc = json.loads(out.stdout)
+    [r] = doc["runs"]
+    assert ("step-out-of-range", str(huge.resolve())) in {(f["code"], f["path"]) for f in r["findings"]}
+    assert [c["step"] for c in ls_run(run, cat)["checkpoints"]] == [2, 4, 6]
+
+
+def test_a_tracker_naming_a_step_sqlite_cannot_hold_is_invalid(run, tmp_path):
+    cat = tmp_path / "cat.db"
+    (run / "latest_checkpointed_iteration.txt").write_text("99999999999999999999999")
+    out = cli("scan", "--json", str(run), catalog=cat)
+    assert out.returncode == 1, out.stderr
+    assert "tracker-invalid" in {f["code"] for r in json.loads(out.stdout)["runs"] for f in r["findings"]}
+
+
+# -- readers read ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def locked_down(run, tmp_path) -> tuple[Path, Path]:
+    """(run, catalog): a catalog written by root's cron, in a directory nobody else may write."""
+    cat_dir = tmp_path / "cron"
+    cat_dir.mkdir()
+    cat = cat_dir / "catalog.db"
+    assert cli("scan", str(run), catalog=cat).returncode == 0
+    cat.chmod(0o444)
+    cat_dir.chmod(0o555)
+    yield run, cat
+    cat_dir.chmod(0o755)
+
+
+def test_ls_and_show_read_a_catalog_they_cannot_write(locked_down):
+    run, cat = locked_down
+    before = sorted(os.listdir(cat.parent))
+    out = cli("ls", "--json", catalog=cat, unprivileged=True)
+    assert out.returncode == 0, out.stderr
+    assert [r["n_checkpoints"] for r in json.loads(out.stdout)["runs"]] == [3]
+    out = cli("show", str(run / "global_step_6"), catalog=cat, unprivileged=True)
+    assert out.returncode == 0, out.stderr
+    assert "complete" in out.stdout
+    assert sorted(os.listdir(cat.parent)) == before  # nothing created beside it (no -wal, -shm, lock)
+
+
+def test_continuity_reads_checkpoint_steps_from_a_catalog_it_cannot_write(locked_down):
+    run, cat = locked_down
+    out = cli("continuity", str(run / "metrics.jsonl"), "--json", "--at-checkpoints", "--fail-on", "error",
+              catalog=cat, unprivileged=True)
+    assert out.returncode == 0, out.stderr
+    # the checkpoint steps came from the catalog (6 is the last logged step: nothing after it to judge)
+    assert [p["resume_step"] for p in json.loads(out.stdout)["resume_points"]] == [2, 4]
+
+
+def test_tui_browses_a_catalog_it_cannot_write(locked_down):
+    run, cat = locked_down
+    script = textwrap.dedent("""
+        import asyncio, sys
+        from pathlib import Path
+        from tui.app import AuditApp
+
+        app = AuditApp(catalog_path=Path(sys.argv[1]))
+
+        async def main():
+            async with app.run_test(size=(80, 24)) as pilot:
+                await pilot.pause()
+                await app.workers.wait_for_complete()
+                await pilot.pause()
+                print(app.last_error, [r.path for r in app.snapshot.runs], app.snapshot.unrecorded, sep="|")
+
+        asyncio.run(main())
+    """)
+    out = subprocess.run([*UNPRIVILEGED, sys.executable, "-c", script, str(cat)], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    error, runs, unrecorded = out.stdout.strip().splitlines()[-1].split("|")
+    assert error == "None"
+    assert runs == str([str(run.resolve())])
+    assert unrecorded.startswith("catalog not writable")
+
+
+def test_a_writer_leaves_no_wal_a_reader_would_need_to_create(run, tmp_path):
+    cat = tmp_path / "cat.db"
+    assert cli("scan", str(run), catalog=cat).returncode == 0
+    assert not (tmp_path / "cat.db-wal").exists() and not (tmp_path / "cat.db-shm").exists()
+    conn = sqlite3.connect(f"file:{cat}?mode=ro", uri=True)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    conn.close()
