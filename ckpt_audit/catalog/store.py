@@ -17,6 +17,7 @@ import sqlite_utils
 from ckpt_audit import __version__
 from ckpt_audit.catalog.manifest import CatalogError, as_shard_files, read_previous
 from ckpt_audit.catalog.migrations import MIGRATIONS
+from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
 from ckpt_audit.rules.files import PER_FILE_CODES
 from ckpt_audit.tree import FileFacts
@@ -97,6 +98,7 @@ class Catalog:
         """
         every = result.all_findings
         conn = self.db.conn
+        ops = OpCounter.from_env()  # the kill -9 matrix stops the process between any two statements
         with self.db.atomic():
             scan_id = self.db["scans"].insert({
                 "started_ns": result.started_ns,
@@ -111,6 +113,7 @@ class Catalog:
                 "errors": sum(1 for f in every if f.severity is Severity.ERROR),
                 "warnings": sum(1 for f in every if f.severity is Severity.WARNING),
             }).last_pk
+            ops.tick()
             old_hash = dict(conn.execute("SELECT path, hash FROM files WHERE present = 1"))
             reused = result.reused_paths
             run_rows, ckpt_rows, file_rows, finding_rows, history = [], [], [], [], []
@@ -132,6 +135,7 @@ class Catalog:
             finding_rows.extend(_finding_row(f, scan_id, None, None) for f in result.findings)
             self.db["runs"].upsert_all(run_rows, pk="path", batch_size=BATCH)
             self.db["checkpoints"].upsert_all(ckpt_rows, pk="path", batch_size=BATCH)
+            ops.tick()
             cols = _FILE_COLS + ", last_scan_id, present"
             conn.executemany(
                 f"INSERT OR REPLACE INTO files ({cols}) VALUES ({', '.join('?' * (_N_FILE_COLS + 1))}, 1)", file_rows)
@@ -140,6 +144,7 @@ class Catalog:
             conn.executemany(
                 "INSERT INTO findings (scan_id, severity, code, path, message, rank, tensor, run_path, checkpoint_path)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", finding_rows)
+            ops.tick()
             for root in result.roots:  # what the roots no longer hold is kept, marked absent
                 below = root.rstrip("/") + "/"
                 gone = [(p,) for p in old_hash if p not in seen and (p == root or p.startswith(below))]
@@ -149,6 +154,8 @@ class Catalog:
                     conn.execute(f"UPDATE {table} SET present = 0 WHERE last_scan_id != ? AND present = 1 AND {under}",
                                  [scan_id, root, len(below), below])
             refresh_run_summaries(conn, [r.path for r in result.runs])
+            ops.tick()
+        ops.tick()  # committed
         return int(scan_id)
 
     # -- reading ----------------------------------------------------------------------------------------------
