@@ -13,13 +13,23 @@ Handled shapes: FSDP1/FSDP2 DTensors with Shard(0) or Shard(1), uneven and empty
 it, not fused), Megatron checkpoints with HF weights in `huggingface/`.
 
 What was written is then checked against an independent computation: every tensor read back with the
-safetensors library must equal `torch.cat` of its shards, bit for bit after the cast.
+safetensors library must equal `torch.cat` of its shards, bit for bit after the cast. The shards themselves were
+re-read just before (export_guard.check_source: CRCs, and hashes against the catalog's manifest), so "verified"
+means equal to content that was checked, not only to itself.
+
+Nothing is written before export_guard says `--to` is clear of every checkpoint, run and scanned root. The export
+is built in a hidden sibling directory, marked as an export (MARKER, with its file hashes), and only then put in
+place by one rename (an atomic exchange when it replaces an earlier export), so `--to` is at every moment absent,
+the earlier export, or the complete new one. Kill points for the crash test (the killpoints seam,
+CKPT_AUDIT_TEST_KILL_AFTER_OPS), in order: one per tensor written, one per tensor read back, the marker written, the rename into place, the
+earlier export removed (only when there was one), then inside the catalog transaction.
 torch is imported lazily: `ckpt-audit scan` must never pay for it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import logging
 import mmap
@@ -27,10 +37,30 @@ import os
 import re
 import shutil
 import sys
+import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from ckpt_audit.export_guard import (
+    MARKER,
+    Destination,
+    ExportError,
+    ExportRefused,
+    SourceCheck,
+    changed_since,
+    check_destination,
+    check_source,
+    marker_document,
+    refusal,
+    step_and_run,
+)
+from ckpt_audit.killpoints import OpCounter
+from ckpt_audit.models import Finding
+from ckpt_audit.prune import _fsync_dir
+
+__all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "export_checkpoint", "parse_size"]
 
 MODEL_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 WEIGHT_FILE_RE = re.compile(r"(\.safetensors|\.bin)$|^(model\.safetensors|pytorch_model\.bin)\.index\.json$")
@@ -42,10 +72,7 @@ SAFETENSORS_DTYPE = {
 }
 DEFAULT_MAX_SHARD = 5 * 10**9
 TIED = ("lm_head.weight", "model.embed_tokens.weight")
-
-
-class ExportError(Exception):
-    """The checkpoint cannot be exported; the message is one line for the user."""
+LEFTOVER_RE = r"\.{name}\.ckpt-audit-(?:tmp|old)-(\d+)-[0-9a-f]{{8}}"  # a killed export's work dirs beside --to
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,14 +95,31 @@ class ExportResult:
     files: tuple[ExportedFile, ...] = ()
     lora_dir: str | None = None
     warnings: tuple[str, ...] = ()
-    verified: bool = False
+    read_back: bool = False  # every tensor read back equals the concatenation of its shards
+    source_check: str = "none"  # how the source's weights were re-read: "manifest" | "crc-only" | "none"
+    source_files: tuple[tuple[str, str], ...] = ()  # (path, xxh3-128) of every source file, as re-read
+    override: str = ""  # "allow-corrupt": exported although the source failed its check
+    source_findings: tuple[Finding, ...] = ()  # what the source check found (overridden when exported)
+    replaced: str = ""  # what --to held before: "" nothing | "empty-dir" | "export"
+    export_id: int | None = None  # the catalog's exports.id
+
+    @property
+    def verified(self) -> bool:
+        """Read back equal to a source whose content was checked (manifest or CRCs) and passed."""
+        return self.read_back and self.source_check != "none" and not self.override
+
+    @property
+    def source_verified(self) -> bool:
+        return self.source_check == "manifest" and not self.override
 
     def to_dict(self) -> dict:
         return {
             "source": self.source, "role_dir": self.role_dir, "out_dir": self.out_dir,
             "source_kind": self.source_kind, "world_size": self.world_size, "dtype": self.dtype,
             "tensors": self.tensors, "total_bytes": self.total_bytes, "verified": self.verified,
-            "lora_dir": self.lora_dir, "warnings": list(self.warnings),
+            "read_back": self.read_back, "source_check": self.source_check, "source_verified": self.source_verified,
+            "override": self.override, "source_findings": [f.to_dict() for f in self.source_findings],
+            "replaced": self.replaced, "lora_dir": self.lora_dir, "warnings": list(self.warnings),
             "files": [{"path": f.path, "size_bytes": f.size_bytes, "hash": f.hash} for f in self.files],
         }
 
@@ -101,29 +145,44 @@ def export_checkpoint(
     max_shard_size: int = DEFAULT_MAX_SHARD,
     verify: bool = True,
     catalog=None,
+    allow_corrupt: bool = False,
+    protected_roots: Iterable[str] = (),
     progress: Callable[[int, int, str], None] | None = None,
 ) -> ExportResult:
-    """Merge `step_dir`'s `role` into a HuggingFace directory at `to`. Raises ExportError with a one-line reason.
+    """Merge `step_dir`'s `role` into a HuggingFace directory at `to`. Raises ExportError with a one-line reason,
+    ExportRefused (nothing touched) when `to` or the source fails a safety check.
 
-    `dtype`: "bf16" | "fp16" | "fp32" (floating tensors only), default the checkpoint's own. The directory
-    appears at `to` only when complete (written to a sibling temp dir, then renamed).
+    `dtype`: "bf16" | "fp16" | "fp32" (floating tensors only), default the checkpoint's own. `force`: replace an
+    earlier export or an empty directory, nothing else. `catalog` (a LifecycleLog): what it knows is protected
+    from `to`, its manifest is what the source is checked against, and the export is recorded in it.
+    `protected_roots`: further roots the caller scanned. `allow_corrupt`: export a source that failed its check,
+    recorded as an override. The directory appears at `to` only when complete.
     """
-    import torch  # lazy: see module docstring
-
-    src = Path(step_dir).resolve()
-    out = Path(os.path.abspath(to))  # not resolve(): --force must replace a link, never the dir it points to
     if dtype and dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r} (use bf16, fp16 or fp32)")
-    target = getattr(torch, DTYPES[dtype]) if dtype else None
-    if out.exists() and not force:
-        raise ExportError(f"{out} exists (use --force to replace it)")
-    if out == src or src in out.parents:
-        raise ExportError("refusing to write the export inside the checkpoint")
+    src = Path(step_dir).resolve()
     role_dir = _role_dir(src, role)
     hf_dir = role_dir / "huggingface"
+    ckpt, run = step_and_run(str(src))
+    places = [("checkpoint", ckpt), ("run", run), *(("scanned root", r) for r in protected_roots)]
+    if catalog is not None:
+        places += catalog.known_places()
+    dest = check_destination(to, protected=places, force=force)
+    status, manifest, status_findings = catalog.export_source(str(src)) if catalog is not None else (None, {}, ())
+    check = check_source(_files_to_read(role_dir, hf_dir), manifest=manifest, status=status,
+                         status_findings=status_findings)
+    refused = refusal(check)
+    if refused is not None and not allow_corrupt:
+        raise refused
 
-    tmp = out.parent / f".{out.name}.ckpt-audit-tmp-{uuid.uuid4().hex[:8]}"
+    import torch  # lazy: see module docstring
+
+    target = getattr(torch, DTYPES[dtype]) if dtype else None
+    out = Path(dest.path)  # not resolved: --force must replace a link, never the dir it points to
+    ops = OpCounter.from_env()
     out.parent.mkdir(parents=True, exist_ok=True)
+    _reclaim_leftovers(out)
+    tmp = out.parent / f".{out.name}.ckpt-audit-tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         if _model_shards(role_dir):
@@ -135,14 +194,42 @@ def export_checkpoint(
         else:
             raise ExportError(f"{role_dir}: no model shards (model_world_size_W_rank_R.pt) and no HF weights")
         result = _export(source, src, tmp, out, target=target, max_shard_size=max_shard_size, verify=verify,
-                         progress=progress, hf_dir=hf_dir, torch=torch)
-        _swap_into_place(tmp, out)
+                         progress=progress, hf_dir=hf_dir, torch=torch, ops=ops)
+        result = _with_source(result, check, dest, override="allow-corrupt" if refused is not None else "")
+        _write_marker(tmp, result)
+        ops.tick()  # complete and marked: right before the rename
+        if (moved := changed_since(check)) is not None:
+            raise ExportError(f"{moved} changed while it was exported; nothing was replaced (export again)")
+        _swap_into_place(tmp, out, ops)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         raise
     if catalog is not None:
-        catalog.record_export(result)
+        result = replace(result, export_id=catalog.record_export(result, tick=ops.tick))
     return result
+
+
+def _files_to_read(role_dir: Path, hf_dir: Path) -> list[tuple[str, bool]]:
+    """(path, holds weights) for every file the export reads or copies: what check_source re-reads first."""
+    out: list[tuple[str, bool]] = []
+    if by_w := _model_shards(role_dir):
+        out += [(str(p), True) for _r, p in sorted(by_w[_world_size(role_dir, by_w)].items())]
+    else:
+        out += [(str(p), True) for p in _hf_weights(hf_dir)]
+    if hf_dir.is_dir():
+        out += [(str(p), False) for p in sorted(hf_dir.iterdir()) if p.is_file() and not WEIGHT_FILE_RE.search(p.name)]
+    if (adapter := hf_dir.parent / "lora_adapter" / "adapter_config.json").is_file():
+        out.append((str(adapter), False))
+    return out
+
+
+def _with_source(result: ExportResult, check: SourceCheck, dest: Destination, *, override: str) -> ExportResult:
+    warnings = [*result.warnings, *check.notes]
+    if override:
+        warnings += [f"--allow-corrupt: exported although {f.path}: {f.code}: {f.message}" for f in check.findings]
+    return replace(result, source_check=check.mode, source_files=tuple((f.path, f.hash) for f in check.files),
+                   override=override, source_findings=check.findings, replaced=dest.replaces,
+                   warnings=tuple(warnings))
 
 
 # ---------------------------------------------------------------------------------------------------- sources
@@ -318,7 +405,8 @@ def _mesh_of(state: dict, world_size: int):
 # ---------------------------------------------------------------------------------------------------- export
 
 
-def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, verify, progress, hf_dir, torch):
+def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, verify, progress, hf_dir, torch,
+            ops: OpCounter):
     warnings = list(source.warnings)
     config = _read_config(hf_dir)
     tensors = source.tensors
@@ -345,6 +433,7 @@ def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, 
     counter = [0]
 
     def tick(name: str) -> None:
+        ops.tick()  # one tensor written
         counter[0] += 1
         if progress is not None:
             progress(counter[0], total, name)
@@ -361,10 +450,10 @@ def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, 
         lora_dir = str(out / "lora_adapter")
 
     _copy_hf_files(hf_dir, tmp, out_dtype, torch)
-    verified = False
+    read_back = False
     if verify:
-        _verify(tmp, base + lora, target, ranges, torch)
-        verified = True
+        _verify(tmp, base + lora, target, ranges, torch, ops)
+        read_back = True
 
     from ckpt_audit.hashing import digest_file
 
@@ -377,7 +466,7 @@ def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, 
         source=str(src), role_dir=str(hf_dir.parent), out_dir=str(out), source_kind=source.kind,
         world_size=source.world_size, dtype=str(out_dtype).removeprefix("torch."), tensors=total,
         total_bytes=sum(_nbytes(t, target, torch) for t in base + lora), files=tuple(files), lora_dir=lora_dir,
-        warnings=tuple(warnings), verified=verified,
+        warnings=tuple(warnings), read_back=read_back,
     )
 
 
@@ -445,7 +534,7 @@ def _chunks(t: _Tensor, target, torch) -> Iterator:
         yield buf
 
 
-def _verify(tmp: Path, tensors: list[_Tensor], target, ranges, torch) -> None:
+def _verify(tmp: Path, tensors: list[_Tensor], target, ranges, torch, ops: OpCounter) -> None:
     """Every tensor read back (safetensors' own reader) equals torch.cat of its shards, as cast, bit for bit."""
     from safetensors import safe_open
 
@@ -467,6 +556,7 @@ def _verify(tmp: Path, tensors: list[_Tensor], target, ranges, torch) -> None:
         del got, want
         _release(t, ranges)
         _drop(mapped_ranges(out_paths))  # safetensors maps the files it reads back
+        ops.tick()  # one tensor read back
 
 
 def _same(a: _Tensor, b: _Tensor, torch) -> bool:
@@ -524,17 +614,79 @@ def _copy_hf_files(hf: Path, tmp: Path, out_dtype, torch) -> None:
         cfg.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    if out.exists() or out.is_symlink():
-        old = out.parent / f".{out.name}.ckpt-audit-old-{uuid.uuid4().hex[:8]}"
+def _write_marker(tmp: Path, result: ExportResult) -> None:
+    """What makes this directory recognisable as an export (and so replaceable by a later --force)."""
+    files = [(os.path.relpath(f.path, result.out_dir), f.size_bytes, f.hash) for f in result.files]
+    doc = marker_document(source=result.source, created_ns=time.time_ns(), source_check=result.source_check,
+                          override=result.override, files=files)
+    with open(tmp / MARKER, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(doc, indent=2) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(str(tmp))
+
+
+def _swap_into_place(tmp: Path, out: Path, ops: OpCounter) -> None:
+    """Put the finished `tmp` at `out` by one rename; an earlier export there is swapped out atomically where the
+    kernel can (renameat2 RENAME_EXCHANGE), so `out` never goes missing, and only then removed."""
+    if not os.path.lexists(out):
+        os.rename(tmp, out)
+        ops.tick()  # in place
+        _fsync_dir(str(out.parent))
+        return
+    if not _exchange(tmp, out):  # older kernel or filesystem: a moment with nothing at `out`, never a half export
+        old = out.parent / tmp.name.replace(".ckpt-audit-tmp-", ".ckpt-audit-old-")
         os.rename(out, old)
         os.rename(tmp, out)
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old)
-        else:
-            old.unlink()
-    else:
-        os.rename(tmp, out)
+        tmp = old
+    ops.tick()  # in place; the earlier export now sits at `tmp`
+    _fsync_dir(str(out.parent))
+    _remove(tmp)
+    ops.tick()  # the earlier export removed
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    fn = getattr(_libc, "renameat2", None) if _libc is not None else None
+    if fn is None:
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _remove(path: Path) -> None:
+    """Remove a work directory of ours; a link is unlinked, never followed."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _reclaim_leftovers(out: Path) -> None:
+    """Remove the work dirs a killed export to the same `out` left beside it (named by its pid, now dead)."""
+    pattern = re.compile(LEFTOVER_RE.format(name=re.escape(out.name)))
+    try:
+        names = os.listdir(out.parent)
+    except OSError:
+        return
+    for name in names:
+        if (m := pattern.fullmatch(name)) and not _alive(int(m[1])):
+            _remove(out.parent / name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------- memory

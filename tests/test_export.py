@@ -184,16 +184,21 @@ def test_bf16_sharded_export_with_index_loads_with_transformers(verl_run, tmp_pa
     assert torch.equal(logits(model, config), logits(ref, config))
 
 
-def test_refuses_to_overwrite_without_force_and_replaces_atomically_with_it(verl_run, tmp_path):
+def test_refuses_to_overwrite_without_force_and_replaces_only_an_earlier_export_with_it(verl_run, tmp_path):
     step = latest_step(verl_run)
     out = tmp_path / "hf"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
     with pytest.raises(ExportError, match="exists"):
         export_checkpoint(step, out)
+    with pytest.raises(ExportError, match="only an earlier export or an empty directory"):
+        export_checkpoint(step, out, force=True)  # a directory of the user's is never replaced
     assert (out / "mine.txt").read_text() == "keep me"
-    export_checkpoint(step, out, force=True)
-    assert not (out / "mine.txt").exists() and (out / "model.safetensors").exists()
+    (out / "mine.txt").unlink()
+    first = export_checkpoint(step, out, force=True)  # an empty directory may be
+    assert first.replaced == "empty-dir" and (out / "model.safetensors").exists()
+    second = export_checkpoint(step, out, force=True, dtype="bf16")  # and so may an earlier export
+    assert second.replaced == "export" and json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temp or old dirs left
 
 
@@ -227,7 +232,7 @@ def test_cli_export_records_hashes_in_the_catalog(verl_run, tmp_path):
     assert rows == {f["path"]: f["hash"] for f in doc["files"]}
 
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert again.returncode == 3 and "exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert again.returncode == 2 and "exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------- hand-made layouts (no trainer)
@@ -239,7 +244,7 @@ def _hf_config(d: Path, **extra) -> None:
 
 
 def test_lora_adapter_is_exported_beside_the_base_and_flagged_as_not_fused(tmp_path):
-    actor = tmp_path / "global_step_3" / "actor"
+    actor = tmp_path / "run" / "global_step_3" / "actor"
     _hf_config(actor / "huggingface")
     g = torch.Generator().manual_seed(0)
     sd = {
@@ -264,7 +269,7 @@ def test_lora_adapter_is_exported_beside_the_base_and_flagged_as_not_fused(tmp_p
 
 
 def test_megatron_checkpoint_exports_from_its_hf_weights(tmp_path):
-    actor = tmp_path / "global_step_5" / "actor"
+    actor = tmp_path / "run" / "global_step_5" / "actor"
     (actor / "dist_ckpt").mkdir(parents=True)
     (actor / "dist_ckpt" / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
     _hf_config(actor / "huggingface", tie_word_embeddings=False)
@@ -272,14 +277,16 @@ def test_megatron_checkpoint_exports_from_its_hf_weights(tmp_path):
     save_file(weights, str(actor / "huggingface" / "model.safetensors"))
 
     result = export_checkpoint(actor.parent, tmp_path / "hf", dtype="fp16")
-    assert result.source_kind == "hf-weights" and result.verified
+    assert result.source_kind == "hf-weights" and result.read_back
+    # safetensors carry no CRCs and nothing was scanned: equal to itself only, so not called verified
+    assert result.source_check == "none" and not result.verified
     got = exported_state_dict(Path(result.out_dir))
     assert {k: v.dtype for k, v in got.items()} == {k: torch.float16 for k in weights}
     assert all(torch.equal(got[k], weights[k].to(torch.float16)) for k in weights)
 
 
 def test_megatron_without_hf_weights_is_refused(tmp_path):
-    actor = tmp_path / "global_step_5" / "actor"
+    actor = tmp_path / "run" / "global_step_5" / "actor"
     (actor / "dist_ckpt").mkdir(parents=True)
     _hf_config(actor / "huggingface")
     with pytest.raises(ExportError, match="Megatron dist_ckpt without HF weights"):
@@ -287,7 +294,7 @@ def test_megatron_without_hf_weights_is_refused(tmp_path):
 
 
 def test_tied_lm_head_is_dropped_only_when_equal(tmp_path):
-    actor = tmp_path / "global_step_1" / "actor"
+    actor = tmp_path / "run" / "global_step_1" / "actor"
     _hf_config(actor / "huggingface", tie_word_embeddings=True)
     emb = torch.randn(6, 4)
     torch.save({"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()}, actor / "model_world_size_1_rank_0.pt")
@@ -300,7 +307,7 @@ def test_tied_lm_head_is_dropped_only_when_equal(tmp_path):
 
 
 def test_unsafe_shard_is_refused_without_executing_it(tmp_path):
-    actor = tmp_path / "global_step_1" / "actor"
+    actor = tmp_path / "run" / "global_step_1" / "actor"
     _hf_config(actor / "huggingface")
     marker = tmp_path / "pwned"
 

@@ -13,78 +13,98 @@ from ckpt_audit.exitcodes import ExitCode
 
 @click.command("export")
 @click.argument("step_dir", type=click.Path(path_type=Path))
-@click.option("--to", "to", required=True, type=click.Path(path_type=Path), help="Output directory (must not exist).")
+@click.option("--to", "to", required=True, type=click.Path(path_type=Path),
+              help="Output directory: new, or (with --force) an earlier export or an empty directory; never in a "
+                   "checkpoint, run or scanned root.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
               help="Cast floating tensors (default: the checkpoint's own dtype).")
-@click.option("--force", is_flag=True, help="Replace --to if it exists (atomically, once the export is complete).")
+@click.option("--force", is_flag=True, help="Replace an earlier export (or an empty directory) at --to, atomically, "
+                                            "once the new export is complete. Anything else is refused.")
 @click.option("--role", default="actor", show_default=True, help="Which role of the checkpoint (actor, critic).")
 @click.option("--max-shard-size", default="5GB", show_default=True, metavar="SIZE",
               help="Split the safetensors past this size, with model.safetensors.index.json.")
 @click.option("--no-verify", is_flag=True, help="Skip reading the export back and comparing it with the shards.")
+@click.option("--allow-corrupt", is_flag=True,
+              help="Export a source that fails its check (CRC, hash against the catalog, or a corrupt/unsafe/unknown "
+                   "verdict) anyway; recorded as an override, and the export is not called verified.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout.")
 @catalog_option
 @click.pass_context
-def export_command(ctx, step_dir, to, dtype, force, role, max_shard_size, no_verify, as_json, catalog) -> None:
+def export_command(ctx, step_dir, to, dtype, force, role, max_shard_size, no_verify, allow_corrupt, as_json,
+                   catalog) -> None:
     """Merge a checkpoint's FSDP shards into a HuggingFace model directory.
 
     Handles Shard(0)/Shard(1) DTensors, uneven and empty shards, HSDP (one replica is read), world size 1
     plain tensors and tied embeddings; copies config, generation config and tokenizer from huggingface/.
     LoRA adapters go to lora_adapter/ beside the model, NOT fused. Megatron checkpoints export from the HF
-    weights in huggingface/. Streams one tensor at a time from memory-mapped shards, writes into a temporary
-    directory and renames it into place, then reads every tensor back and compares it with the concatenation
-    of its shards. The export (file hashes, source checkpoint) is recorded in the catalog.
+    weights in huggingface/.
 
-    Exit codes: 0 exported and verified, 2 usage, 3 error (unreadable or unsupported checkpoint, --to exists
-    without --force, verification failed, catalog unusable), 130 interrupted.
+    Before writing anything: --to must not be, contain or sit inside a checkpoint, run or scanned root (the
+    source's, the catalog's, or one found inside an existing --to), and the source's files are re-read: CRCs,
+    and hashes against the catalog's manifest. Streams one tensor at a time from memory-mapped shards into a
+    hidden sibling directory, reads every tensor back and compares it with the concatenation of its shards,
+    writes the marker .ckpt-audit-export.json, then renames it into place. The export (file hashes, source
+    checkpoint, how the source was checked, any override) is recorded in the catalog.
+
+    Exit codes: 0 exported, 1 refused: the source failed its check (see --allow-corrupt), 2 usage, or --to
+    refused (would touch a checkpoint, run or root; exists without --force; --force onto something that is not
+    an earlier export or an empty directory), 3 error (unreadable or unsupported checkpoint, verification
+    failed, catalog unusable), 130 interrupted. Nothing is written when it refuses.
 
     \b
     Example:
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf-step400
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf --dtype bf16 --max-shard-size 2GB --force
     """
+    from ckpt_audit.catalog import open_catalog
+    from ckpt_audit.catalog.lifecycle import LifecycleLog
     from ckpt_audit.catalog.manifest import CatalogError, probe
-    from ckpt_audit.export import ExportError, export_checkpoint, parse_size
+    from ckpt_audit.export import ExportError, ExportRefused, export_checkpoint, parse_size
 
     try:
         shard_bytes = parse_size(max_shard_size)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--max-shard-size") from None
     cat_path = resolve_catalog(catalog)
-    try:
-        probe(cat_path)
-    except CatalogError as exc:
-        raise CommandError(str(exc)) from None
-
     bar = _Progress(enabled=not as_json)
     try:
-        result = export_checkpoint(step_dir, to, dtype=dtype, force=force, role=role, max_shard_size=shard_bytes,
-                                   verify=not no_verify, progress=bar.update)
-    except ExportError as exc:
+        probe(cat_path)
+        with open_catalog(cat_path) as cat:
+            result = export_checkpoint(step_dir, to, dtype=dtype, force=force, role=role, max_shard_size=shard_bytes,
+                                       verify=not no_verify, catalog=LifecycleLog(cat.db),
+                                       allow_corrupt=allow_corrupt, progress=bar.update)
+    except ExportRefused as exc:
+        bar.close()
+        click.echo(f"ckpt-audit: error: {exc}", err=True)
+        ctx.exit(int(ExitCode.USAGE if exc.about == "destination" else ExitCode.FINDINGS))
+    except (ExportError, CatalogError) as exc:
         raise CommandError(str(exc)) from None
     finally:
         bar.close()
 
-    from ckpt_audit.catalog import open_catalog
-    from ckpt_audit.catalog.lifecycle import LifecycleLog
-
-    try:
-        with open_catalog(cat_path) as cat:
-            export_id = LifecycleLog(cat.db).record_export(result)
-    except CatalogError as exc:
-        raise CommandError(str(exc)) from None
-
     for w in result.warnings:
         click.echo(f"ckpt-audit: warning: {w}", err=True)
     if as_json:
-        emit_json({"command": "export", "export_id": export_id, **result.to_dict()})
+        emit_json({"command": "export", **result.to_dict(), "export_id": result.export_id})
     else:
         from ckpt_audit.models import format_size
 
         click.echo(f"exported {result.tensors} tensors ({format_size(result.total_bytes)}, {result.dtype}) from "
-                   f"{result.role_dir} to {result.out_dir}" + ("; verified against the shards" if result.verified else ""))
+                   f"{result.role_dir} to {result.out_dir}; {_checked(result)}")
         for f in result.files:
             click.echo(f"  {f.hash}  {format_size(f.size_bytes):>10}  {f.path}")
     ctx.exit(int(ExitCode.OK))
+
+
+def _checked(result) -> str:
+    """What "verified" rests on, in words (the JSON says it as read_back, source_check and override)."""
+    source = {"manifest": "source re-read and equal to the catalog's manifest",
+              "crc-only": "source re-read, checked by CRC only (no catalog manifest: scan it first)",
+              "none": "source NOT checked (no catalog manifest and no CRCs to check)"}[result.source_check]
+    if result.override:
+        source = f"source FAILED its check, exported with --{result.override}"
+    back = "read back equal to the shards" if result.read_back else "not read back (--no-verify)"
+    return f"{back}; {source}"
 
 
 class _Progress:
@@ -102,3 +122,4 @@ class _Progress:
     def close(self) -> None:
         if self.shown:
             click.echo("", err=True)
+            self.shown = False
