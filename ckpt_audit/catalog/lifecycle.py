@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.export import ExportResult
+    from ckpt_audit.models import Finding
     from ckpt_audit.prune import Outcome, PruneResult
     from ckpt_audit.retention import PrunePlan
 
@@ -126,24 +128,57 @@ class LifecycleLog:
 
     # ------------------------------------------------------------------ export
 
-    def record_export(self, result: ExportResult) -> int:
-        source_files: list = []
-        if self.db["files"].exists():
-            source_files = [[r["path"], r["hash"]] for r in self.db.query(
-                "SELECT path, hash FROM files WHERE checkpoint_path = ? AND present = 1 ORDER BY path",
-                [result.source])]
+    def record_export(self, result: ExportResult, *, tick: Callable[[], None] | None = None) -> int:
+        """One export with its files, in one transaction (`tick`: the kill-test seam, called inside it)."""
         with self.db.atomic():
             export_id = self.db["exports"].insert({
                 "created_ns": time.time_ns(), "source": result.source, "role_dir": result.role_dir,
                 "out_dir": result.out_dir, "source_kind": result.source_kind, "world_size": result.world_size,
                 "dtype": result.dtype, "tensors": result.tensors, "total_bytes": result.total_bytes,
                 "verified": int(result.verified), "warnings": json.dumps(list(result.warnings)),
-                "source_files": json.dumps(source_files),
+                "source_files": json.dumps([list(f) for f in result.source_files]),  # as re-read for this export
+                "source_verified": int(result.source_verified), "override": result.override,
             }).last_pk
+            if tick is not None:
+                tick()
             self.db["export_files"].insert_all(
                 [{"export_id": export_id, "path": f.path, "size_bytes": f.size_bytes, "hash": f.hash}
                  for f in result.files], batch_size=500)
         return int(export_id)
+
+    def known_places(self) -> list[tuple[str, str]]:
+        """(what, path) of every scanned root, run and checkpoint the catalog knows: an export never goes there."""
+        if not self.db["scans"].exists():
+            return []
+        roots = {p for (doc,) in self.db.execute("SELECT roots FROM scans") for p in json.loads(doc)}
+        out = [("scanned root", p) for p in sorted(roots)]
+        out += [("run", p) for (p,) in self.db.execute("SELECT path FROM runs")]
+        out += [("checkpoint", p) for (p,) in self.db.execute("SELECT path FROM checkpoints")]
+        return out
+
+    def export_source(self, path: str) -> tuple[str | None, dict[str, dict], tuple[Finding, ...]]:
+        """The catalog's view of the checkpoint at or above `path`: (status, manifest of its present files by
+        path, findings of its last scan). (None, {}, ()) when the catalog has never seen it."""
+        from ckpt_audit import models
+
+        if not self.db["checkpoints"].exists():
+            return None, {}, ()
+        row = self.db.execute(
+            "SELECT path, status, last_scan_id FROM checkpoints WHERE present = 1 AND "
+            "(path = ? OR substr(?, 1, length(path) + 1) = path || '/') ORDER BY length(path) DESC LIMIT 1",
+            [path, path]).fetchone()
+        if row is None:
+            return None, {}, ()
+        ckpt, status, scan_id = row
+        manifest = {r["path"]: r for r in self.db.query(
+            "SELECT path, hash, size_bytes, mtime_ns, inode FROM files WHERE checkpoint_path = ? AND present = 1",
+            [ckpt])}
+        findings = tuple(
+            models.Finding(severity=models.Severity[r["severity"].upper()], code=r["code"], path=r["path"],
+                           message=r["message"])
+            for r in self.db.query("SELECT severity, code, path, message FROM findings WHERE checkpoint_path = ? "
+                                   "AND scan_id = ? ORDER BY id", [ckpt, scan_id]))
+        return status, manifest, findings
 
     def exports(self) -> list[dict]:
         out = []
