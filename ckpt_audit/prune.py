@@ -8,8 +8,10 @@ never a half-deleted `global_step_N` that looks resumable. Every execution start
 earlier, killed one left marked (`reclaim_trash`).
 
 Before marking, each checkpoint is re-checked against the plan by stat: still a real directory, every
-planned file unchanged (size, mtime, inode), nothing inside written after the scan, and the tracker not
-pointing at it now. Anything else is skipped, never deleted. Nothing outside the plan is touched.
+planned file unchanged (size, mtime, inode), nothing inside (file or directory) written after the scan, and the
+tracker not pointing at it now. Anything else is skipped, never deleted. Then it must be removable in full:
+every directory listed and writable. One that is not fails before the rename and is left intact, never
+half-deleted under its trash name. Nothing outside the plan is touched.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ KILL_AFTER_ENV = "CKPT_AUDIT_TEST_KILL_AFTER_OPS"
 class Action(StrEnum):
     DELETED = "deleted"
     SKIPPED = "skipped"  # no longer looks as planned: left alone
-    FAILED = "failed"  # marked, but removal failed (permissions, ...): stays marked for a later run
+    FAILED = "failed"  # cannot be removed in full: left intact (found before the rename) or stays marked
+    REREAD = "re-read"  # a checkpoint the plan counts on, re-read by content first (ckpt_audit.survivors)
     RECLAIMED = "reclaimed"  # trash left by an earlier, interrupted execution, now removed
 
 
@@ -71,12 +74,17 @@ class PruneResult:
         return sum(o.size_bytes for o in self.outcomes if o.action in (Action.DELETED, Action.RECLAIMED))
 
     @property
+    def bytes_reread(self) -> int:
+        return sum(o.size_bytes for o in self.outcomes if o.action is Action.REREAD)
+
+    @property
     def ok(self) -> bool:
         return not any(o.action is Action.FAILED for o in self.outcomes)
 
     def to_dict(self) -> dict:
         return {"exec_id": self.exec_id, "started_ns": self.started_ns, "finished_ns": self.finished_ns,
-                "bytes_freed": self.bytes_freed, "outcomes": [o.to_dict() for o in self.outcomes]}
+                "bytes_freed": self.bytes_freed, "bytes_reread": self.bytes_reread,
+                "outcomes": [o.to_dict() for o in self.outcomes]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,11 +105,13 @@ def execute(
     progress: Callable[[Outcome], None] | None = None,
     reclaim_dirs: Iterable[str] = (),
     exec_id: str | None = None,
+    reread: Iterable[Outcome] = (),
 ) -> PruneResult:
     """Delete `plan.delete` in order; first finish trash left in the plan's run dirs (and `reclaim_dirs`).
 
     Idempotent: running the same plan again skips what is already gone. `catalog` (a `Catalog`) gets the
-    plan before anything is touched and each outcome as it happens.
+    plan before anything is touched and each outcome as it happens. `reread`: the survivor check's outcomes
+    (`SurvivorCheck.outcomes()`), logged first with the plan they justified.
     """
     exec_id = exec_id or new_exec_id()
     ops = _OpCounter.from_env()
@@ -117,6 +127,8 @@ def execute(
         if progress is not None:
             progress(outcome)
 
+    for checked in reread:
+        done(checked)
     dirs = {os.path.dirname(i.path) for i in (*plan.delete, *plan.keep)} | {i.run_path for i in plan.delete}
     for trash in find_trash(sorted(dirs | set(reclaim_dirs))):
         done(_reclaim(trash, ops))
@@ -149,6 +161,9 @@ def find_trash(dirs: Iterable[str]) -> list[TrashDir]:
 def _delete(item: PlanItem, exec_id: str, ops: _OpCounter) -> Outcome:
     base = {"path": item.path, "step": item.step, "run_path": item.run_path,
             "reasons": tuple(str(r) for r in item.reasons)}
+    # first: a tree we cannot list would also look "changed" (its files cannot be stat'ed), but it is a failure
+    if _is_real_dir(item.path) and (why := cannot_remove(item.path)):
+        return Outcome(action=Action.FAILED, detail=f"left intact: {why}", **base)
     if why := changed_since_plan(item):
         return Outcome(action=Action.SKIPPED, detail=why, **base)
     parent, name = os.path.split(item.path)
@@ -197,6 +212,11 @@ def changed_since_plan(item: PlanItem) -> str | None:
             return f"planned file changed: {os.path.relpath(f.path, ckpt.path)}"
     limit = max([ckpt.mtime_ns, *(f.mtime_ns for f in planned.values())])
     for dirpath, _dirs, files in os.walk(ckpt.path):
+        try:  # an entry made or removed in a directory moves its mtime (the scan's age counts directories)
+            if os.lstat(dirpath).st_mtime_ns > limit:
+                return f"written since the scan: {os.path.relpath(dirpath, ckpt.path)}/"
+        except OSError:
+            pass
         for name in files:
             p = os.path.join(dirpath, name)
             if p in planned:
@@ -207,6 +227,33 @@ def changed_since_plan(item: PlanItem) -> str | None:
             except OSError:
                 continue
     return None
+
+
+def _is_real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def cannot_remove(top: str) -> str | None:
+    """Why `top` cannot be removed in full, found before anything is touched, else None.
+
+    Removal needs every directory listed and writable (and its parent, for the rename). Found only after the
+    rename, an unreadable or read-only subdirectory would leave a half-deleted tree under its trash name.
+    """
+    parent = os.path.dirname(top)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"no write permission on {parent}"
+    problem: list[str] = []
+
+    def unlisted(exc: OSError) -> None:
+        problem.append(f"cannot read {os.path.relpath(exc.filename or top, top)}: {exc.strerror or exc}")
+
+    for dirpath, _dirs, _files in os.walk(top, onerror=unlisted, followlinks=False):
+        if not os.access(dirpath, os.W_OK | os.X_OK):
+            return f"no write permission on {os.path.relpath(dirpath, top)}"
+    return problem[0] if problem else None
 
 
 def _tracker_step(run_path: str) -> int | None:

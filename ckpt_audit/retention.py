@@ -4,11 +4,12 @@ Policies compose as a union (a checkpoint is kept if ANY rule keeps it), the way
 `AnyPreservationPolicy` does. Rules only ever look at COMPLETE checkpoints: incomplete, corrupt, husk and
 stale uncommitted directories are removed first and never count toward N. On top of every rule sit the
 invariants no policy or hand selection can break: the newest complete checkpoint of each run, the tracker's
-target, pinned and in-progress checkpoints are kept.
+target, pinned and in-progress checkpoints, whole checkpoints newer than a lagging tracker, and anything that
+could not be read in full are kept.
 
 `plan_prune()` is pure (no clock, no filesystem): the caller passes `now_ns` and, for best-N, the metric
-values (`read_metric()` is the one function here that reads a file). `ckpt_audit.prune.execute()` carries a
-plan out.
+values (`read_metric()` reads them; `metric_problem()` refuses a metric that would rank nothing).
+`ckpt_audit.survivors` re-reads what a plan counts on before `ckpt_audit.prune.execute()` carries it out.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from enum import StrEnum
 from typing import Literal, Protocol
 
 from ckpt_audit.models import Checkpoint, Run, Status
+from ckpt_audit.rules.tracker import ahead_of_tracker
 
 NS_PER_S = 1_000_000_000
 DEFAULT_STALE_AFTER_NS = 3600 * NS_PER_S  # an uncommitted save older than this is abandoned, not running
@@ -36,6 +38,7 @@ class Reason(StrEnum):
     PINNED = "pinned"
     IN_PROGRESS = "in-progress"
     UNREAD = "unread"  # something inside could not be read: no evidence it is disposable
+    AHEAD_OF_TRACKER = "ahead-of-tracker"  # whole, but newer than the tracker: the tracker lags, not the save
     # kept by a rule
     KEEP_LAST = "keep-last"
     KEEP_EVERY = "keep-every"
@@ -61,7 +64,7 @@ class Reason(StrEnum):
 
 
 PROTECTED = frozenset({Reason.NEWEST_COMPLETE, Reason.TRACKER_TARGET, Reason.PINNED, Reason.IN_PROGRESS,
-                       Reason.UNREAD})
+                       Reason.UNREAD, Reason.AHEAD_OF_TRACKER})
 
 EXPLAIN: dict[Reason, str] = {
     Reason.NEWEST_COMPLETE: "newest complete checkpoint of its run (never deleted)",
@@ -69,6 +72,7 @@ EXPLAIN: dict[Reason, str] = {
     Reason.PINNED: "pinned (never deleted)",
     Reason.IN_PROGRESS: "being written now (never deleted)",
     Reason.UNREAD: "could not be read in full: no evidence it is disposable (never deleted)",
+    Reason.AHEAD_OF_TRACKER: "whole but newer than the tracker (tracker-behind): never deleted as abandoned",
     Reason.KEEP_LAST: "among the last N complete",
     Reason.KEEP_EVERY: "step is a multiple of K",
     Reason.KEEP_WITHIN: "newer than the keep-within duration",
@@ -338,6 +342,7 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
         candidates = [c for c in ckpts if c.status not in (Status.HUSK, Status.IN_PROGRESS, Status.UNKNOWN)]
         partial_newest = candidates[-1].path if candidates else None
 
+    ahead = {c.path for c in ahead_of_tracker(ckpts)}
     out = []
     for c in ckpts:
         reasons: list[Reason] = []
@@ -359,6 +364,8 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
                 reasons.append(Reason.NO_RULES)
             elif c.path not in kept_by:
                 reasons.append(Reason.NOT_KEPT)
+        elif c.path in ahead:
+            reasons.append(Reason.AHEAD_OF_TRACKER)
         elif c.status is Status.UNCOMMITTED:
             fresh = c.mtime_ns >= now_ns - policy.stale_after_ns
             reasons.append(Reason.UNCOMMITTED_RECENT if fresh else Reason.UNCOMMITTED_STALE)
@@ -397,6 +404,49 @@ def read_metric(runs: Sequence[Run], metric: str) -> dict[str, dict[int, float]]
             continue
         out[run.path] = series
     return out
+
+
+def metric_problem(runs: Sequence[Run], metric: str, values: Mapping[str, Mapping[int, float]]) -> str | None:
+    """Why best-N by `metric` (`values` from `read_metric`) would rank nothing in some run, else None.
+
+    Keeping the best of nothing keeps nothing, and every other complete checkpoint would go: a metric no record
+    has (a typo) or a run without a metrics log is a wrong input, not a policy. Runs with nothing complete
+    have nothing to rank and are not asked.
+    """
+    for run in sorted(runs, key=lambda r: r.path):
+        complete = [c for c in run.checkpoints if c.status is Status.COMPLETE]
+        if not complete:
+            continue
+        if not run.metrics_path:
+            return f"--keep-best: run {run.path} has no metrics log (metrics.jsonl) to rank its checkpoints by"
+        series = values.get(run.path)
+        if series is None:
+            return f"--keep-best: cannot read {run.metrics_path}"
+        if not series:
+            names = metric_names(run.metrics_path)
+            return (f"--metric {metric!r}: no record in {run.metrics_path} has it"
+                    + (f" (it logs: {', '.join(names)})" if names else ""))
+        if not any(math.isfinite(series.get(c.step, math.nan)) for c in complete):
+            return (f"--metric {metric!r}: no complete checkpoint of {run.path} has a logged value "
+                    f"(steps {', '.join(str(c.step) for c in complete)})")
+    return None
+
+
+def metric_names(path: str) -> list[str]:
+    """The numeric fields a metrics JSONL logs (besides the step), to name them when --metric has a typo."""
+    names: set[str] = set()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    names.update(k for k, v in rec.items() if isinstance(v, int | float) and k != "step")
+    except OSError:
+        return []
+    return sorted(names)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")

@@ -57,6 +57,9 @@ class Tree:
 
     dirs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     files: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # a directory's own mtime moves when an entry is made or removed in it: a trainer's fresh, still empty
+    # global_step_N/ is young by this alone
+    dir_mtime_ns: Mapping[str, int] = field(default_factory=dict)
 
     def subdirs(self, path: str) -> tuple[str, ...]:
         return self.dirs.get(path, ())
@@ -76,6 +79,16 @@ class Tree:
                 continue
             yield d
             stack.extend(f"{d}/{name}" for name in reversed(self.dirs[d]))
+
+    def newest_dir_mtime_ns(self, top: str, *, stop: frozenset[str] = frozenset()) -> int:
+        """The newest mtime of `top` and the directories below it (not descending into `stop`); 0 if unknown."""
+        newest = 0
+        stack = [top]
+        while stack:
+            d = stack.pop()
+            newest = max(newest, self.dir_mtime_ns.get(d, 0))
+            stack.extend(c for c in (f"{d}/{n}" for n in self.dirs.get(d, ())) if c not in stop)
+        return newest
 
     def files_below(self, top: str, *, stop: frozenset[str] = frozenset()) -> Iterator[str]:
         """Every file path at or below `top`, not descending into the directories in `stop`."""

@@ -45,8 +45,10 @@ def scan_dir(run: Path, status: dict[int, Status] | None = None) -> Run:
             st = p.lstat()
             files.append(ShardFile(path=str(p), kind=FileKind.OTHER, size_bytes=st.st_size, mtime_ns=st.st_mtime_ns,
                                    inode=st.st_ino))
+        dirs = [d, *(x for x in d.rglob("*") if x.is_dir() and not x.is_symlink())]  # a scan ages a step by its dirs too
+        newest = max([*(f.mtime_ns for f in files), *(x.lstat().st_mtime_ns for x in dirs)])
         ckpts.append(Checkpoint(run_path=str(run), step=step, path=str(d), status=status.get(step, Status.COMPLETE),
-                                files=tuple(files), mtime_ns=max((f.mtime_ns for f in files), default=0)))
+                                files=tuple(files), mtime_ns=newest))
     tracker = run / "latest_checkpointed_iteration.txt"
     return Run(path=str(run), layout="verl-fsdp", checkpoints=tuple(ckpts),
                tracker_step=int(tracker.read_text()) if tracker.exists() else None)

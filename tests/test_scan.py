@@ -48,6 +48,21 @@ def test_clean_tree_is_complete_with_no_warnings(run_copy):
     assert run.checkpoints[0].world_size == 2
 
 
+def test_tracker_behind_whole_checkpoints_is_a_run_warning(run_copy):
+    (run_copy / "latest_checkpointed_iteration.txt").write_text("2")  # the tracker writes of 4 and 6 were lost
+    r = do_scan(run_copy)
+    [behind] = [f for f in r.all_findings if f.code == "tracker-behind"]
+    assert behind.severity is Severity.WARNING and "step 4, 6" in behind.message
+    assert [c.status for c in the_run(r).checkpoints] == [Status.COMPLETE, Status.UNCOMMITTED, Status.UNCOMMITTED]
+
+
+def test_a_step_dir_is_as_young_as_its_newest_directory(run_copy):
+    fresh = run_copy / "global_step_8"
+    fresh.mkdir()  # verl makes it first, then the ranks write: empty, and one second old
+    r = scan([run_copy], in_progress_window_s=300)
+    assert status_of(r, fresh) is Status.IN_PROGRESS
+
+
 def test_missing_rank_makes_incomplete_and_tracker_dangling(run_copy):
     last = steps_of(run_copy)[-1]
     shard(last, "model", 1).unlink()

@@ -36,6 +36,7 @@ class AuditApp(App[None]):
         self.last_error: str | None = None
         self.catalog_roots: tuple[str, ...] = ()
         self.last_prune = None
+        self.last_survivors = None  # the survivor check of the last prune (ckpt_audit.survivors.SurvivorCheck)
         self.last_export = None
         self.last_verify: ScanResult | None = None
 
@@ -134,6 +135,7 @@ class AuditApp(App[None]):
     @work(thread=True, group="io", exit_on_error=False)
     def _prune_job(self, plan) -> None:
         from ckpt_audit.prune import Action, execute
+        from ckpt_audit.survivors import verify_plan
 
         total = len(plan.delete)
         done = 0
@@ -143,17 +145,34 @@ class AuditApp(App[None]):
             done += 1
             self.call_from_thread(self._show, f"deleting {done}/{total}", done, total)
 
-        self._busy("deleting")
+        planned = {i.run_path for i in (*plan.delete, *plan.keep)}
+        runs = [r for r in self.snapshot.runs if r.path in planned]
+        self._busy("re-reading survivors")
         try:
             with locked_catalog(self.catalog_path) as cat:
-                result = execute(plan, catalog=self._log(cat), progress=progress)
+                # what the plan counts on is re-read first; a changed verdict means the confirmed plan is stale
+                check = self.last_survivors = verify_plan(plan, runs, progress=self._progress("re-reading survivors"))
+                if {i.path for i in check.plan.delete} != {i.path for i in plan.delete}:
+                    return self._stale_plan(check)
+                self._busy("deleting")
+                result = execute(check.plan, catalog=self._log(cat), progress=progress, reread=check.outcomes())
         except Exception as exc:  # noqa: BLE001 - lock.Locked included: a cron run is busy, try again later
             return self._failed("pruning", exc)
         summary = (f"deleted {result.count(Action.DELETED)}, skipped {result.count(Action.SKIPPED)}, "
-                   f"failed {result.count(Action.FAILED)}; freed {format_size(result.bytes_freed)}")
+                   f"failed {result.count(Action.FAILED)}; freed {format_size(result.bytes_freed)}, "
+                   f"re-read {format_size(result.bytes_reread)}")
         self.last_prune = result
         # What is on disk now is the truth: rescan rather than edit the snapshot by hand.
         self._scan(done=summary)
+
+    def _stale_plan(self, check) -> None:
+        """A survivor failed its re-read: nothing is deleted; show the runs as they are now, with a new plan."""
+        fresh = {r.path: r for r in check.runs}
+        snap = replace(self.snapshot, runs=tuple(fresh.get(r.path, r) for r in self.snapshot.runs),
+                       loaded_ns=time.time_ns())
+        failed = ", ".join(f"step {r.checkpoint.step} is {r.status}" for r in check.failed)
+        self.call_from_thread(self._set_snapshot, snap, f"nothing deleted: re-read before pruning: {failed}; "
+                                                        "review the new plan")
 
     @work(thread=True, group="io", exit_on_error=False)
     def _export_job(self, ckpt: Checkpoint, to: str, dtype: str | None) -> None:

@@ -53,10 +53,17 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
     removed; trash left by an interrupted prune is removed by the next one. Executed plans are logged in the
     catalog with every reason.
 
+    Deletion needs evidence: a checkpoint with anything unreadable inside, one being written (a fresh, even
+    empty, step directory), and whole checkpoints newer than a lagging tracker are kept. Before deleting in a
+    run, its newest complete checkpoint and the tracker's target are re-read in full (hash and CRC against the
+    scan, whatever the stat says); one that fails is marked corrupt and the plan recomputed before anything
+    goes. --keep-best with a --metric no record has, or a run without a metrics log, is a usage error.
+
     Without --yes the plan is shown and you are asked; when stdin is not a terminal prune refuses (exit 2).
 
-    Exit codes: 0 done (or nothing to do, or --dry-run), 2 usage (or refused to prompt), 3 error (bad root or
-    catalog, or a deletion failed), 4 another run holds the catalog lock, 130 interrupted.
+    Exit codes: 0 done (or nothing to do, or --dry-run), 1 a checkpoint the plan counted on failed its
+    re-read (plan recomputed), 2 usage (or refused to prompt), 3 error (bad root or catalog, or a deletion
+    failed), 4 another run holds the catalog lock, 130 interrupted.
 
     \b
     Example:
@@ -66,7 +73,9 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
     """
     from ckpt_audit import scanner
     from ckpt_audit.prune import find_trash
-    from ckpt_audit.retention import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy, plan_prune, read_metric
+    from ckpt_audit.retention import (KeepBest, KeepEvery, KeepLast, KeepWithin, Policy, metric_problem, plan_prune,
+                                      read_metric)
+    from ckpt_audit.survivors import verify_plan
 
     with locked_catalog(ctx, roots, catalog) as (real_roots, cat_path, previous):
         now = time.time_ns()
@@ -80,27 +89,32 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
         if keep_within is not None:
             rules.append(KeepWithin(duration_ns=keep_within))
         if keep_best is not None:
-            rules.append(KeepBest(n=keep_best, metric=metric, mode=mode, values=read_metric(runs, metric)))
+            values = read_metric(runs, metric)
+            if problem := metric_problem(runs, metric, values):
+                raise click.UsageError(problem)
+            rules.append(KeepBest(n=keep_best, metric=metric, mode=mode, values=values))
         policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
 
         known = {c.path for r in runs for c in r.checkpoints}
         pin_paths = frozenset(os.path.realpath(p) for p in pins)
         if unknown := sorted(pin_paths - known):
             raise click.UsageError(f"--pin {unknown[0]} matches no scanned checkpoint")
-        plan = plan_prune(runs, policy, now_ns=now, pins=pin_paths)
+        # the plan shown (and asked about) is the one whose survivors were re-read
+        check = verify_plan(plan_prune(runs, policy, now_ns=now, pins=pin_paths), runs)
+        plan = check.plan
         trash_dirs = sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints})
         trash = find_trash(trash_dirs)
 
         if not as_json:
-            _render_plan(plan, trash)
+            _render_plan(plan, trash, check)
         if plan.empty and not trash:
-            _finish(ctx, as_json, plan, trash, None, roots=real_roots)
+            _finish(ctx, as_json, check, trash, None, roots=real_roots)
         if dry_run:
-            _finish(ctx, as_json, plan, trash, None, roots=real_roots)
+            _finish(ctx, as_json, check, trash, None, roots=real_roots)
         if not yes:
             if not sys.stdin.isatty():
                 if as_json:
-                    emit_json(_document(plan, trash, None, real_roots))
+                    emit_json(_document(check, trash, None, real_roots))
                 click.echo("ckpt-audit: refusing to prompt: stdin is not a terminal; re-run with --yes to "
                            "delete, or --dry-run to only show the plan", err=True)
                 ctx.exit(int(ExitCode.USAGE))
@@ -114,37 +128,41 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
         from ckpt_audit.prune import execute
 
         with open_catalog(cat_path) as cat:
-            cat.record_scan(result)
+            cat.record_scan(check.recorded(result))  # a survivor that failed is recorded as it is now
             outcome = execute(plan, catalog=LifecycleLog(cat.db), reclaim_dirs=trash_dirs,
-                              progress=None if as_json else _progress)
-    _finish(ctx, as_json, plan, trash, outcome, roots=real_roots)
+                              progress=None if as_json else _progress, reread=check.outcomes())
+    _finish(ctx, as_json, check, trash, outcome, roots=real_roots)
 
 
-def _finish(ctx, as_json, plan, trash, outcome, *, roots) -> None:
+def _finish(ctx, as_json, check, trash, outcome, *, roots) -> None:
     from ckpt_audit.models import format_size
     from ckpt_audit.prune import Action
 
     if as_json:
-        emit_json(_document(plan, trash, outcome, roots))
+        emit_json(_document(check, trash, outcome, roots))
     elif outcome is not None:
         click.echo(f"deleted {outcome.count(Action.DELETED)}, reclaimed {outcome.count(Action.RECLAIMED)}, "
                    f"skipped {outcome.count(Action.SKIPPED)}, failed {outcome.count(Action.FAILED)}; "
-                   f"freed {format_size(outcome.bytes_freed)} (execution {outcome.exec_id})")
-    ctx.exit(int(ExitCode.OK if outcome is None or outcome.ok else ExitCode.ERROR))
+                   f"freed {format_size(outcome.bytes_freed)}, re-read {format_size(check.bytes_reread)} "
+                   f"(execution {outcome.exec_id})")
+    if outcome is not None and not outcome.ok:
+        ctx.exit(int(ExitCode.ERROR))
+    ctx.exit(int(ExitCode.FINDINGS if check.failed else ExitCode.OK))
 
 
-def _document(plan, trash, outcome, roots) -> dict:
+def _document(check, trash, outcome, roots) -> dict:
     return {
         "command": "prune",
         "roots": list(roots),
-        "plan": plan.to_dict(),
+        "plan": check.plan.to_dict(),
+        "survivors": check.to_dict(),
         "trash": [{"path": t.path, "original_name": t.original_name, "exec_id": t.exec_id} for t in trash],
         "executed": outcome is not None,
         "result": outcome.to_dict() if outcome is not None else None,
     }
 
 
-def _render_plan(plan, trash) -> None:
+def _render_plan(plan, trash, check) -> None:
     from ckpt_audit.models import format_size
     from ckpt_audit.retention import EXPLAIN
 
@@ -160,6 +178,11 @@ def _render_plan(plan, trash) -> None:
         click.echo(f"  refused {r.path}: {', '.join(EXPLAIN[x] for x in r.reasons)}")
     for t in trash:
         click.echo(f"  RECLAIM {t.path} (left by interrupted prune {t.exec_id})")
+    click.echo(check.describe())
+    for r in check.failed:
+        click.echo(f"  FAILED re-read: step {r.checkpoint.step} of {r.checkpoint.run_path} is now {r.status}")
+        for f in r.findings:
+            click.echo(f"    {f.code}: {f.path}: {f.message}")
     click.echo(f"frees {format_size(plan.bytes_freed)} in {len(plan.delete)} checkpoint(s); keeps "
                f"{format_size(plan.bytes_kept)} in {len(plan.keep)}"
                + (f"; {len(trash)} leftover trash dir(s)" if trash else ""))

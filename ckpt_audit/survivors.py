@@ -1,0 +1,183 @@
+"""The survivor check: before a plan deletes anything in a run, re-read by content what it counts on.
+
+A plan deletes older checkpoints because a newer one will carry the run: the newest complete checkpoint and the
+tracker's target. Their verdict usually comes from a stat-keyed cache, which never sees bit rot (a flipped byte
+keeps size and mtime). So, before anything goes, each of them is read again in full (xxh3 hash and zip CRCs,
+`hashing.digest_files`) and compared with the hash the scan recorded, whatever the stat says. One that fails is
+re-judged (corrupt, unreadable, or being written) and the plan recomputed by the pure `retention.plan_prune`;
+the new survivor is checked in turn, until every checkpoint the plan counts on has been re-read and held.
+
+The CLI and the TUI both call `verify_plan`; deletion (`prune.execute`) only ever gets its plan.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from ckpt_audit import hashing
+from ckpt_audit.codes import finding
+from ckpt_audit.models import Checkpoint, Finding, Run, ScanResult, Status, format_size
+from ckpt_audit.prune import Action, Outcome
+from ckpt_audit.retention import PrunePlan, Reason, plan_prune
+from ckpt_audit.rules import files as file_rules
+
+Progress = Callable[[int, int], None]  # (bytes re-read, bytes to re-read in this round)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reread:
+    """One counted-on checkpoint, read again in full."""
+
+    checkpoint: Checkpoint  # as the plan saw it
+    bytes_read: int
+    files: int
+    findings: tuple[Finding, ...] = ()  # empty: every file read back to the hash the scan recorded
+    status: Status = Status.COMPLETE  # what it is now: complete, or corrupt / unknown / in-progress
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def to_dict(self) -> dict:
+        return {"path": self.checkpoint.path, "run": self.checkpoint.run_path, "step": self.checkpoint.step,
+                "ok": self.ok, "status": str(self.status), "bytes_read": self.bytes_read, "files": self.files,
+                "findings": [f.to_dict() for f in self.findings]}
+
+    def as_outcome(self) -> Outcome:
+        detail = "matches the scan" if self.ok else f"now {self.status}: " + "; ".join(
+            f"{f.code} {os.path.relpath(f.path, self.checkpoint.path)}" for f in self.findings[:3])
+        return Outcome(path=self.checkpoint.path, action=Action.REREAD, detail=detail, step=self.checkpoint.step,
+                       run_path=self.checkpoint.run_path, size_bytes=self.bytes_read)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SurvivorCheck:
+    plan: PrunePlan  # the plan to execute: recomputed with every failed survivor re-judged
+    runs: tuple[Run, ...]  # the runs it was planned from (failed survivors carry their new status and findings)
+    rereads: tuple[Reread, ...] = ()
+
+    @property
+    def bytes_reread(self) -> int:
+        return sum(r.bytes_read for r in self.rereads)
+
+    @property
+    def failed(self) -> tuple[Reread, ...]:
+        return tuple(r for r in self.rereads if not r.ok)
+
+    def recorded(self, result: ScanResult) -> ScanResult:
+        """`result` as the catalog should keep it: a failed survivor with its new verdict, and its failing files
+        written again (a file reused by stat keeps its stored row, which would forget the failure)."""
+        failing = {f.path for r in self.failed for f in r.findings}
+        return replace(result, runs=self.runs, reused_paths=result.reused_paths - failing)
+
+    def outcomes(self) -> tuple[Outcome, ...]:
+        return tuple(r.as_outcome() for r in self.rereads)
+
+    def to_dict(self) -> dict:
+        return {"bytes_reread": self.bytes_reread, "checked": [r.to_dict() for r in self.rereads]}
+
+    def describe(self) -> str:
+        if not self.rereads:
+            return "survivor check: nothing to delete, nothing re-read"
+        bad = self.failed
+        files = sum(r.files for r in self.rereads)
+        return (f"survivor check: re-read {len(self.rereads)} checkpoint(s) the plan counts on, "
+                f"{format_size(self.bytes_reread)} in {files} file(s): "
+                + ("all match the scan" if not bad else f"{len(bad)} FAILED, plan recomputed"))
+
+
+def verify_plan(
+    plan: PrunePlan, runs: Sequence[Run], *, workers: int = 2, progress: Progress | None = None
+) -> SurvivorCheck:
+    """Re-read what `plan` counts on in every run it deletes from; recompute it until that holds.
+
+    The plan's own inputs are taken back from it (policy, clock, pins, hand selection), so a plan computed by the
+    TUI from an older snapshot is checked as it was made.
+    """
+    pins = frozenset(i.path for i in plan.keep if Reason.PINNED in i.reasons)
+    select = frozenset(i.path for i in plan.delete if Reason.SELECTED in i.reasons) | frozenset(
+        r.path for r in plan.refused if Reason.UNKNOWN_PATH not in r.reasons)
+    runs = tuple(runs)
+    done: dict[str, Reread] = {}
+    while True:
+        todo = [c for c in counted_on(plan, runs) if c.path not in done]
+        if not todo:
+            return SurvivorCheck(plan=plan, runs=runs, rereads=tuple(done.values()))
+        fresh = {c.path: reread(c, workers=workers, progress=progress) for c in todo}
+        done.update(fresh)
+        if failed := {p: r for p, r in fresh.items() if not r.ok}:
+            runs = tuple(_rejudged(run, failed) for run in runs)
+            plan = plan_prune(runs, plan.policy, now_ns=plan.now_ns, pins=pins, select=select)
+
+
+def counted_on(plan: PrunePlan, runs: Iterable[Run]) -> list[Checkpoint]:
+    """Per run the plan deletes from: its newest complete checkpoint and the tracker's target, if complete."""
+    deleting = {i.run_path for i in plan.delete}
+    out: list[Checkpoint] = []
+    for run in sorted(runs, key=lambda r: r.path):
+        if run.path not in deleting:
+            continue
+        complete = [c for c in run.checkpoints if c.status is Status.COMPLETE]
+        newest = max(complete, key=lambda c: (c.step, c.path), default=None)
+        target = next((c for c in complete if run.tracker_step is not None and c.step == run.tracker_step), None)
+        out.extend(c for c in dict.fromkeys(x for x in (newest, target) if x is not None))
+    return out
+
+
+def reread(ckpt: Checkpoint, *, workers: int = 2, progress: Progress | None = None) -> Reread:
+    """Read every file of `ckpt` again (hash + CRC) and compare with what the scan recorded."""
+    recorded = {f.path: f for f in ckpt.all_files}
+    total = sum(f.size_bytes for f in recorded.values())
+    found: list[Finding] = []
+    nread = 0
+    for path, got in hashing.digest_files(recorded, workers=workers):
+        found.extend(_compare(path, recorded[path], got))
+        if not isinstance(got, OSError):
+            nread += got.size_bytes
+        if progress is not None:
+            progress(nread, total)
+    found.sort(key=lambda f: (f.path, f.code))
+    return Reread(checkpoint=ckpt, bytes_read=nread, files=len(recorded), findings=tuple(found),
+                  status=_status_for(found))
+
+
+def _compare(path: str, was, got: hashing.FileDigest | OSError) -> list[Finding]:
+    if isinstance(got, FileNotFoundError):
+        return [finding("file-vanished", path, "gone when re-read before pruning")]
+    if isinstance(got, OSError):
+        return [finding("unreadable", path, f"cannot re-read before pruning: {got.strerror or type(got).__name__}")]
+    moved = (got.changed_during_read or got.stat_size != was.size_bytes or got.mtime_ns != was.mtime_ns
+             or (was.inode and got.inode != was.inode))
+    if moved:  # rewritten since the scan: a new verdict needs a new scan, the old one is stale either way
+        return [finding("file-changed-during-scan", path, "size, mtime or inode moved since the scan")]
+    out = [f for f in file_rules.digest_findings(path, size=got.size_bytes, zip_error=got.zip_error,
+                                                  crc_bad=got.crc_bad_entries, prefix=got.prefix, changed=False)
+           if f.code != "zip-prefix-mismatch"]  # a name fact the scan already judged; not a content failure
+    if was.hash is not None and got.hash != was.hash:
+        out.append(finding("hash-drift", path, f"content hash changed ({was.hash[:12]}… -> {got.hash[:12]}…) "
+                                               "while size, mtime and inode did not"))
+    return out
+
+
+def _status_for(found: Sequence[Finding]) -> Status:
+    codes = {f.code for f in found}
+    if not codes:
+        return Status.COMPLETE
+    if codes & {"unreadable", "file-vanished"}:
+        return Status.UNKNOWN  # not read now: no evidence either way, protected
+    if "file-changed-during-scan" in codes:
+        return Status.IN_PROGRESS  # being rewritten: protected until a scan judges it
+    return Status.CORRUPT
+
+
+def _rejudged(run: Run, failed: Mapping[str, Reread]) -> Run:
+    if not any(c.path in failed for c in run.checkpoints):
+        return run
+    ckpts = tuple(
+        replace(c, status=failed[c.path].status, findings=c.findings + failed[c.path].findings)
+        if c.path in failed else c
+        for c in run.checkpoints
+    )
+    return replace(run, checkpoints=ckpts)
