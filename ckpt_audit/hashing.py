@@ -23,6 +23,7 @@ import xxhash
 
 from ckpt_audit.ptzip import (
     LOCAL_HEADER_LEN,
+    SNIFF_BYTES,
     ZIP_MAGIC,
     PtArchive,
     ZipEntry,
@@ -30,6 +31,7 @@ from ckpt_audit.ptzip import (
     not_a_zip_message,
     parse_local_header,
     read_archive,
+    sniff,
 )
 
 try:  # isal's crc32 runs ~4x faster than the system zlib's here (perf-limits.md, section 3.1)
@@ -51,6 +53,7 @@ class FileDigest:
     crc_bad_entries: tuple[str, ...] = ()  # entry names (prefix included) whose CRC-32 does not match
     zip_error: str | None = None  # one-line reason the zip structure is unusable (the hash is still valid)
     is_zip: bool = False  # the file starts like a zip archive
+    kind: str = "other"  # ptzip.sniff of the first bytes: zip, legacy-torch, pickle, empty, other
     prefix: str | None = None  # top-level folder inside the zip (torch: the stem at save time)
     entries_checked: int = 0  # zip entries whose CRC was compared
     crc_disabled: bool = False  # every CRC field is 0: saved with torch.serialization.set_crc32_options(False)
@@ -152,7 +155,7 @@ def digest_file(
             raise IsADirectoryError(errno.EISDIR, "is a directory", fspath)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", fspath)
-        head = os.pread(fd, 4, 0)
+        head = os.pread(fd, SNIFF_BYTES, 0)
         is_zip = head.startswith(ZIP_MAGIC)
         archive: PtArchive | None = None
         zip_error: str | None = None
@@ -187,6 +190,7 @@ def digest_file(
         crc_bad_entries=bad,
         zip_error=zip_error,
         is_zip=is_zip,
+        kind=sniff(head),
         prefix=archive.prefix if archive is not None else None,
         entries_checked=checked,
         crc_disabled=archive.crc_disabled if archive is not None else False,

@@ -12,6 +12,7 @@ No torch import: the scan path uses this module.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 
@@ -122,14 +123,25 @@ class PtArchive:
 
 
 def sniff(head: bytes) -> str:
-    """Classify a file by its first bytes: 'zip', 'legacy-torch', 'empty' or 'other'."""
+    """Classify a file by its first bytes: 'zip', 'legacy-torch', 'pickle', 'empty' or 'other'.
+
+    'pickle' is a raw pickle stream (pickle.dump, not torch.save): torch.load unpickles its first object while
+    looking for the magic number, so what it names must be checked as any torch pickle is.
+    """
     if not head:
         return "empty"
     if head.startswith(ZIP_MAGIC):
         return "zip"
     if head.startswith(_LEGACY_TORCH_MAGIC[: len(head)]) and len(head) >= 3:
         return "legacy-torch"
+    if _PICKLE_HEAD_RE.match(head):
+        return "pickle"
     return "other"
+
+
+# PROTO 2-5 (what pickle.dump writes), or a protocol 0/1 stream opening on a GLOBAL `c<module>\n<name>\n`
+_PICKLE_HEAD_RE = re.compile(rb"\x80[\x02-\x05]|c[A-Za-z_][\w.]{0,40}\n[A-Za-z_]")
+SNIFF_BYTES = 64  # enough of the head for sniff() to tell a protocol 0 GLOBAL from garbage
 
 
 def not_a_zip_message(head: bytes, file_size: int) -> str:
@@ -138,6 +150,8 @@ def not_a_zip_message(head: bytes, file_size: int) -> str:
         return "empty file (0 bytes), not a zip archive"
     if kind == "legacy-torch":
         return "legacy torch pickle format (not a zip archive); saved with _use_new_zipfile_serialization=False"
+    if kind == "pickle":
+        return "raw pickle stream, not a torch.save file: torch.load unpickles it looking for a magic number"
     return f"not a zip archive (starts with {head[:4].hex() or 'nothing'})"
 
 

@@ -1,16 +1,18 @@
-"""The one place ckpt-audit calls torch.load: weights_only, mmap, on the CPU, after a look at what the file asks for.
+"""The one place verify calls torch.load: weights_only, on the CPU, after a look at what the file asks for.
 
-verl's extra_state files hold `np.random.get_state()`, which `weights_only=True` refuses; we allow exactly the
-numpy globals that state needs (array reconstructor, ndarray, dtype, the uint32 dtype class) through torch's
-`safe_globals` context manager, for the duration of one load, and nothing broader. Before any load the pickle is read
-by the restricted unpickler (`pickles.read_pt_structure`, which resolves no globals): a file that names any global
-outside torch's own weights-only allowlist plus that numpy set becomes an `unsafe-pickle` finding and is never
-passed to torch at all. torch is imported lazily (verify only).
+Before any load the file's pickles are read by the restricted unpickler (`pickles.read_pt_structure`, which
+resolves no globals; zip, legacy and raw containers alike). A file that names any global outside
+`pickles.KNOWN_SAFE_GLOBALS` (the allowlist the scan judges by, too) becomes an `unsafe-pickle` finding and is never
+passed to torch at all. The rest is loaded with `weights_only=True`, the allowlist's non-torch names (numpy's RNG
+state in verl's extra_state, plain builtins) admitted through torch's `safe_globals` for the duration of one load
+and nothing broader. Zip files are mapped (`mmap=True`); the legacy format cannot be, so it is read whole.
+torch is imported lazily (verify only).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import threading
@@ -22,15 +24,6 @@ from typing import Any
 from ckpt_audit import pickles
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
-
-# module-qualified names numpy RNG state is pickled with (numpy 1.x and 2.x spellings)
-NUMPY_RNG_GLOBALS: frozenset[str] = frozenset({
-    "numpy.core.multiarray._reconstruct",
-    "numpy._core.multiarray._reconstruct",
-    "numpy.ndarray",
-    "numpy.dtype",
-})
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadResult:
@@ -49,11 +42,14 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
         s = pickles.read_pt_structure(p)
     except OSError as exc:
         return LoadResult(path=p, findings=(finding("unreadable", p, f"cannot read: {exc.strerror or exc}"),))
-    refused = sorted(g for g in s.globals_seen if g not in allowed_names())
+    refused = sorted(s.unsafe_globals)
     if refused:
         shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
         return LoadResult(path=p, structure=s, findings=(
-            finding("unsafe-pickle", p, f"references {shown}; not loaded"),))
+            finding("unsafe-pickle", p, f"references {shown}: loading it would run code; not loaded"),))
+    if s.container == "pickle":  # torch.load would take its first object for a magic number and refuse the file
+        return LoadResult(path=p, structure=s, findings=(
+            finding("not-loadable", p, "a raw pickle stream, not a torch.save file; not loaded"),))
     crcs = {}
     prefix = (s.prefix + "/") if s.prefix else ""
     for e in s.entries:
@@ -61,7 +57,7 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
         if rec.startswith("data/"):
             crcs[rec[5:]] = e.crc
     try:
-        value = _torch_load(p)
+        value = _torch_load(p, mmap=s.container == "zip")
     except Exception as exc:  # noqa: BLE001 - a damaged file must become a finding, never a traceback
         reason = _reason(exc)
         return LoadResult(path=p, structure=s, findings=(
@@ -83,14 +79,15 @@ def _reason(exc: BaseException) -> str:
 _LOAD_LOCK = threading.Lock()
 
 
-def _torch_load(path: str) -> Any:
+def _torch_load(path: str, *, mmap: bool = True) -> Any:
+    """torch.load with weights_only=True and the allowlist's non-torch names admitted; mmap needs the zip format."""
     import torch
 
     _import_dtensor()
     with _LOAD_LOCK, warnings.catch_warnings(), _quiet_mesh_logger():
         warnings.simplefilter("ignore")
-        with torch.serialization.safe_globals(_numpy_rng_globals()):
-            return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        with torch.serialization.safe_globals(_allowlisted_globals()):
+            return torch.load(path, weights_only=True, mmap=mmap, map_location="cpu")
 
 
 @contextlib.contextmanager
@@ -116,40 +113,41 @@ def _import_dtensor() -> bool:
 
 
 @cache
-def _numpy_rng_globals() -> list:
-    try:
+def _allowlisted_globals() -> list:
+    """The non-torch names of pickles.KNOWN_SAFE_GLOBALS as torch's safe_globals takes them: (object, pickled name).
+
+    torch knows its own tensor and DTensor globals; these are the plain builtins, collections types and numpy RNG
+    reconstructors the allowlist admits. Each is looked up in an installed, trusted module (never the file's say).
+    """
+    out: list = []
+    for name in sorted(pickles.KNOWN_SAFE_GLOBALS):
+        if name.startswith("torch."):
+            continue
+        obj = _resolve(name)
+        if obj is not None:
+            out.append((obj, name))
+    try:  # numpy's RNG state carries its dtype class along with np.dtype
         import numpy as np
+
+        out.append(type(np.dtype(np.uint32)))
     except ImportError:
-        return []
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy 1.x
-        from numpy.core.multiarray import _reconstruct
-    uint32_dtype = type(np.dtype(np.uint32))
-    return [
-        (_reconstruct, "numpy.core.multiarray._reconstruct"),
-        (_reconstruct, "numpy._core.multiarray._reconstruct"),
-        np.ndarray,
-        np.dtype,
-        uint32_dtype,
-    ]
+        pass
+    return out
 
 
-@cache
-def allowed_names() -> frozenset[str]:
-    """Globals a file may name to be loaded: torch's weights-only allowlist (DTensor's included) + numpy RNG."""
-    from torch import _weights_only_unpickler as wo
-    import torch.serialization
-
-    _import_dtensor()
-    names = set(wo._get_allowed_globals())
-    for g in torch.serialization.get_safe_globals():
-        if isinstance(g, tuple):
-            names.add(g[1])
-        else:
-            names.add(f"{g.__module__}.{g.__qualname__}")
-    if _numpy_rng_globals():
-        names |= NUMPY_RNG_GLOBALS
-    # torch resolves DTensor and placement types under their public names too
-    names |= {g for g in pickles.KNOWN_SAFE_GLOBALS if g.startswith("torch.distributed.")}
-    return frozenset(names)
+def _resolve(name: str) -> Any:
+    module, _, attr = name.rpartition(".")
+    spellings = [module]
+    if module.startswith(("numpy.core.", "numpy._core.")):  # numpy 1.x and 2.x name the same module differently
+        rest = module.split(".", 2)[2]
+        spellings = [f"numpy._core.{rest}", f"numpy.core.{rest}"]
+    if module == "__builtin__":
+        spellings = ["builtins"]
+    for mod in spellings:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # numpy 2 warns on numpy.core
+                return getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError):
+            continue
+    return None

@@ -20,6 +20,7 @@ from ckpt_audit import dcp_check, safe_load, scanner
 from ckpt_audit.codes import CODES, finding
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
 from ckpt_audit.rules import deep
+from ckpt_audit.rules import status as status_rules
 
 Progress = Callable[[int, int], None]
 
@@ -103,20 +104,17 @@ def _bad_paths(ckpt: Checkpoint) -> set[str]:
 
 
 def rejudge(ckpt: Checkpoint, *, before: Checkpoint) -> Checkpoint:
-    """Status after deep findings: a complete checkpoint with errors is incomplete (or corrupt)."""
+    """Status after deep findings, in the scan's order (rules.status.PRECEDENCE): a deep error can only make a
+    checkpoint worse (complete -> incomplete, unsafe or corrupt), never better."""
     if ckpt.status is Status.IN_PROGRESS:
         soft = lambda fs: tuple(replace(f, severity=Severity.INFO) if f.severity > Severity.INFO else f for f in fs)  # noqa: E731
         return replace(ckpt, findings=soft(ckpt.findings),
                        components=tuple(replace(c, findings=soft(c.findings)) for c in ckpt.components))
     added = set(ckpt.all_findings) - set(before.all_findings)
     errors = [f for f in added if f.severity is Severity.ERROR]
-    if not errors or ckpt.status in (Status.CORRUPT, Status.HUSK):
+    if not errors:
         return ckpt
-    if any(CODES[f.code].corrupts for f in errors):
-        return replace(ckpt, status=Status.CORRUPT)
-    if ckpt.status is Status.COMPLETE:
-        return replace(ckpt, status=Status.INCOMPLETE)
-    return ckpt
+    return replace(ckpt, status=status_rules.worst(ckpt.status, status_rules.from_errors(errors)))
 
 
 # -- per component --------------------------------------------------------------------------------------------

@@ -263,6 +263,16 @@ def test_pickle_problems(run_copy):
     assert {"unsafe-pickle", "bad-pickle", "not-a-torch-archive"} <= found
 
 
+def test_raw_pickle_where_a_shard_belongs_is_named_not_called_garbage(run_copy):
+    import pickle
+
+    step = steps_of(run_copy)[0]
+    shard(step, "extra_state", 0).write_bytes(pickle.dumps({"lr_scheduler": {"last_epoch": 2}}))
+    r = do_scan(run_copy)
+    assert "raw-pickle" in codes(r) and "not-a-zip" not in codes(r) and "unsafe-pickle" not in codes(r)
+    assert status_of(r, step) is Status.INCOMPLETE  # torch.load refuses it, but nothing in it would run
+
+
 def test_legacy_names_without_world_size(run_copy):
     step = steps_of(run_copy)[0]
     for p in (step / "actor").glob("*_world_size_*"):

@@ -9,24 +9,14 @@ from ckpt_audit.models import Finding
 
 ZIP_SUFFIXES = (".pt", ".pth")
 NONEMPTY_SUFFIXES = (".pt", ".pth", ".safetensors", ".bin", ".distcp", ".json")
-# globals a torch.save of tensors, optimizer, scheduler, RNG and dataloader state legitimately references
-SAFE_GLOBAL_PREFIXES = (
-    "torch.",
-    "collections.OrderedDict",
-    "collections.defaultdict",
-    "builtins.set",
-    "builtins.frozenset",
-    "builtins.slice",
-    "builtins.complex",
-    "numpy.core.multiarray._reconstruct",
-    "numpy._core.multiarray._reconstruct",
-    "numpy.core.multiarray.scalar",
-    "numpy._core.multiarray.scalar",
-    "numpy.ndarray",
-    "numpy.dtype",
-    "numpy.dtypes.",
-    "_codecs.encode",
-)
+# containers (ptzip.sniff) whose pickles torch.load would run: their structure and globals are read like a zip's
+PICKLE_KINDS = frozenset({"legacy-torch", "pickle"})
+
+
+def reads_structure(path: str, *, kind: str, is_zip: bool, zip_error: str | None) -> bool:
+    """Whether the scan reads a file's pickle: every .pt/.pth that torch.load would unpickle (an intact zip, the
+    legacy format, a raw pickle), so a global outside the allowlist is found in any container."""
+    return path.endswith(ZIP_SUFFIXES) and (kind in PICKLE_KINDS or (is_zip and zip_error is None))
 
 
 def stem(path: str) -> str:
@@ -61,6 +51,8 @@ def zip_finding(path: str, zip_error: str) -> Finding:
         return finding("zero-byte", path, zip_error)
     if zip_error.startswith("legacy torch"):
         return finding("legacy-pickle-format", path, zip_error)
+    if zip_error.startswith("raw pickle"):
+        return finding("raw-pickle", path, zip_error)
     if zip_error.startswith("not a zip"):
         return finding("not-a-zip", path, zip_error)
     if "no end-of-central-directory" in zip_error:
@@ -69,14 +61,18 @@ def zip_finding(path: str, zip_error: str) -> Finding:
 
 
 def structure_findings(path: str, *, problems: tuple[str, ...], unsafe_globals: frozenset[str]) -> tuple[Finding, ...]:
-    """Findings from pickles.read_pt_structure: its one-line problems and globals outside the tensor allowlist."""
+    """Findings from pickles.read_pt_structure: its one-line problems and globals outside the allowlist
+    (pickles.KNOWN_SAFE_GLOBALS, which verify uses too): such a pickle would run code when loaded the way verl
+    loads extra_state and data.pt, so it is an error and the checkpoint is unsafe."""
     out: list[Finding] = []
     for p in problems:
         code = problem_code(p)
         if code is not None:
             out.append(finding(code, path, p))
     if unsafe_globals:
-        out.append(finding("unsafe-pickle", path, "references " + ", ".join(sorted(unsafe_globals)[:5])))
+        names = sorted(unsafe_globals)
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        out.append(finding("unsafe-pickle", path, f"references {shown}: loading it would run code"))
     return tuple(out)
 
 

@@ -37,6 +37,32 @@ def is_in_progress(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanConte
 UNREAD_CODES = frozenset({"unreadable", "symlink-outside-root", "symlink-loop", "file-vanished", "non-utf8-name"})
 
 
+# what says "resuming from this would run code": a pickle that names a global outside the allowlist
+UNSAFE_CODES = frozenset({"unsafe-pickle"})
+
+# verdicts from worst to best: the first that applies is the status (verify's rejudge keeps the same order)
+PRECEDENCE = (Status.UNKNOWN, Status.CORRUPT, Status.UNSAFE, Status.UNCOMMITTED, Status.HUSK, Status.INCOMPLETE,
+              Status.COMPLETE)
+
+
+def worst(a: Status, b: Status) -> Status:
+    """The status that ranks first in PRECEDENCE (statuses outside it, such as in-progress, are kept as they are)."""
+    if a not in PRECEDENCE or b not in PRECEDENCE:
+        return a if a not in PRECEDENCE else b
+    return min(a, b, key=PRECEDENCE.index)
+
+
+def from_errors(errors: list[Finding] | tuple[Finding, ...]) -> Status:
+    """What a set of error findings alone makes of a checkpoint: unknown, corrupt, unsafe, incomplete or complete."""
+    if any(f.code in UNREAD_CODES for f in errors):
+        return Status.UNKNOWN
+    if any(CODES[f.code].corrupts for f in errors if f.code in CODES):
+        return Status.CORRUPT
+    if any(f.code in UNSAFE_CODES for f in errors):
+        return Status.UNSAFE
+    return Status.INCOMPLETE if errors else Status.COMPLETE
+
+
 def unread_inside(ckpt: Checkpoint, ctx: ScanContext) -> tuple[Finding, ...]:
     """The walk's findings of entries below `ckpt` that could not be read (the readers' own are in its findings)."""
     below = ckpt.path.rstrip("/") + "/"
@@ -60,19 +86,13 @@ def judge(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanContext) -> Ch
     if walked := unread_inside(ckpt, ctx):
         ckpt = replace(ckpt, findings=ckpt.findings + walked)
     errors = [f for f in ckpt.all_findings if f.severity is Severity.ERROR]
-    husk = is_husk(ckpt)
+    st = from_errors(errors)
     if any(f.code in UNREAD_CODES for f in ckpt.all_findings):
-        st = Status.UNKNOWN  # judged on what could not be seen: never a husk, never disposable
-    elif any(CODES[f.code].corrupts for f in errors if f.code in CODES):
-        st = Status.CORRUPT
-    elif tracker_step is not None and ckpt.step > tracker_step:
-        st = Status.UNCOMMITTED
-    elif husk:
-        st = Status.HUSK
-    elif errors:
-        st = Status.INCOMPLETE
-    else:
-        st = Status.COMPLETE
+        st = Status.UNKNOWN  # judged on what could not be seen (a warning too): never a husk, never disposable
+    if tracker_step is not None and ckpt.step > tracker_step:
+        st = worst(st, Status.UNCOMMITTED)
+    if is_husk(ckpt):
+        st = worst(st, Status.HUSK)
     extra: tuple[Finding, ...] = ()
     if st is Status.HUSK:
         extra = (finding("husk", ckpt.path, "no resumable model shards left (only data.pt or critic/)"),)
