@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import stat
 import time
 import uuid
@@ -27,13 +26,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.retention import PlanItem, PrunePlan
 from ckpt_audit.tree import TRASH_PREFIX
 
 TRASH_RE = re.compile(r"^\.ckpt-audit-trash-(?P<name>.+)-(?P<exec_id>[0-9a-f]{12})$")
 TRACKER = "latest_checkpointed_iteration.txt"
-# Test seam for the kill test: SIGKILL this process right after its k-th filesystem mutation.
-KILL_AFTER_ENV = "CKPT_AUDIT_TEST_KILL_AFTER_OPS"
 
 
 class Action(StrEnum):
@@ -114,7 +112,7 @@ def execute(
     (`SurvivorCheck.outcomes()`), logged first with the plan they justified.
     """
     exec_id = exec_id or new_exec_id()
-    ops = _OpCounter.from_env()
+    ops = OpCounter.from_env()
     started = time.time_ns()
     if catalog is not None:
         catalog.record_prune_start(exec_id=exec_id, plan=plan, started_ns=started)
@@ -158,7 +156,7 @@ def find_trash(dirs: Iterable[str]) -> list[TrashDir]:
 # ---------------------------------------------------------------------------------------------------- steps
 
 
-def _delete(item: PlanItem, exec_id: str, ops: _OpCounter) -> Outcome:
+def _delete(item: PlanItem, exec_id: str, ops: OpCounter) -> Outcome:
     base = {"path": item.path, "step": item.step, "run_path": item.run_path,
             "reasons": tuple(str(r) for r in item.reasons)}
     # first: a tree we cannot list would also look "changed" (its files cannot be stat'ed), but it is a failure
@@ -178,7 +176,7 @@ def _delete(item: PlanItem, exec_id: str, ops: _OpCounter) -> Outcome:
     return Outcome(action=Action.DELETED, size_bytes=item.size_bytes, **base)
 
 
-def _reclaim(trash: TrashDir, ops: _OpCounter) -> Outcome:
+def _reclaim(trash: TrashDir, ops: OpCounter) -> Outcome:
     size = _tree_size(trash.path)
     try:
         _remove_tree(trash.path, ops)
@@ -263,7 +261,7 @@ def _tracker_step(run_path: str) -> int | None:
         return None
 
 
-def _remove_tree(top: str, ops: _OpCounter) -> None:
+def _remove_tree(top: str, ops: OpCounter) -> None:
     """Bottom-up removal that never follows a symlink (a link inside is removed, not its target)."""
     st = os.lstat(top)
     if not stat.S_ISDIR(st.st_mode):
@@ -307,19 +305,3 @@ def _fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-class _OpCounter:
-    def __init__(self, kill_after: int | None) -> None:
-        self.kill_after = kill_after
-        self.n = 0
-
-    @classmethod
-    def from_env(cls) -> _OpCounter:
-        raw = os.environ.get(KILL_AFTER_ENV)
-        return cls(int(raw) if raw and raw.isdigit() else None)
-
-    def tick(self) -> None:
-        self.n += 1
-        if self.kill_after is not None and self.n >= self.kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)

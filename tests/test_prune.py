@@ -14,7 +14,8 @@ import sqlite_utils
 
 from ckpt_audit.catalog.lifecycle import LifecycleLog, create_lifecycle_tables
 from ckpt_audit.models import Checkpoint, FileKind, Run, ShardFile, Status
-from ckpt_audit.prune import KILL_AFTER_ENV, TRASH_RE, Action, execute, find_trash
+from ckpt_audit.killpoints import KILL_AFTER_ENV
+from ckpt_audit.prune import TRASH_RE, Action, execute, find_trash
 from ckpt_audit.retention import KeepLast, Policy, plan_prune
 
 W = 2

@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from ckpt_audit.cli import cli
-from ckpt_audit.prune import KILL_AFTER_ENV, TRASH_RE
+from ckpt_audit.killpoints import KILL_AFTER_ENV
+from ckpt_audit.prune import TRASH_RE
 from scan_trees import write_torch_tree
 
 STEPS = (2, 4, 6, 8)

@@ -443,7 +443,7 @@ def test_every_harness_layout_scans_complete_and_clean(request, fixture, roles, 
 def test_an_interrupted_prune_leaves_trash_that_is_reported_not_hashed(run_copy, tmp_path):
     """A prune killed right after its first rename: the step is now prune's trash. The scan reports the disk it
     holds, reads none of it, and no longer counts it as a checkpoint; the next prune reclaims it."""
-    from ckpt_audit.prune import KILL_AFTER_ENV
+    from ckpt_audit.killpoints import KILL_AFTER_ENV
 
     root = run_copy.parent.parent
     env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db"), KILL_AFTER_ENV: "1"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_audit.killpoints import KILL_AFTER_ENV
+from ckpt_audit.killpoints import CATALOG_KILL_AFTER_ENV
 
 COMMIT_OP = 5  # record_scan's counted steps: scans row, runs+checkpoints, files+history+findings, summaries, commit
 
@@ -61,7 +61,7 @@ def test_a_scan_killed_at_any_statement_leaves_tree_and_catalog_whole(scanned_th
     shutil.copy2(first, cat)
     before = tree_digest(run)
 
-    killed = cli("scan", str(run), "--catalog", str(cat), env={KILL_AFTER_ENV: str(kill_after)})
+    killed = cli("scan", str(run), "--catalog", str(cat), env={CATALOG_KILL_AFTER_ENV: str(kill_after)})
     assert killed.returncode == -9, killed.stderr
     assert tree_digest(run) == before  # a scan never writes the tree, killed or not
 

@@ -15,11 +15,10 @@ from pathlib import Path
 import sqlite_utils
 
 from ckpt_audit import __version__
-from ckpt_audit.catalog.manifest import CatalogError, as_shard_files, read_previous
+from ckpt_audit.catalog.manifest import CatalogError, as_shard_files, findings_to_json, pt_to_json, read_previous
 from ckpt_audit.catalog.migrations import MIGRATIONS
-from ckpt_audit.killpoints import OpCounter
+from ckpt_audit.killpoints import CATALOG_KILL_AFTER_ENV, OpCounter
 from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
-from ckpt_audit.rules.files import PER_FILE_CODES
 from ckpt_audit.tree import FileFacts
 
 BATCH = 1000
@@ -98,7 +97,7 @@ class Catalog:
         """
         every = result.all_findings
         conn = self.db.conn
-        ops = OpCounter.from_env()  # the kill -9 matrix stops the process between any two statements
+        ops = OpCounter.from_env(CATALOG_KILL_AFTER_ENV)  # the kill -9 matrix stops the process between any two statements
         with self.db.atomic():
             scan_id = self.db["scans"].insert({
                 "started_ns": result.started_ns,
@@ -110,6 +109,7 @@ class Catalog:
                 "files_hashed": result.files_hashed,
                 "files_reused": result.files_reused,
                 "bytes_hashed": result.bytes_hashed,
+                "bytes_scrubbed": result.bytes_scrubbed,
                 "errors": sum(1 for f in every if f.severity is Severity.ERROR),
                 "warnings": sum(1 for f in every if f.severity is Severity.WARNING),
             }).last_pk
@@ -124,12 +124,12 @@ class Catalog:
                 for ckpt in run.checkpoints:
                     ckpt_rows.append(_checkpoint_row(ckpt, scan_id))
                     finding_rows.extend(_finding_row(f, scan_id, run.path, ckpt.path) for f in ckpt.all_findings)
-                    per_file = _per_file_findings(ckpt.all_findings)
                     for role, sf in _files_with_role(ckpt):
                         seen.add(sf.path)
                         if sf.path in reused and sf.path in old_hash:
-                            continue  # same stat, same hash, same findings: the stored row stands
-                        file_rows.append((*_file_row(sf, run.path, ckpt.path, role, per_file.get(sf.path, [])), scan_id))
+                            continue  # same stat, same hash, same facts, same verified_ns: the stored row stands
+                        fact = result.file_facts.get(sf.path)
+                        file_rows.append((*_file_row(sf, run.path, ckpt.path, role, fact), scan_id))
                         if sf.path not in old_hash or old_hash[sf.path] != sf.hash:
                             history.append((sf.path, scan_id, sf.hash, sf.size_bytes, sf.mtime_ns))
             finding_rows.extend(_finding_row(f, scan_id, None, None) for f in result.findings)
@@ -256,14 +256,6 @@ def _files_with_role(ckpt: Checkpoint) -> Iterator[tuple[str | None, ShardFile]]
             yield c.role, f
 
 
-def _per_file_findings(found: tuple[Finding, ...]) -> dict[str, list[list[str]]]:
-    out: dict[str, list[list[str]]] = {}
-    for f in found:
-        if f.code in PER_FILE_CODES:
-            out.setdefault(f.path, []).append([f.code, f.message])
-    return out
-
-
 def _run_row(run: Run, scan_id: int) -> dict:
     latest = run.latest_complete
     return {
@@ -288,15 +280,18 @@ def _checkpoint_row(ckpt: Checkpoint, scan_id: int) -> dict:
 
 
 _FILE_COLS = ("path, run_path, checkpoint_path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash,"
-              " crc_ok, file_findings")
+              " crc_ok, file_findings, pt_facts, verified_ns")
 _N_FILE_COLS = _FILE_COLS.count(",") + 1
 
 
-def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, per_file: list) -> tuple:
-    """A files row in _FILE_COLS order."""
+def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, fact: FileFacts | None) -> tuple:
+    """A files row in _FILE_COLS order. Everything the readers said of the file goes in whole (findings, structure),
+    not a hand-kept list of codes, so a later scan that reuses the row forgets nothing; a file whose facts are
+    unknown here is recorded as never verified, so the next scan reads it again."""
     return (
         f.path, run_path, ckpt_path, role, f.kind.value, f.rank, f.world_size, f.size_bytes, f.mtime_ns, f.inode,
-        f.hash, None if f.crc_ok is None else int(f.crc_ok), json.dumps(per_file) if per_file else "[]",
+        f.hash, None if f.crc_ok is None else int(f.crc_ok), findings_to_json(fact.findings) if fact else "[]",
+        pt_to_json(fact.pt) if fact else None, fact.verified_ns if fact else None,
     )
 
 
