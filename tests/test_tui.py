@@ -1,7 +1,7 @@
 """The real TUI driven through Textual's Pilot at 80x24, over real checkpoint trees and a real catalog.
 
-No pytest-asyncio here: each test runs its pilot session with asyncio.run. Trees come from the harness
-(`verl_run`, real multi-process FSDP, from tests/conftest.py).
+Trees come from the harness (`verl_run`, real multi-process FSDP, from tests/conftest.py); the Pilot helpers are
+in tui_pilot.py. What stray keys must not do is in test_tui_safety.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ckpt_audit.retention import KeepLast, Policy, plan_prune
 
 pytest.importorskip("textual")
 
-from textual.widgets import DataTable, Input, Static  # noqa: E402
+from textual.widgets import DataTable, Input  # noqa: E402
 
 from tui.app import AuditApp  # noqa: E402
 from tui.screens.checkpoints import CheckpointsScreen  # noqa: E402
@@ -35,8 +35,7 @@ from tui.screens.details import DetailsScreen  # noqa: E402
 from tui.screens.help import HelpScreen  # noqa: E402
 from tui.screens.prompt import ExportPrompt, NumberPrompt  # noqa: E402
 from tui.screens.runs import RunsScreen  # noqa: E402
-
-SIZE = (80, 24)
+from tui_pilot import confirm_delete, drive, open_run, settle, steps_on_disk, text_of, wait_armed  # noqa: E402
 
 
 @pytest.fixture
@@ -44,38 +43,6 @@ def tree(verl_run, copy_run) -> tuple[Path, Path]:
     """(root, run dir): a private copy of the session run, safe to prune."""
     run = Path(copy_run(verl_run))
     return run.parent.parent, run
-
-
-def steps_on_disk(run: Path) -> list[int]:
-    return sorted(int(p.name.rsplit("_", 1)[1]) for p in run.glob("global_step_*"))
-
-
-def drive(app: AuditApp, script) -> None:
-    async def main() -> None:
-        async with app.run_test(size=SIZE) as pilot:
-            await settle(pilot)
-            await script(pilot)
-
-    asyncio.run(main())
-
-
-async def settle(pilot) -> None:
-    """Let workers finish and their results reach the UI."""
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-
-
-def text_of(screen, selector: str) -> str:
-    return str(screen.query_one(selector, Static).content)
-
-
-async def open_run(pilot) -> CheckpointsScreen:
-    assert isinstance(pilot.app.screen, RunsScreen)
-    await pilot.press("enter")
-    await pilot.pause()
-    assert isinstance(pilot.app.screen, CheckpointsScreen)
-    return pilot.app.screen
 
 
 def test_navigation_runs_checkpoints_details_help(tree, tmp_path):
@@ -136,9 +103,10 @@ def test_filter_and_sort(tree, tmp_path):
         await pilot.press("slash", *str(middle))
         await pilot.pause()
         assert [table.get_row_at(i)[1] for i in range(table.row_count)] == [str(middle)]
-        await pilot.press("enter")  # ends the edit, keeps the filter
+        await pilot.press("enter")  # ends the edit (the box goes with its focus), keeps the filter
         await pilot.pause()
         assert isinstance(app.screen, CheckpointsScreen) and table.has_focus and table.row_count == 1
+        assert not screen.query_one("#filter", Input).display and f"filter '{middle}'" in text_of(screen, "#run-title")
         await pilot.press("escape")  # clears the filter
         await pilot.pause()
         assert table.row_count == len(steps) and isinstance(app.screen, CheckpointsScreen)
@@ -291,8 +259,7 @@ def test_confirm_cancel_then_real_prune(tree, tmp_path):
 
         await pilot.press("d")
         await pilot.pause()
-        await pilot.press("y")
-        await settle(pilot)
+        await confirm_delete(pilot)  # the deliberate act: Y once the dialog is armed (a plain y no longer deletes)
         assert app.last_error is None
         assert steps_on_disk(run_dir) == [s for s in before if s != doomed.step]
         # The views refreshed from a rescan: the run now holds what is on disk, the plan is empty again.
@@ -323,8 +290,12 @@ def test_export_from_details(tree, tmp_path):
         await pilot.pause()
         prompt = app.screen
         assert isinstance(prompt, ExportPrompt)
+        await wait_armed(pilot, prompt)  # keys before that are type-ahead, and ignored
         prompt.query_one("#export-to", Input).value = str(out)
-        await pilot.press("enter")
+        await pilot.press("enter")  # ends the path: the focus moves to Export
+        await pilot.pause()
+        assert app.screen is prompt and app.focused is prompt.query_one("#export-go")
+        await pilot.press("enter")  # presses Export
         await settle(pilot)
         assert app.last_error is None, app.last_error
         assert app.screen is details

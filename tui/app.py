@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from textual import work
+from textual import events, work
 from textual.app import App
 from textual.binding import Binding
 
 from ckpt_audit.models import Checkpoint, ScanResult, Severity, format_size
 from tui.activity import ActivityBar
+from tui.screens.armed import ArmedModal
 from tui.snapshot import Snapshot, catalog_runs, locked_catalog, scan_roots, verify_paths
 
 THROTTLE_NS = 100_000_000  # progress reaches the UI at most ten times a second
@@ -48,6 +49,13 @@ class AuditApp(App[None]):
             self.rescan()
         elif self.catalog_path is not None:
             self.load_catalog()
+
+    async def on_event(self, event: events.Event) -> None:
+        # The one gate for type-ahead: a key an armed dialog does not admit (pressed before it was shown, or while
+        # it arms) is dropped here, before any binding, the App's included, or widget sees it.
+        if isinstance(event, events.Key) and isinstance(self.screen, ArmedModal) and not self.screen.admits(event):
+            return
+        await super().on_event(event)
 
     # ------------------------------------------------------------------------------------------ actions
 

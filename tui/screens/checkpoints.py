@@ -234,8 +234,8 @@ class CheckpointsScreen(Screen):
         self.say(f"step {step} cannot be deleted: " + "; ".join(EXPLAIN[r] for r in reasons), warn=True)
 
     def action_details(self) -> None:
-        if isinstance(self.focused, Input):  # Enter in the filter box ends the filter edit
-            self.query_one("#checkpoints", DataTable).focus()
+        if isinstance(self.focused, Input):  # Enter (a priority binding) in the filter box ends the filter edit
+            self.end_filter_edit()
             return
         path = self.current_path()
         if path is None:
@@ -244,10 +244,19 @@ class CheckpointsScreen(Screen):
 
         self.app.push_screen(DetailsScreen(path))
 
+    # The filter box is on screen exactly while it has the focus: a visible box must be where keys go, or `d`
+    # typed "into the filter" would reach the table. Ending the edit (Enter, a click elsewhere, Tab) hides it and
+    # keeps the filter, which the title line shows; Escape clears it.
+
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.display = True
         box.focus()
+
+    def end_filter_edit(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = False
+        self.query_one("#checkpoints", DataTable).focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "filter":
@@ -256,16 +265,19 @@ class CheckpointsScreen(Screen):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "filter":
-            self.query_one("#checkpoints", DataTable).focus()
+            self.end_filter_edit()
+
+    def on_input_blurred(self, event: Input.Blurred) -> None:
+        if event.input.id == "filter" and event.input.display:
+            self.end_filter_edit()
 
     def action_back(self) -> None:
         box = self.query_one("#filter", Input)
-        if box.display:
+        if box.display or self.filter_text:  # Escape clears a filter first, shown or not
             box.value = ""
-            box.display = False
             self.filter_text = ""
+            self.end_filter_edit()
             self.redraw()
-            self.query_one("#checkpoints", DataTable).focus()
             return
         self.app.pop_screen()
 

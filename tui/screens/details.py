@@ -84,9 +84,9 @@ class DetailsScreen(Screen):
     @staticmethod
     def _findings_text(ckpt: Checkpoint) -> Text:
         findings = sorted(ckpt.all_findings, key=lambda f: (-f.severity, f.code, f.path))
+        out = Text.assemble(cells.badge(ckpt.status), f": {cells.MEANING[ckpt.status]}\n")
         if not findings:
-            return Text("no findings", style="green")
-        out = Text()
+            return out.append("no findings", style="green")
         for f in findings:
             where = os.path.relpath(f.path, ckpt.path) if f.path.startswith(ckpt.path) else f.path
             out.append_text(cells.severity(f.severity))

@@ -1,4 +1,4 @@
-"""Every key, on one page."""
+"""Every key and every status, on one page."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from tui import cells
+from tui.screens.armed import ARM_S
+from tui.screens.modal import Modal
 
 KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Everywhere", (("?", "this help"), ("q", "quit"), ("r", "rescan the roots (in the background)"),
@@ -18,16 +21,22 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("l / e", "preset: keep the last N / every K-th step (marks the rest)"),
         ("c", "clear: back to the default plan (only broken checkpoints go)"),
         ("d", "delete what is marked, after a confirmation listing it"),
-        ("/", "filter by step, status, plan reason or finding code"),
+        ("/", "filter by step, status, plan reason or finding code; Enter keeps it, Esc clears it"),
         ("s", "sort: step, size, age, status, findings (press again to reverse)"),
         ("v", "verify the run (loads tensors)"),
         ("Enter", "details of the checkpoint"),
     )),
     ("Details", (("x", "export to a HuggingFace directory"), ("v", "verify this checkpoint"))),
+    ("Confirm delete", (
+        ("Y", "delete (shift+y): the deliberate act; lower-case y does not delete"),
+        ("Tab Enter", "the same: Tab from Cancel to Delete, then Enter"),
+        ("n / Esc", "cancel (the focus starts on Cancel)"),
+        ("", f"keys typed before the dialog appeared or in its first {ARM_S:g} s are ignored (export too)"),
+    )),
 )
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(Modal[None]):
     BINDINGS = [Binding("escape,q,question_mark", "close", "Close")]
 
     def compose(self) -> ComposeResult:
@@ -38,6 +47,9 @@ class HelpScreen(ModalScreen[None]):
             table.add_row(f"[u]{section}[/u]", "")
             for key, what in keys:
                 table.add_row(key, what)
+        table.add_row("[u]Statuses[/u]", "")
+        for status, meaning in cells.MEANING.items():
+            table.add_row(cells.badge(status), meaning)
         with VerticalScroll(classes="dialog wide"):
             yield Static(table, id="help")
 
