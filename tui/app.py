@@ -191,6 +191,7 @@ class AuditApp(App[None]):
         try:
             with locked_catalog(self.catalog_path) as cat:
                 result = export_checkpoint(ckpt.path, to, dtype=dtype, catalog=self._log(cat),
+                                           protected_roots=self.scan_targets(),
                                            progress=lambda done, total, _name: tick(done, total))
         except Exception as exc:  # noqa: BLE001 - ExportError carries a one-line reason
             return self._failed("exporting", exc)

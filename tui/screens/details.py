@@ -106,7 +106,10 @@ class DetailsScreen(Screen):
         from tui.screens.prompt import ExportPrompt
 
         run_dir = ckpt.run_path.rstrip("/")
-        default = os.path.join(os.path.dirname(run_dir), f"{os.path.basename(run_dir)}-step{ckpt.step}-hf")
+        # beside the outermost scanned root holding the run: export refuses any --to inside a root
+        roots = [r.rstrip("/") for r in self.app.scan_targets() if (run_dir + "/").startswith(r.rstrip("/") + "/")]
+        base = os.path.dirname(min(roots, key=len) if roots else run_dir)
+        default = os.path.join(base, f"{os.path.basename(run_dir)}-step{ckpt.step}-hf")
 
         def chosen(answer: tuple[str, str | None] | None) -> None:
             if answer is not None:

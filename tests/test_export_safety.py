@@ -1,0 +1,391 @@
+"""Issue 11, invariant 5: export never destroys and never launders. Attacks through the real CLI (a subprocess, as a
+user runs it) and the real TUI on trees written by the reference trainer, plus the kill -9 matrix for export.
+
+Destroying: a --to that is, contains or sits inside a checkpoint, run or scanned root is refused (exit 2) and nothing
+is touched; --force replaces only an earlier export (its .ckpt-audit-export.json marker) or an empty directory.
+Laundering: a source whose shards fail their CRC or their hash against the catalog's manifest, or that the catalog
+holds as corrupt, is refused (exit 1) unless --allow-corrupt, which is recorded; "verified" says what it rests on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import zipfile
+import zlib
+from pathlib import Path
+
+import pytest
+
+from ckpt_audit.cli.demo import flip_payload_byte
+from ckpt_audit.killpoints import KILL_AFTER_ENV
+
+MARKER = ".ckpt-audit-export.json"
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def cli(catalog: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ckpt_audit", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog), **(env or {})})
+
+
+def tree_digest(top: Path) -> dict[str, tuple[str, int]]:
+    """Every file under `top` (links not followed) by content and mtime, and every directory: what "untouched" means."""
+    out = {}
+    for dirpath, dirs, files in os.walk(top):
+        for name in dirs:
+            out[os.path.join(dirpath, name)] = ("dir", 0)
+        for name in files:
+            p = Path(dirpath, name)
+            out[str(p)] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+    return out
+
+
+def step(run: Path, n: int) -> Path:
+    return run / f"global_step_{n}"
+
+
+def shard(run: Path, n: int, rank: int = 1) -> Path:
+    return step(run, n) / "actor" / f"model_world_size_2_rank_{rank}.pt"
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckpt-audit: error: ") and "Traceback" not in proc.stderr, lines
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def export_files_match_marker(out: Path) -> dict:
+    """The export at `out` is whole: its marker lists exactly the files there, each with its recorded hash."""
+    from ckpt_audit.hashing import digest_file
+
+    marker = json.loads((out / MARKER).read_text())
+    on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} - {MARKER}
+    assert on_disk == set(marker["files"]), (on_disk, set(marker["files"]))
+    for rel, f in marker["files"].items():
+        assert digest_file(out / rel).hash == f["hash"], rel
+    return marker
+
+
+def flip_payload_byte_keeping_crc(path: Path) -> None:
+    """Flip a payload byte AND rewrite that entry's CRC-32 (local header and central directory), size and mtime kept:
+    the zip is self-consistent again, so only a hash against the catalog's manifest can tell."""
+    st = os.stat(path)
+    flip_payload_byte(path)
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        start_dir = z.start_dir
+    data = bytearray(path.read_bytes())
+    n, m = (int.from_bytes(data[info.header_offset + o: info.header_offset + o + 2], "little") for o in (26, 28))
+    payload = info.header_offset + 30 + n + m
+    crc = zlib.crc32(data[payload: payload + info.compress_size]).to_bytes(4, "little")
+    data[info.header_offset + 14: info.header_offset + 18] = crc
+    pos = start_dir
+    while data[pos: pos + 4] == b"PK\x01\x02":
+        ln, le, lc = (int.from_bytes(data[pos + o: pos + o + 2], "little") for o in (28, 30, 32))
+        if bytes(data[pos + 46: pos + 46 + ln]) == info.filename.encode():
+            data[pos + 16: pos + 20] = crc
+        pos += 46 + ln + le + lc
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.fixture
+def scanned(verl_run, copy_run, tmp_path):
+    """(root, run, catalog): a private copy of the W=2 run under its own root, scanned into a fresh catalog."""
+    run = Path(copy_run(verl_run))
+    root = run.parent.parent
+    catalog = tmp_path / "catalog.db"
+    proc = cli(catalog, "scan", root, "-q")
+    assert proc.returncode == 0, proc.stderr
+    return root, run, catalog
+
+
+# ---------------------------------------------------------------------------------------------------- destroying
+
+
+def test_force_to_the_run_dir_a_typo_for_run_hf_is_refused_and_the_run_is_untouched(scanned):
+    root, run, catalog = scanned
+    before = tree_digest(root)
+    proc = cli(catalog, "export", step(run, 6), "--to", run, "--force")
+    one_line_error(proc, 2, f"is the run {run}")
+    assert tree_digest(root) == before
+
+
+def test_force_to_a_root_holding_two_runs_is_refused(verl_run, verl_run_w3, copy_run, tmp_path):
+    run = Path(copy_run(verl_run))
+    other = run.parent / "exp-w3"
+    shutil.copytree(verl_run_w3, other, symlinks=True)
+    root = run.parent.parent
+    catalog = tmp_path / "catalog.db"
+    assert cli(catalog, "scan", root, "-q").returncode == 0
+    before = tree_digest(root)
+    for to in (run.parent, root):  # the directory holding both runs, and the scanned root itself
+        one_line_error(cli(catalog, "export", step(run, 6), "--to", to, "--force"), 2, "refusing to write there")
+    assert tree_digest(root) == before
+
+
+def test_force_to_the_parent_of_the_run_is_refused_without_any_catalog_knowledge(verl_run, copy_run, tmp_path):
+    run = Path(copy_run(verl_run))  # never scanned: only the source's own run tells
+    before = tree_digest(run.parent)
+    proc = cli(tmp_path / "empty.db", "export", step(run, 6), "--to", run.parent, "--force")
+    one_line_error(proc, 2, f"contains the run {run}")
+    assert tree_digest(run.parent) == before
+
+
+def test_to_inside_the_checkpoint_is_refused_and_nothing_is_created(scanned):
+    _root, run, catalog = scanned
+    to = step(run, 6) / "actor" / "hf"
+    one_line_error(cli(catalog, "export", step(run, 6), "--to", to), 2, "is inside the checkpoint")
+    assert not to.exists() and not list(to.parent.glob(".hf.ckpt-audit-*"))
+
+
+def test_force_to_a_symlink_into_another_run_is_refused_and_the_link_kept(scanned, verl_run_w3, tmp_path):
+    root, run, catalog = scanned
+    other = run.parent / "exp-w3"
+    shutil.copytree(verl_run_w3, other, symlinks=True)
+    assert cli(catalog, "scan", root, "-q").returncode == 0
+    link = tmp_path / "hf-link"
+    link.symlink_to(step(other, 4))  # outside every root itself, but it points into a run
+    before = tree_digest(root)
+    one_line_error(cli(catalog, "export", step(run, 6), "--to", link, "--force"), 2, "refusing to write there")
+    assert link.is_symlink() and os.readlink(link) == str(step(other, 4))
+    assert tree_digest(root) == before
+
+
+def test_force_at_an_unscanned_run_is_refused_by_what_it_holds(scanned, verl_run_w3, tmp_path):
+    _root, run, catalog = scanned
+    elsewhere = tmp_path / "elsewhere" / "exp"  # a run no catalog and no root knows
+    shutil.copytree(verl_run_w3, elsewhere, symlinks=True)
+    before = tree_digest(elsewhere)
+    one_line_error(cli(catalog, "export", step(run, 6), "--to", elsewhere, "--force"), 2, "holds checkpoint data")
+    assert tree_digest(elsewhere) == before
+
+
+def test_force_at_a_nonempty_directory_that_is_not_an_export_is_refused(scanned, tmp_path):
+    _root, run, catalog = scanned
+    out = tmp_path / "models"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    one_line_error(cli(catalog, "export", step(run, 6), "--to", out, "--force"), 2,
+                   "only an earlier export or an empty directory")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+
+
+def test_force_at_an_earlier_export_with_a_file_added_is_refused(scanned, tmp_path):
+    _root, run, catalog = scanned
+    out = tmp_path / "hf"
+    assert cli(catalog, "export", step(run, 4), "--to", out).returncode == 0
+    (out / "README.md").write_text("my model card")
+    one_line_error(cli(catalog, "export", step(run, 6), "--to", out, "--force"), 2, "README.md")
+    assert (out / "README.md").read_text() == "my model card"
+
+
+def test_force_replaces_an_earlier_export(scanned, tmp_path):
+    _root, run, catalog = scanned
+    out = tmp_path / "hf"
+    assert cli(catalog, "export", step(run, 4), "--to", out).returncode == 0
+    assert json.loads((out / MARKER).read_text())["source"] == str(step(run, 4))
+    proc = cli(catalog, "export", step(run, 6), "--to", out, "--force", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["replaced"] == "export" and doc["verified"] is True
+    assert export_files_match_marker(out)["source"] == str(step(run, 6))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".hf")) == []  # no work dirs left
+
+
+# ---------------------------------------------------------------------------------------------------- laundering
+
+
+def test_byte_flipped_with_size_and_mtime_kept_is_refused_while_the_catalog_says_complete(scanned, tmp_path):
+    _root, run, catalog = scanned
+    flip_payload_byte(shard(run, 6))  # after the scan: the catalog still holds step 6 as complete
+    out = tmp_path / "hf"
+    one_line_error(cli(catalog, "export", step(run, 6), "--to", out), 1, str(shard(run, 6)), "crc-mismatch",
+                   "--allow-corrupt")
+    assert not out.exists()
+
+
+def test_flip_with_its_crc_rewritten_is_caught_by_the_hash_against_the_manifest(scanned, tmp_path):
+    _root, run, catalog = scanned
+    flip_payload_byte_keeping_crc(shard(run, 6))
+    from ckpt_audit.hashing import digest_file
+
+    assert digest_file(shard(run, 6)).crc_ok is True  # the CRC check alone would pass it
+    one_line_error(cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf"), 1, str(shard(run, 6)),
+                   "hash-drift")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_checkpoint_the_catalog_holds_as_corrupt_is_refused_even_when_its_files_now_read_clean(scanned, tmp_path):
+    root, run, catalog = scanned
+    pristine = tmp_path / "pristine.pt"
+    shutil.copy2(shard(run, 6), pristine)
+    flip_payload_byte(shard(run, 6))
+    assert cli(catalog, "scan", root, "--rehash", "-q").returncode == 1  # now the catalog says corrupt
+    shutil.copy(pristine, shard(run, 6))  # good bytes back, new mtime: the files alone would pass
+    line = one_line_error(cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf"), 1, str(shard(run, 6)),
+                          "re-scan if it was repaired")
+    assert "crc-mismatch" in line or "hash-drift" in line, line
+    assert not (tmp_path / "hf").exists()
+
+
+def test_allow_corrupt_exports_and_records_the_override(scanned, tmp_path):
+    _root, run, catalog = scanned
+    flip_payload_byte(shard(run, 6))
+    proc = cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf", "--allow-corrupt", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["override"] == "allow-corrupt" and doc["verified"] is False and doc["source_verified"] is False
+    assert {f["code"] for f in doc["source_findings"]} >= {"crc-mismatch"}
+    assert "--allow-corrupt" in proc.stderr  # the warning names what was overridden
+    db = sqlite3.connect(catalog)
+    assert db.execute("SELECT override, verified, source_verified FROM exports").fetchall() == [
+        ("allow-corrupt", 0, 0)]
+    assert json.loads((tmp_path / "hf" / MARKER).read_text())["override"] == "allow-corrupt"
+
+
+def test_verified_says_what_the_source_was_checked_against(scanned, verl_run, tmp_path):
+    _root, run, catalog = scanned
+    proc = cli(catalog, "export", step(run, 6), "--to", tmp_path / "a", "--json")
+    doc = json.loads(proc.stdout)
+    assert (doc["source_check"], doc["source_verified"], doc["verified"]) == ("manifest", True, True)
+    assert "source re-read and equal to the catalog's manifest" in cli(
+        catalog, "export", step(run, 6), "--to", tmp_path / "b").stdout
+    db = sqlite3.connect(catalog)
+    assert [r[0] for r in db.execute("SELECT source_verified FROM exports ORDER BY id")] == [1, 1]
+    shard_rows = dict(db.execute("SELECT path, hash FROM files WHERE checkpoint_path = ?", [str(step(run, 6))]))
+    recorded = dict(json.loads(db.execute("SELECT source_files FROM exports").fetchone()[0]))
+    assert recorded[str(shard(run, 6))] == shard_rows[str(shard(run, 6))]
+
+    never_scanned = step(verl_run, 6)  # no manifest for it: CRCs only, and said so
+    doc = json.loads(cli(tmp_path / "other.db", "export", never_scanned, "--to", tmp_path / "c", "--json").stdout)
+    assert (doc["source_check"], doc["source_verified"], doc["verified"]) == ("crc-only", False, True)
+
+
+# ---------------------------------------------------------------------------------------------------- TUI
+
+
+def _tui_export(root: Path, catalog: Path, to: str | None):
+    """Export the newest checkpoint from its details screen as a user does; `to` None keeps the offered default."""
+    pytest.importorskip("textual")
+    from textual.widgets import Input
+    from tui_pilot import drive, open_run, settle, wait_armed
+
+    from tui.app import AuditApp
+    from tui.screens.prompt import ExportPrompt
+
+    app = AuditApp(catalog_path=catalog, roots=[str(root)])
+
+    async def script(pilot):
+        await open_run(pilot)
+        await pilot.press("enter")
+        await pilot.pause()
+        await pilot.press("x")
+        await pilot.pause()
+        prompt = app.screen
+        assert isinstance(prompt, ExportPrompt)
+        await wait_armed(pilot, prompt)
+        if to is not None:
+            prompt.query_one("#export-to", Input).value = to
+        await pilot.press("enter")  # ends the path
+        await pilot.pause()
+        await pilot.press("enter")  # presses Export
+        await settle(pilot)
+
+    drive(app, script)
+    return app
+
+
+def test_tui_export_goes_through_the_same_checks(scanned):
+    root, run, catalog = scanned
+    before = tree_digest(root)
+    app = _tui_export(root, catalog, str(run))  # the run itself
+    assert app.last_export is None and "refusing to write there" in (app.last_error or ""), app.last_error
+    assert tree_digest(root) == before
+
+
+def test_tui_offers_a_default_destination_the_checks_accept(scanned):
+    root, _run, catalog = scanned
+    app = _tui_export(root, catalog, None)
+    assert app.last_error is None, app.last_error
+    out = Path(app.last_export.out_dir)
+    assert app.last_export.verified and out.parent == root.parent and (out / MARKER).is_file()
+
+
+# ---------------------------------------------------------------------------------------------------- kill -9
+
+TENSORS = 27  # tensors in verl_run's export (asserted below): the kill points are counted in them
+
+
+def kill_points(t: int) -> dict[str, int]:
+    """export's counted steps (ckpt_audit.export docstring): t written, t read back, marker, rename, old removed,
+    then the catalog transaction."""
+    return {"writing the first tensor": 1, "writing the last tensor": t, "reading back": t + 2,
+            "marked, right before the rename": 2 * t + 1, "right after the rename": 2 * t + 2,
+            "earlier export removed": 2 * t + 3, "inside the catalog transaction": 2 * t + 4}
+
+
+def test_kill_9_at_every_point_of_an_export_leaves_source_target_and_catalog_whole(scanned, tmp_path):
+    """At each point: the source byte-identical, --to a whole export (the earlier one before the rename, the new one
+    after), the catalog intact with nothing half-recorded, and a re-run succeeds. Each re-run's export is the
+    earlier export the next point's --force replaces (sources alternate, so the two are told apart)."""
+    root, run, catalog = scanned
+    out = tmp_path / "hf"
+    first = cli(catalog, "export", step(run, 2), "--to", out, "--json")
+    assert first.returncode == 0 and json.loads(first.stdout)["tensors"] == TENSORS
+    before = tree_digest(root)
+    earlier = step(run, 2)
+    for point, k in kill_points(TENSORS).items():
+        new = step(run, 6) if earlier != step(run, 6) else step(run, 4)
+        killed = cli(catalog, "export", new, "--to", out, "--force", env={KILL_AFTER_ENV: str(k)})
+        assert killed.returncode == -9, (point, killed.returncode, killed.stderr)
+
+        assert tree_digest(root) == before, point
+        in_place = k >= kill_points(TENSORS)["right after the rename"]
+        assert export_files_match_marker(out)["source"] == str(new if in_place else earlier), point
+        db = sqlite3.connect(catalog)
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok", point
+        recorded = [r[0] for r in db.execute("SELECT source FROM exports ORDER BY id")]
+        assert recorded[-1] == str(earlier), (point, recorded)  # the killed export left no row, whole or half
+        assert db.execute("SELECT COUNT(*) FROM export_files WHERE export_id NOT IN (SELECT id FROM exports)"
+                          ).fetchone() == (0,), point
+        db.close()
+
+        again = cli(catalog, "export", new, "--to", out, "--force")
+        assert again.returncode == 0, (point, again.stderr)
+        assert export_files_match_marker(out)["source"] == str(new), point
+        assert [p.name for p in out.parent.iterdir() if p.name.startswith(".hf.")] == [], point  # reclaimed
+        earlier = new
+
+
+def test_the_kill_points_are_counted_as_the_matrix_assumes(scanned, tmp_path):
+    """One step past the last kill point the export completes: the matrix above killed where it says it did."""
+    _root, run, catalog = scanned
+    out = tmp_path / "hf"
+    assert cli(catalog, "export", step(run, 4), "--to", out).returncode == 0
+    past = max(kill_points(TENSORS).values()) + 1
+    proc = cli(catalog, "export", step(run, 6), "--to", out, "--force", env={KILL_AFTER_ENV: str(past)})
+    assert proc.returncode == 0, proc.stderr
+    # Without an earlier export there is no removal step: the catalog transaction is one step sooner.
+    fresh = tmp_path / "fresh"
+    killed = cli(catalog, "export", step(run, 6), "--to", fresh, env={KILL_AFTER_ENV: str(past - 2)})
+    assert killed.returncode == -9 and export_files_match_marker(fresh)["source"] == str(step(run, 6))
+    db = sqlite3.connect(catalog)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert db.execute("SELECT COUNT(*) FROM exports WHERE out_dir = ?", [str(fresh)]).fetchone() == (0,)
+    db.close()
+    proc = cli(catalog, "export", step(run, 6), "--to", fresh, "--force", env={KILL_AFTER_ENV: str(past)})
+    assert proc.returncode == 0, proc.stderr
