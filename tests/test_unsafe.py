@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ckpt_audit import safe_load  # noqa: E402
+from harness.checkpoint import load_file  # noqa: E402 - the trainer's own weights_only loader
 
 CLI = [sys.executable, "-m", "ckpt_audit"]
 
@@ -60,7 +60,7 @@ def _plant(step: Path, kind: str, container: str, marker: Path) -> Path:
     if container == "raw":
         target.write_bytes(_raw_pickle(marker))
         return target
-    value = safe_load._torch_load(str(target), mmap=False)
+    value = load_file(target)
     value["resume_hook"] = _Payload(marker)
     _save(value, target, legacy=container == "legacy")
     return target
@@ -120,12 +120,26 @@ def test_rescan_that_reuses_the_file_keeps_it_unsafe(copy_run, verl_run, tmp_pat
     assert not (tmp_path / "MARKER").exists()
 
 
+def test_rescan_that_reuses_a_raw_pickle_keeps_it_incomplete(copy_run, verl_run, tmp_path):
+    import pickle
+
+    run = copy_run(verl_run)
+    step = _latest(run)
+    _target(step, "optim").write_bytes(pickle.dumps({"state": {}, "param_groups": []}))
+    catalog = tmp_path / "c.db"
+    _cli("scan", str(run), catalog=catalog)
+    rc, doc, _ = _cli("scan", str(run), catalog=catalog)
+    ck = _checkpoint(doc, step)
+    assert doc["files_reused"] > 0 and "raw-pickle" in {f["code"] for f in _findings(ck)}
+    assert ck["status"] == "incomplete" and rc == 1
+
+
 def test_legitimate_legacy_format_checkpoint_is_complete(copy_run, verl_run, tmp_path):
     run = copy_run(verl_run)
     step = _latest(run)
     legacy = [_target(step, k) for k in ("model", "optim", "extra_state", "data")]
     for path in legacy:
-        _save(safe_load._torch_load(str(path), mmap=False), path, legacy=True)
+        _save(load_file(path), path, legacy=True)
     catalog = tmp_path / "c.db"
     for command, path in (("scan", run), ("verify", step)):
         rc, doc, err = _cli(command, str(path), catalog=catalog)
@@ -142,7 +156,7 @@ def test_legacy_shard_structure_is_read_like_a_zip(verl_run, tmp_path):
 
     src = _target(_latest(Path(verl_run)), "model")
     legacy = tmp_path / src.name
-    torch.save(safe_load._torch_load(str(src)), legacy, _use_new_zipfile_serialization=False)
+    torch.save(load_file(src), legacy, _use_new_zipfile_serialization=False)
     zipped, old = read_pt_structure(src), read_pt_structure(legacy)
     assert old.container == "legacy" and old.problems == () and old.unsafe_globals == frozenset()
     shape = lambda s: sorted((t.key, t.dtype, t.shape, t.global_shape, t.placements, t.mesh_ranks) for t in s.tensors)  # noqa: E731
@@ -152,7 +166,7 @@ def test_legacy_shard_structure_is_read_like_a_zip(verl_run, tmp_path):
 def test_truncated_legacy_shard_is_corrupt(copy_run, verl_run, tmp_path):
     run = copy_run(verl_run)
     path = _target(_latest(run), "model")
-    _save(safe_load._torch_load(str(path), mmap=False), path, legacy=True)
+    _save(load_file(path), path, legacy=True)
     with open(path, "r+b") as f:
         f.truncate(path.stat().st_size - 100)
     rc, doc, _ = _cli("scan", str(run), catalog=tmp_path / "c.db")

@@ -90,10 +90,3 @@ def problem_code(problem: str) -> str | None:
     if low.startswith("damaged"):
         return "bad-zip"
     return "bad-pickle"
-
-
-# codes read_file attaches to one file; the catalog keeps them with the file so a stat-unchanged file reuses them
-PER_FILE_CODES = frozenset({
-    "zero-byte", "truncated", "crc-mismatch", "hash-drift", "not-a-zip", "bad-zip", "legacy-pickle-format",
-    "not-a-torch-archive", "zip-prefix-mismatch", "bad-pickle", "unsafe-pickle", "storage-size-mismatch",
-})
