@@ -44,9 +44,9 @@ def tree(verl_run, copy_run) -> tuple[Path, Path]:
     return run.parent.parent, run
 
 
-def exports_beside(run: Path) -> list[str]:
-    """Directories an export from the details view would create (its default is beside the run)."""
-    return sorted(p.name for p in run.parent.iterdir() if p != run)
+def written_outside(tmp_path: Path, run: Path) -> list[str]:
+    """Everything under the test's directory but the run and the catalog: where an export would land."""
+    return sorted(str(p) for p in tmp_path.rglob("*") if not p.is_relative_to(run) and not p.name.startswith("cat.db"))
 
 
 def assert_focus_honest(app: AuditApp) -> None:
@@ -160,7 +160,7 @@ def test_keys_typed_before_the_confirmation_appeared_delete_nothing(tree, tmp_pa
 def test_stray_keys_on_every_screen_delete_and_export_nothing(tree, tmp_path):
     root, run_dir = tree
     before = steps_on_disk(run_dir)
-    beside = exports_beside(run_dir)
+    outside = written_outside(tmp_path, run_dir)
     app = AuditApp(catalog_path=tmp_path / "cat.db", roots=[str(root)])
 
     async def back_to_runs(pilot) -> None:
@@ -175,7 +175,8 @@ def test_stray_keys_on_every_screen_delete_and_export_nothing(tree, tmp_path):
         await type_ahead(pilot, *BURST)
         assert_focus_honest(app)
         assert steps_on_disk(run_dir) == before, f"a burst on {where} deleted"
-        assert exports_beside(run_dir) == beside and app.last_export is None, f"a burst on {where} exported"
+        assert written_outside(tmp_path, run_dir) == outside and app.last_export is None, \
+            f"a burst on {where} exported"
 
     async def script(pilot):
         await burst(pilot, "the runs view")  # its Enter opens the run: the rest lands on the checkpoints

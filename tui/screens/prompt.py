@@ -1,8 +1,8 @@
 """Small modal questions: a positive whole number (policy presets) and an export destination.
 
 The export prompt is armed (armed.py): an export writes gigabytes, so keys typed before it appeared (an `x` and
-an Enter in one burst) must not start one, and Enter in its path field only moves to the Export button. The number prompt only edits the plan, which is shown and confirmed
-before anything is deleted, so it answers at once.
+an Enter in one burst) must not start one, and Enter in its path field only moves to the Export button. The
+number prompt only edits the plan, which is shown and confirmed before anything is deleted: it answers at once.
 """
 
 from __future__ import annotations
