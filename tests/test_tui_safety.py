@@ -246,7 +246,7 @@ def test_deliberate_confirmation_deletes(tree, tmp_path):
         assert shown.row_count == 1 and shown.get_row_at(0)[0] == str(step)
         said = " ".join(str(label.content) for label in dialog.query(Label))
         assert "1 checkpoint(s)" in said and format_size(dialog.plan.bytes_freed) in said  # what goes, how big
-        assert "Y (shift+y)" in said  # and how to confirm
+        assert "Y (shift+y) deletes" in said  # and how to confirm
         await confirm_delete(pilot)
         assert app.last_error is None and steps_on_disk(run_dir) == [s for s in before if s != step]
 

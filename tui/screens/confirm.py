@@ -19,7 +19,7 @@ from ckpt_audit.retention import PrunePlan
 from tui import cells
 from tui.screens.armed import ArmedModal
 
-HOW_TO_CONFIRM = "To delete press Y (shift+y), or Tab to Delete and press Enter. Esc or n cancels."
+HOW_TO_CONFIRM = "Y (shift+y) deletes, as does Tab to Delete, Enter. n or Esc cancels."
 
 
 class ConfirmPrune(ArmedModal[bool]):
