@@ -7,8 +7,13 @@ Paths are absolute strings, so results serialise to JSON and SQLite as they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ckpt_audit.tree import FileFacts
 
 
 MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
@@ -175,6 +180,11 @@ class ScanResult:
     bytes_hashed: int = 0
     deep: bool = False
     reused_paths: frozenset[str] = frozenset()  # files whose hash and per-file findings came from the catalog
+    files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); part of files_hashed
+    bytes_scrubbed: int = 0
+    # path -> what the readers (or the catalog, for reused files) said of each file: the catalog records it whole,
+    # so a re-scan that reuses a file reuses every fact a verdict depends on
+    file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
 
     @property
     def all_findings(self) -> tuple[Finding, ...]:

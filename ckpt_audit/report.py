@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile, format_size
 
@@ -30,41 +30,53 @@ def summary(result: ScanResult) -> dict:
     }
 
 
-def file_doc(f: ShardFile) -> dict:
+Verified = Mapping[str, "int | None"]  # path -> when its content was last read in full (None: never)
+
+
+def oldest_verified(paths: Iterable[str], verified: Verified) -> int | None:
+    """A checkpoint's last verification by content: its least recently verified file's (None if one never was)."""
+    times = [verified.get(p) for p in paths]
+    return None if not times or None in times else min(times)  # type: ignore[type-var]
+
+
+def file_doc(f: ShardFile, verified: Verified | None = None) -> dict:
     return {
         "path": f.path, "kind": f.kind.value, "rank": f.rank, "world_size": f.world_size,
         "size_bytes": f.size_bytes, "mtime_ns": f.mtime_ns, "inode": f.inode, "hash": f.hash, "crc_ok": f.crc_ok,
+        "verified_ns": (verified or {}).get(f.path),
     }
 
 
-def component_doc(c: Component) -> dict:
+def component_doc(c: Component, verified: Verified | None = None) -> dict:
     return {
         "role": c.role, "path": c.path, "layout": c.layout, "world_size": c.world_size, "size_bytes": c.size_bytes,
-        "files": [file_doc(f) for f in c.files], "findings": [f.to_dict() for f in c.findings],
+        "files": [file_doc(f, verified) for f in c.files], "findings": [f.to_dict() for f in c.findings],
     }
 
 
-def checkpoint_doc(c: Checkpoint) -> dict:
+def checkpoint_doc(c: Checkpoint, verified: Verified | None = None) -> dict:
     return {
         "step": c.step, "path": c.path, "status": c.status.value, "world_size": c.world_size,
         "size_bytes": c.size_bytes, "mtime_ns": c.mtime_ns,
-        "components": [component_doc(x) for x in c.components],
-        "files": [file_doc(f) for f in c.files],
+        "verified_ns": oldest_verified((f.path for f in c.all_files), verified or {}),
+        "components": [component_doc(x, verified) for x in c.components],
+        "files": [file_doc(f, verified) for f in c.files],
         "findings": [f.to_dict() for f in c.findings],
     }
 
 
-def run_doc(r: Run) -> dict:
+def run_doc(r: Run, verified: Verified | None = None) -> dict:
     latest = r.latest_complete
     return {
         "path": r.path, "name": r.name, "layout": r.layout, "tracker_step": r.tracker_step,
         "latest_complete_step": latest.step if latest else None, "metrics_path": r.metrics_path,
         "size_bytes": r.size_bytes, "findings": [f.to_dict() for f in r.findings],
-        "checkpoints": [checkpoint_doc(c) for c in r.checkpoints],
+        "checkpoints": [checkpoint_doc(c, verified) for c in r.checkpoints],
     }
 
 
 def scan_document(result: ScanResult, *, scan_id: int | None, catalog: str | None, exit_code: int) -> dict:
+    verified = {p: f.verified_ns for p, f in result.file_facts.items()}
     return {
         "command": "scan",
         "scan_id": scan_id,
@@ -75,10 +87,12 @@ def scan_document(result: ScanResult, *, scan_id: int | None, catalog: str | Non
         "files_hashed": result.files_hashed,
         "files_reused": result.files_reused,
         "bytes_hashed": result.bytes_hashed,
+        "files_scrubbed": result.files_scrubbed,
+        "bytes_scrubbed": result.bytes_scrubbed,
         "summary": summary(result),
         "exit_code": exit_code,
         "findings": [f.to_dict() for f in result.findings],
-        "runs": [run_doc(r) for r in result.runs],
+        "runs": [run_doc(r, verified) for r in result.runs],
     }
 
 
@@ -125,5 +139,6 @@ def render_text(result: ScanResult, *, quiet: bool = False, fail_on: Severity = 
     s = summary(result)
     secs = (result.finished_ns - result.started_ns) / 1e9
     yield (f"scanned {s['runs']} run(s), {s['checkpoints']} checkpoint(s): {result.files_hashed} file(s) hashed "
-           f"({format_size(result.bytes_hashed)}), {result.files_reused} reused, in {secs:.2f} s; "
+           f"({format_size(result.bytes_hashed)}; {result.files_scrubbed} of them scrubbed, "
+           f"{format_size(result.bytes_scrubbed)}), {result.files_reused} reused, in {secs:.2f} s; "
            f"{s['errors']} error(s), {s['warnings']} warning(s)")

@@ -22,6 +22,7 @@ from ckpt_audit.layouts import Layout, ScanContext, load_layouts
 from ckpt_audit.models import Finding, ScanResult, ShardFile, format_size
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
+from ckpt_audit.scrub import Cached, ScrubPlan, ScrubPolicy, plan_scrub
 from ckpt_audit.tree import FileFacts, Partial, PtFacts, Tree, trash_entry
 
 TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json"})
@@ -45,8 +46,12 @@ def scan(
     deep: bool = False,
     in_progress_window_s: float = DEFAULT_IN_PROGRESS_WINDOW_S,
     now_ns: int | None = None,
+    scrub: ScrubPolicy | None = None,
 ) -> ScanResult:
     """Scan `roots`: directories above runs, runs, or step directories (and paths inside them).
+
+    `scrub` re-reads a rolling share of the files the catalog could vouch for (ckpt_audit.scrub); None: reuse them
+    all. Its budget is shared by the roots, in order.
 
     A path at or inside a step directory scans that checkpoint alone: its run is walked (the tracker and the
     neighbours' names are needed to judge it) but only the checkpoint's files are read, and the result holds
@@ -56,13 +61,13 @@ def scan(
     real_roots = [check_root(r) for r in roots]
     walk_roots, focus = focus_of(real_roots)
     layouts = load_layouts()
-    partials = [
-        scan_partial(r, workers=workers, rehash=rehash, previous=previous or {}, progress=progress, layouts=layouts,
-                     focus=focus)
-        for r in walk_roots
-    ]
+    now = now_ns if now_ns is not None else started
+    partials: list[Partial] = []
+    for r in walk_roots:
+        partials.append(scan_partial(r, workers=workers, rehash=rehash, previous=previous or {}, progress=progress,
+                                     layouts=layouts, focus=focus, scrub=_budget_left(scrub, partials), now_ns=now))
     ctx = ScanContext(
-        now_ns=now_ns if now_ns is not None else started,
+        now_ns=now,
         in_progress_window_ns=int(in_progress_window_s * 1e9),
     )
     result = reduce(partials, ctx=ctx, layouts=layouts)
@@ -74,6 +79,12 @@ def scan(
 
         result = deepen(result, workers=workers)
     return replace(result, started_ns=started, finished_ns=time.time_ns(), deep=deep)
+
+
+def _budget_left(scrub: ScrubPolicy | None, done: Sequence[Partial]) -> ScrubPolicy | None:
+    if scrub is None or scrub.budget_bytes is None:
+        return scrub
+    return replace(scrub, budget_bytes=max(0, scrub.budget_bytes - sum(p.bytes_scrubbed for p in done)))
 
 
 def focus_of(real_roots: Sequence[str]) -> tuple[list[str], frozenset[str]]:
@@ -154,8 +165,11 @@ def scan_partial(
     progress: Progress | None = None,
     layouts: Sequence[Layout] | None = None,
     focus: frozenset[str] = frozenset(),
+    scrub: ScrubPolicy | None = None,
+    now_ns: int | None = None,
 ) -> Partial:
     previous = previous or {}
+    now = now_ns if now_ns is not None else time.time_ns()
     tree, stats, walk_findings = walk(root)
     layouts = layouts if layouts is not None else load_layouts()
     run_dirs = {d for layout in layouts for d in layout.find_runs(tree)}
@@ -167,17 +181,28 @@ def scan_partial(
     walk_findings.extend(leftovers)
     facts: dict[str, FileFacts] = {}
     todo: list[str] = []
+    cached: dict[str, FileFacts] = {}
     for p in paths:
-        st = stats[p]
         prev = previous.get(p)
-        if not rehash and isinstance(prev, FileFacts) and _same_stat(prev, st) and prev.hash is not None:
-            facts[p] = replace(prev, reused=True, text=_read_text(p, st)) if _wants_text(p) else prev
+        if not rehash and isinstance(prev, FileFacts) and _reusable(prev, stats[p]):
+            cached[p] = prev
         else:
             todo.append(p)
+    plan = _plan_scrub(cached, now_ns=now, policy=scrub)
+    if plan.overdue_files:
+        walk_findings.append(finding(
+            "scrub-overdue", root, f"{plan.overdue_files} file(s), {format_size(plan.overdue_bytes)}, last verified "
+            "by content a scrub period or more ago were not re-read: the --scrub-budget is too small for the period"))
+    for p, prev in cached.items():
+        if p in plan.paths:
+            todo.append(p)
+        else:
+            facts[p] = replace(prev, reused=True, text=_read_text(p, stats[p])) if _wants_text(p) else prev
+    todo.sort()
     total = sum(stats[p].st_size for p in todo)
     done = 0
     hashed = 0
-    for p, fact in _read_all(todo, stats, previous, rehash=rehash, workers=workers):
+    for p, fact in _read_all(todo, stats, previous, workers=workers, now_ns=now):
         facts[p] = fact
         done += stats[p].st_size
         if fact.hash is not None:
@@ -193,7 +218,22 @@ def scan_partial(
         files_reused=len(paths) - len(todo),
         reused_paths=frozenset(paths).difference(todo),
         bytes_hashed=sum(facts[p].size_bytes for p in todo if facts[p].hash is not None),
+        files_scrubbed=sum(1 for p in plan.paths if facts[p].hash is not None),
+        bytes_scrubbed=sum(facts[p].size_bytes for p in plan.paths if facts[p].hash is not None),
     )
+
+
+def _reusable(prev: FileFacts, st: os.stat_result) -> bool:
+    """The catalog vouches for this file: same stat, and its content was read cleanly once (a row written before
+    verified_ns existed lacks the structure facts the rules read, so it is read again)."""
+    return _same_stat(prev, st) and prev.hash is not None and prev.verified_ns is not None
+
+
+def _plan_scrub(cached: Mapping[str, FileFacts], *, now_ns: int, policy: ScrubPolicy | None) -> ScrubPlan:
+    if policy is None:
+        return ScrubPlan()
+    return plan_scrub([Cached(path=p, size_bytes=f.size_bytes, verified_ns=f.verified_ns or 0) for p, f in cached.items()],
+                      now_ns=now_ns, policy=policy, budget_bytes=policy.budget_bytes)
 
 
 def _in_focus(path: str, focus: frozenset[str]) -> bool:
@@ -236,7 +276,7 @@ def _read_text(path: str, st: os.stat_result) -> str | None:
 
 
 def _read_all(
-    paths: Sequence[str], stats: Mapping[str, os.stat_result], previous: Mapping, *, rehash: bool, workers: int
+    paths: Sequence[str], stats: Mapping[str, os.stat_result], previous: Mapping, *, workers: int, now_ns: int
 ) -> Iterator[tuple[str, FileFacts]]:
     """read_file over a thread pool (hashing and CRC release the GIL), at most 2*workers files in flight."""
     it = iter(paths)
@@ -246,7 +286,7 @@ def _read_all(
         def submit() -> None:
             p = next(it, None)
             if p is not None:
-                pending[pool.submit(read_file, p, stats[p], previous.get(p), rehash=rehash)] = p
+                pending[pool.submit(read_file, p, stats[p], previous.get(p), now_ns=now_ns)] = p
 
         for _ in range(2 * max(1, workers)):
             submit()
@@ -257,8 +297,13 @@ def _read_all(
                 submit()
 
 
-def read_file(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, *, rehash: bool) -> FileFacts:
-    """Everything one file tells without judging its neighbours. Never raises for a bad file."""
+def read_file(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, *,
+              now_ns: int | None = None) -> FileFacts:
+    """Everything one file tells without judging its neighbours. Never raises for a bad file.
+
+    A clean read (the stat held still) is stamped verified at `now_ns` (default: now); content that differs from
+    `prev` under the same stat is hash-drift, and stays so while the stat and the drifted content stay.
+    """
     base = FileFacts(path=path, size_bytes=st.st_size, mtime_ns=st.st_mtime_ns, inode=st.st_ino)
     try:
         d = hashing.digest_file(path)
@@ -271,10 +316,7 @@ def read_file(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None,
     found = list(file_rules.digest_findings(
         path, size=d.size_bytes, zip_error=d.zip_error, crc_bad=d.crc_bad_entries, prefix=d.prefix, changed=changed,
     ))
-    if (rehash and prev is not None and prev.hash is not None and _same_stat(prev, st) and prev.hash != d.hash
-            and not changed):
-        found.append(finding("hash-drift", path, f"content hash changed ({prev.hash[:12]}… -> {d.hash[:12]}…) "
-                                                 "while size, mtime and inode did not"))
+    found.extend(_drift(path, st, prev, d.hash) if not changed else ())
     pt = None
     if file_rules.reads_structure(path, kind=d.kind, is_zip=d.is_zip, zip_error=d.zip_error):
         pt, more = _structure(path)
@@ -289,7 +331,19 @@ def read_file(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None,
         pt=pt,
         text=_read_text(path, st) if _wants_text(path) else None,
         findings=tuple(found),
+        verified_ns=None if changed else (now_ns if now_ns is not None else time.time_ns()),
     )
+
+
+def _drift(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, new_hash: str) -> tuple[Finding, ...]:
+    """hash-drift when the content moved under an unchanged stat; a drift found before is kept while the file
+    still holds the drifted content (re-reading rotten bytes must not make them good)."""
+    if prev is None or prev.hash is None or not _same_stat(prev, st):
+        return ()
+    if prev.hash != new_hash:
+        return (finding("hash-drift", path, f"content hash changed ({prev.hash[:12]}… -> {new_hash[:12]}…) "
+                                            "while size, mtime and inode did not"),)
+    return tuple(f for f in getattr(prev, "findings", ()) if f.code == "hash-drift")
 
 
 def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
@@ -456,4 +510,7 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
         files_reused=sum(p.files_reused for p in partials),
         bytes_hashed=sum(p.bytes_hashed for p in partials),
         reused_paths=frozenset().union(*(p.reused_paths for p in partials)),
+        files_scrubbed=sum(p.files_scrubbed for p in partials),
+        bytes_scrubbed=sum(p.bytes_scrubbed for p in partials),
+        file_facts=facts,
     )

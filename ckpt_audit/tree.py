@@ -49,6 +49,7 @@ class FileFacts:
     text: str | None = None  # content of small JSON/tracker files the rules need
     findings: tuple[Finding, ...] = ()  # per-file findings (truncated, crc-mismatch, unreadable, ...)
     reused: bool = False  # hash (and structure) taken from the previous scan because the stat matched
+    verified_ns: int | None = None  # when the content was last read in full (hash + CRC); None: never, or not cleanly
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,3 +113,5 @@ class Partial:
     files_reused: int = 0
     bytes_hashed: int = 0
     reused_paths: frozenset[str] = frozenset()
+    files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); counted in files_hashed too
+    bytes_scrubbed: int = 0

@@ -20,6 +20,7 @@ from ckpt_audit import dcp_check, safe_load, scanner
 from ckpt_audit.codes import CODES, finding
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
 from ckpt_audit.rules import deep
+from ckpt_audit.scrub import ScrubPolicy
 from ckpt_audit.rules import status as status_rules
 
 Progress = Callable[[int, int], None]
@@ -33,10 +34,11 @@ def verify(
     progress: Progress | None = None,
     previous: Mapping | None = None,
     in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+    scrub: ScrubPolicy | None = None,
 ) -> ScanResult:
     """Scan `paths` (step directories, runs or roots) and add the deep findings. Raises scanner.ScanError."""
     result = scanner.scan(paths, workers=workers, rehash=rehash, previous=previous, progress=None,
-                          in_progress_window_s=in_progress_window_s)
+                          in_progress_window_s=in_progress_window_s, scrub=scrub)
     result = deepen(result, workers=workers, progress=progress)
     return replace(result, deep=True, finished_ns=time.time_ns())
 

@@ -32,7 +32,8 @@ def test_scan_json_document_and_catalog(run_copy, tmp_path):
     (run,) = doc["runs"]
     ck = run["checkpoints"][-1]
     assert ck["status"] == "complete" and ck["components"][0]["role"] == "actor"
-    assert {"path", "kind", "rank", "world_size", "size_bytes", "mtime_ns", "inode", "hash", "crc_ok"} == set(
+    assert {"path", "kind", "rank", "world_size", "size_bytes", "mtime_ns", "inode", "hash", "crc_ok",
+            "verified_ns"} == set(
         ck["components"][0]["files"][0])
     again = json.loads(CliRunner().invoke(cli, ["scan", "--json", "--catalog", str(db), str(run_copy)]).stdout)
     assert again["files_reused"] >= len(ck["components"][0]["files"]) and again["scan_id"] == doc["scan_id"] + 1

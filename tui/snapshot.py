@@ -31,6 +31,7 @@ class Snapshot:
     files_hashed: int = 0  # files read by this scan
     files_reused: int = 0  # files whose catalogued hash was reused by stat
     unrecorded: str = ""  # why this scan is not in the catalog (busy with another run, no catalog); "" if it is
+    verified_ns: dict[str, int | None] = field(default_factory=dict)  # file -> last read by content (None: never)
 
     def run(self, path: str) -> Run | None:
         return next((r for r in self.runs if r.path == path), None)
@@ -54,14 +55,16 @@ def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Pro
     unrecorded = record(result, catalog_path)
     done = result.finished_ns or time.time_ns()
     return Snapshot(runs=result.runs, scanned_ns={r.path: done for r in result.runs}, loaded_ns=done,
-                    files_hashed=result.files_hashed, files_reused=result.files_reused, unrecorded=unrecorded)
+                    files_hashed=result.files_hashed, files_reused=result.files_reused, unrecorded=unrecorded,
+                    verified_ns={p: f.verified_ns for p, f in result.file_facts.items()})
 
 
 def verify_paths(paths: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> ScanResult:
-    """Deep-verify checkpoints (loads tensors: imports torch) and record the result."""
+    """Deep-verify checkpoints (loads tensors: imports torch) and record the result. Like the CLI's verify, every
+    file is re-read by content whatever its stat says."""
     from ckpt_audit.verify import verify
 
-    result = verify(list(paths), progress=progress, previous=_previous(catalog_path))
+    result = verify(list(paths), progress=progress, previous=_previous(catalog_path), rehash=True)
     record(result, catalog_path)
     return result
 

@@ -9,9 +9,11 @@ import json
 import os
 import sqlite3
 
-from ckpt_audit.codes import CODES, finding
-from ckpt_audit.models import FileKind, ShardFile
-from ckpt_audit.tree import FileFacts
+from dataclasses import asdict, fields
+
+from ckpt_audit.codes import CODES
+from ckpt_audit.models import FileKind, Finding, Severity, ShardFile
+from ckpt_audit.tree import FileFacts, PtFacts
 
 
 class CatalogError(Exception):
@@ -42,7 +44,8 @@ def probe(path: str | os.PathLike[str]) -> None:
 
 
 def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> dict[str, FileFacts]:
-    """path -> FileFacts of every present file the catalog knows, for reuse by (size, mtime_ns, inode)."""
+    """path -> FileFacts of every present file the catalog knows, for reuse by (size, mtime_ns, inode): hash, CRC
+    verdict, structure (PtFacts), every finding the readers made, and when the content was last verified."""
     own = not isinstance(conn_or_path, sqlite3.Connection)
     if own:
         path = os.fspath(conn_or_path)  # type: ignore[arg-type]
@@ -56,8 +59,8 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
         conn = conn_or_path
     try:
         rows = conn.execute(
-            "SELECT path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings FROM files WHERE present = 1"
-        ).fetchall()
+            "SELECT path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, verified_ns"
+            " FROM files WHERE present = 1").fetchall()
     except sqlite3.OperationalError:
         return {}  # a fresh catalog without tables yet
     except sqlite3.DatabaseError as exc:
@@ -66,13 +69,46 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
         if own:
             conn.close()
     out: dict[str, FileFacts] = {}
-    for path, size, mtime, inode, h, crc, ff in rows:
-        found = () if ff == "[]" else tuple(finding(c, path, m) for c, m in json.loads(ff or "[]") if c in CODES)
+    for path, size, mtime, inode, h, crc, ff, pt_doc, verified in rows:
+        found = () if ff == "[]" else tuple(_finding(x, path) for x in json.loads(ff or "[]"))
+        pt, pt_whole = pt_from_json(pt_doc)
         out[path] = FileFacts(
             path=path, size_bytes=size, mtime_ns=mtime, inode=inode, hash=h,
-            crc_ok=None if crc is None else bool(crc), findings=found,
+            crc_ok=None if crc is None else bool(crc), findings=found, pt=pt,
+            # a row missing a fact the readers now record cannot vouch for the file: read it again
+            verified_ns=verified if pt_whole else None,
         )
     return out
+
+
+def findings_to_json(found: tuple[Finding, ...]) -> str:
+    """Every finding the readers attached to one file, whole (severity, rank and tensor included)."""
+    return json.dumps([f.to_dict() for f in found]) if found else "[]"
+
+
+def _finding(doc: dict | list, path: str) -> Finding:
+    if isinstance(doc, list):  # rows written before m003: [code, message]
+        code, message = doc[0], doc[1]
+        sev = CODES[code].severity if code in CODES else Severity.ERROR
+        return Finding(severity=sev, code=code, path=path, message=message)
+    return Finding(severity=Severity[doc["severity"].upper()], code=doc["code"], path=doc.get("path", path),
+                   message=doc["message"], rank=doc.get("rank"), tensor=doc.get("tensor"))
+
+
+_PT_FIELDS = frozenset(f.name for f in fields(PtFacts))
+
+
+def pt_to_json(pt: PtFacts | None) -> str | None:
+    return None if pt is None else json.dumps(asdict(pt))
+
+
+def pt_from_json(doc: str | None) -> tuple[PtFacts | None, bool]:
+    """(PtFacts, whether the stored document holds every field PtFacts has today)."""
+    if doc is None:
+        return None, True
+    d = json.loads(doc)
+    pt = PtFacts(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _PT_FIELDS})
+    return pt, set(d) >= _PT_FIELDS
 
 
 def as_shard_files(facts: dict[str, FileFacts], kinds: dict[str, tuple[str, int | None, int | None]]) -> dict[str, ShardFile]:

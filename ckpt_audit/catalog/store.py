@@ -194,9 +194,11 @@ class Catalog:
 
     def checkpoints(self, run_path: str | None = None) -> list[dict]:
         """Present checkpoints (of one run, or all): run_path, step, path, status, world_size, size_bytes,
-        mtime_ns, errors, warnings — from the checkpoint_status view."""
+        mtime_ns, errors, warnings — from the checkpoint_status view — and verified_ns (its files' oldest last
+        verification by content; None when one never was)."""
         where, params = ("WHERE run_path = ?", [run_path]) if run_path is not None else ("", [])
-        return self._rows(f"SELECT * FROM checkpoint_status {where} ORDER BY run_path, step", params)
+        return self._rows(f"SELECT *, {_OLDEST_VERIFIED.format(ckpt='checkpoint_status.path')} AS verified_ns"
+                          f" FROM checkpoint_status {where} ORDER BY run_path, step", params)
 
     def latest_complete(self) -> list[dict]:
         return self._rows("SELECT * FROM latest_complete_checkpoint ORDER BY run_path")
@@ -209,8 +211,9 @@ class Catalog:
             return None
         ckpt = rows[0]
         ckpt["components"] = json.loads(ckpt["components"])
+        ckpt["verified_ns"] = self.db.execute(f"SELECT {_OLDEST_VERIFIED.format(ckpt='?')}", [path]).fetchone()[0]
         ckpt["files"] = self._rows(
-            "SELECT path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash, crc_ok, present"
+            "SELECT path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash, crc_ok, verified_ns, present"
             " FROM files WHERE checkpoint_path = ? ORDER BY path", [path])
         for f in ckpt["files"]:
             f["crc_ok"] = None if f["crc_ok"] is None else bool(f["crc_ok"])
@@ -246,6 +249,12 @@ def refresh_run_summaries(conn: sqlite3.Connection, run_paths: list[str]) -> Non
     """A run's summary is what the catalog holds of it, not what one scan looked at: a scan of one step
     directory (or a prune that removed some) must not make the run one checkpoint long."""
     conn.executemany(RUN_SUMMARY_SQL, [(p,) for p in run_paths])
+
+
+# a checkpoint was last verified by content when its least recently verified present file was; never (NULL) if one
+# of them never was
+_OLDEST_VERIFIED = ("(SELECT CASE WHEN COUNT(*) = 0 OR COUNT(verified_ns) < COUNT(*) THEN NULL ELSE MIN(verified_ns) END"
+                    " FROM files WHERE checkpoint_path = {ckpt} AND present = 1)")
 
 
 def _files_with_role(ckpt: Checkpoint) -> Iterator[tuple[str | None, ShardFile]]:

@@ -21,10 +21,49 @@ def scan_options(f):
                      help="Exit 1 when a finding at or above this severity is present."),
         click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True, help="Reader threads."),
         click.option("--rehash", is_flag=True,
-                     help="Re-read every file, and report content that changed under an unchanged stat."),
+                     help="Re-read every file, and report content that changed under an unchanged stat (hash-drift)."),
         click.option("--in-progress-window", type=click.FloatRange(0), default=300.0, show_default=True,
                      metavar="SECONDS", help="An uncommitted checkpoint written this recently is in-progress, not broken."),
         catalog_option,
+    ]):
+        f = option(f)
+    return f
+
+
+class _Duration(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value, param, ctx):
+        from ckpt_audit.scrub import parse_duration_ns
+
+        try:
+            return value if isinstance(value, int) else parse_duration_ns(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class _Size(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        from ckpt_audit.scrub import parse_size
+
+        try:
+            return value if isinstance(value, int) else parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def scrub_options(f):
+    """scan's scrub: re-read a rolling share of the files the stat cache would reuse (ckpt_audit/scrub.py)."""
+    for option in reversed([
+        click.option("--scrub-period", type=_Duration(), default="7d", show_default=True,
+                     help="Re-read every cached byte by content at least once per this period (e.g. 7d, 12h; 0s: "
+                          "every scan)."),
+        click.option("--scrub-budget", type=_Size(), default=None,
+                     help="At most this many bytes re-read by the scrub per scan (e.g. 50GiB); default: no cap. "
+                          "Files left overdue are reported (scrub-overdue)."),
+        click.option("--no-scrub", is_flag=True, help="Reuse every cached file (trust the stat cache this run)."),
     ]):
         f = option(f)
     return f
@@ -34,14 +73,17 @@ def scan_options(f):
 @click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--deep", is_flag=True, help="Also run verify's deep checks (imports torch; per-file cost).")
 @scan_options
+@scrub_options
 @click.pass_context
-def scan_command(ctx: click.Context, roots, deep, **options) -> None:
+def scan_command(ctx: click.Context, roots, deep, scrub_period, scrub_budget, no_scrub, **options) -> None:
     """Hash, validate and catalog every checkpoint under ROOT... (cron-ready).
 
     Walks each root (links out of it are reported, not followed), hashes every file of every run with xxh3-128
     while checking the CRC-32 of each .pt zip entry, reads data.pkl without executing it, gives every checkpoint a
-    status and records the scan in the catalog. Unchanged files (size, mtime, inode) reuse their recorded hash.
-    `--deep` adds everything `ckpt-audit verify` checks.
+    status and records the scan in the catalog. Unchanged files (size, mtime, inode) reuse their recorded hash and
+    findings, except a rolling share re-read by content (the scrub): the files last verified a --scrub-period ago,
+    plus the period's pro-rata share since the last content read, oldest first, capped by --scrub-budget. Content
+    that changed under an unchanged stat is hash-drift. `--deep` adds everything `ckpt-audit verify` checks.
 
     Exit codes: 0 clean, 1 findings at/above --fail-on, 2 usage, 3 error (bad root or catalog), 4 another run holds
     the catalog lock.
@@ -50,14 +92,19 @@ def scan_command(ctx: click.Context, roots, deep, **options) -> None:
     Example:
         ckpt-audit scan /ckpts
         ckpt-audit scan -q --fail-on warning /ckpts /scratch/ckpts   # cron: mail only when something is wrong
+        ckpt-audit scan --scrub-budget 200GiB /ckpts                 # cap the nightly re-read
         ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
     """
-    run_scan(ctx, roots, deep=deep, **options)
+    from ckpt_audit.scrub import ScrubPolicy
+
+    scrub = None if no_scrub else ScrubPolicy(period_ns=scrub_period, budget_bytes=scrub_budget)
+    run_scan(ctx, roots, deep=deep, scrub=scrub, **options)
 
 
 def run_scan(ctx: click.Context, paths, *, deep: bool, as_json: bool, quiet: bool, fail_on: str, workers: int,
-             rehash: bool, in_progress_window: float, catalog: Path | None) -> None:
-    """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`."""
+             rehash: bool, in_progress_window: float, catalog: Path | None, scrub=None) -> None:
+    """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`.
+    `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead)."""
     from ckpt_audit import report, scanner
 
     threshold = report.FAIL_ON[fail_on]
@@ -67,10 +114,10 @@ def run_scan(ctx: click.Context, paths, *, deep: bool, as_json: bool, quiet: boo
                 from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
 
                 result = verify(paths, workers=workers, rehash=rehash, previous=previous, progress=progress,
-                                in_progress_window_s=in_progress_window)
+                                in_progress_window_s=in_progress_window, scrub=scrub)
             else:
                 result = scanner.scan(real, workers=workers, rehash=rehash, previous=previous,
-                                      progress=progress, in_progress_window_s=in_progress_window)
+                                      progress=progress, in_progress_window_s=in_progress_window, scrub=scrub)
         from ckpt_audit.catalog import open_catalog
 
         with open_catalog(cat_path) as cat:
@@ -155,10 +202,11 @@ def ls_command(run, as_json, catalog) -> None:
             emit_json({"command": "ls", "run": match[0], "checkpoints": rows})
             return
         click.echo(f"{match[0]['name']}  ({match[0]['path']})")
-        click.echo(f"{'step':>8}  {'status':<12} {'W':>3} {'size':>10} {'age':>5} {'errors':>6} {'warnings':>8}")
+        click.echo(f"{'step':>8}  {'status':<12} {'W':>3} {'size':>10} {'age':>5} {'errors':>6} {'warnings':>8} "
+                   f"{'verified':>8}")
         for c in rows:
             click.echo(f"{c['step']:>8}  {c['status']:<12} {_dash(c['world_size']):>3} {format_size(c['size_bytes']):>10} "
-                       f"{age_str(c['mtime_ns']):>5} {c['errors']:>6} {c['warnings']:>8}")
+                       f"{age_str(c['mtime_ns']):>5} {c['errors']:>6} {c['warnings']:>8} {verified_ago(c['verified_ns']):>8}")
 
 
 @click.command("show")
@@ -183,11 +231,11 @@ def show_command(path, as_json, catalog) -> None:
                 emit_json({"command": "show", "checkpoint": detail})
                 return
             click.echo(f"{detail['path']}  step {detail['step']}  {detail['status']}  W {_dash(detail['world_size'])}"
-                       f"  {format_size(detail['size_bytes'])}")
+                       f"  {format_size(detail['size_bytes'])}  verified {verified_ago(detail['verified_ns'])}")
             for f in detail["files"]:
                 crc = {True: "crc ok", False: "CRC BAD", None: ""}[f["crc_ok"]]
                 click.echo(f"  {f['kind']:<12} {_dash(f['rank']):>4} {format_size(f['size_bytes']):>10} "
-                           f"{(f['hash'] or 'unreadable')[:16]:<16} {crc:<7} {f['path']}")
+                           f"{(f['hash'] or 'unreadable')[:16]:<16} {crc:<7} {verified_ago(f['verified_ns']):>5} {f['path']}")
             for x in detail["findings"]:
                 click.echo(f"  {x['severity']:<7} {x['code']:<24} {x['path']}: {x['message']}")
             return
@@ -200,6 +248,13 @@ def show_command(path, as_json, catalog) -> None:
         click.echo(target)
         for h in history:
             click.echo(f"  scan {h['scan_id']:>5}  {h['hash'] or 'unreadable'}  {format_size(h['size_bytes'])}")
+
+
+def verified_ago(ns: int | None) -> str:
+    """When content was last read in full, as an age ('3h ago'); 'never' for a file the catalog never read whole."""
+    from ckpt_audit.report import age_str
+
+    return "never" if ns is None else f"{age_str(ns)} ago"
 
 
 def _dash(v) -> str:

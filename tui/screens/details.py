@@ -14,9 +14,15 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from ckpt_audit.codes import explain
 from ckpt_audit.models import Checkpoint
+from ckpt_audit.report import oldest_verified
 from tui import cells
 from tui.activity import ActivityBar
 from tui.snapshot import Snapshot
+
+
+def _ago(ns: int | None, now_ns: int) -> str:
+    """When content was last read in full: '3h ago', or 'never'."""
+    return "never" if ns is None else f"{cells.age(ns, now_ns)} ago"
 
 
 class DetailsScreen(Screen):
@@ -47,6 +53,7 @@ class DetailsScreen(Screen):
         table.add_column("size", key="size")
         table.add_column("hash", key="hash")
         table.add_column("crc", key="crc")
+        table.add_column("verified", key="verified")
         table.add_column("file", key="file")
         self.refresh_from(self.app.snapshot)
         table.focus()
@@ -59,7 +66,7 @@ class DetailsScreen(Screen):
                     return c
         return None
 
-    def refresh_from(self, snap: Snapshot) -> None:  # noqa: ARG002 - reads through self.checkpoint
+    def refresh_from(self, snap: Snapshot) -> None:
         ckpt = self.checkpoint
         table = self.query_one("#files", DataTable)
         table.clear()
@@ -69,15 +76,18 @@ class DetailsScreen(Screen):
             self.query_one("#findings", Static).update("")
             return
         roles = ", ".join(f"{c.role or '(root)'}:{c.layout}" for c in ckpt.components) or "-"
+        now = time.time_ns()
+        verified = oldest_verified((f.path for f in ckpt.all_files), snap.verified_ns)
         title.update(Text.assemble(
             (f"step {ckpt.step} ", "bold"), cells.badge(ckpt.status),
             f" · {ckpt.size_str} · W={ckpt.world_size or '-'} · {len(ckpt.all_files)} files · "
-            f"{cells.age(ckpt.mtime_ns, time.time_ns())} old · {roles}\n",
+            f"{cells.age(ckpt.mtime_ns, now)} old · verified {_ago(verified, now)} · {roles}\n",
             (ckpt.path, "dim"),
         ))
         for f in sorted(ckpt.all_files, key=lambda f: (str(f.kind), f.rank if f.rank is not None else -1, f.path)):
             table.add_row(str(f.kind), str(f.rank) if f.rank is not None else "-", f.size_str,
                           (f.hash or "unreadable")[:10], cells.crc(f.crc_ok),
+                          _ago(snap.verified_ns.get(f.path), now),
                           os.path.relpath(f.path, ckpt.path), key=f.path)
         self.query_one("#findings", Static).update(self._findings_text(ckpt))
 

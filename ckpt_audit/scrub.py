@@ -1,0 +1,103 @@
+"""Scrub: which cached files a scan re-reads by content, so that a stat-keyed cache never outlives its meaning.
+
+A file whose size, mtime and inode are unchanged reuses its recorded hash, CRC verdict and findings; bit rot that
+keeps the stat is invisible to that cache. So each scan also re-reads a rolling share of those files, oldest
+verified first, sized so that every byte is re-read at least once per `period`:
+
+    due    = every file last verified `period` or more ago;
+    share  = (bytes of the reusable files) x (time since the last content read under this root) / period;
+    scrub  = the oldest-verified files, in order, while the bytes taken are under `share` or the file is due,
+             and (with a budget) while the bytes taken are under the budget (the last file may overshoot it).
+
+On a daily cron with a 7-day period that is a seventh of the bytes a day; after a pause (or `--no-scrub` runs) the
+share grows to catch up. A budget too small to keep the promise leaves files overdue: the scan reports them.
+Files the catalog never verified by content are not scrubbed here: they are not reusable at all (always read).
+Pure planning; the scanner does the reading.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DAY_NS = 86_400 * 10**9
+DEFAULT_PERIOD_NS = 7 * DAY_NS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScrubPolicy:
+    """How much of the cache a scan re-verifies."""
+
+    period_ns: int = DEFAULT_PERIOD_NS  # every reusable byte is re-read at least once per period (0: every scan)
+    budget_bytes: int | None = None  # at most this many bytes re-read per scan, all roots together; None: no cap
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cached:
+    """A file the scan could reuse from the catalog: its size and when it was last read by content."""
+
+    path: str
+    size_bytes: int
+    verified_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScrubPlan:
+    paths: frozenset[str] = frozenset()
+    bytes: int = 0
+    overdue_files: int = 0  # left unread although last verified a period or more ago (the budget ran out)
+    overdue_bytes: int = 0
+
+
+def plan_scrub(cached: Sequence[Cached], *, now_ns: int, policy: ScrubPolicy, budget_bytes: int | None) -> ScrubPlan:
+    """The files to re-read now (see the module docstring for the rule). `budget_bytes` is what is left of the
+    policy's budget for this root (None: no cap)."""
+    if not cached:
+        return ScrubPlan()
+    total = sum(c.size_bytes for c in cached)
+    since = max(0, now_ns - max(c.verified_ns for c in cached))
+    share = total if policy.period_ns <= 0 else total * min(1.0, since / policy.period_ns)
+    due_before = now_ns - policy.period_ns
+    taken: list[Cached] = []
+    taken_bytes = 0
+    overdue_files = overdue_bytes = 0
+    for c in sorted(cached, key=lambda c: (c.verified_ns, c.path)):
+        due = c.verified_ns <= due_before
+        if not due and taken_bytes >= share:
+            break  # sorted oldest first: nothing later is due either
+        if budget_bytes is not None and taken_bytes >= budget_bytes:
+            if not due:
+                break
+            overdue_files += 1
+            overdue_bytes += c.size_bytes
+            continue
+        taken.append(c)
+        taken_bytes += c.size_bytes
+    return ScrubPlan(paths=frozenset(c.path for c in taken), bytes=taken_bytes, overdue_files=overdue_files,
+                     overdue_bytes=overdue_bytes)
+
+
+# -- flag values ----------------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?", re.IGNORECASE)
+
+
+def parse_duration_ns(text: str) -> int:
+    """'7d', '12h', '30m', '90s', '2w', '0s' -> nanoseconds. ValueError otherwise."""
+    m = _DURATION.fullmatch(text.strip().lower())
+    if not m:
+        raise ValueError(f"{text!r} is not a duration such as 7d, 12h, 30m or 90s")
+    return int(float(m.group(1)) * _DURATION_UNITS[m.group(2)] * 10**9)
+
+
+def parse_size(text: str) -> int:
+    """'50GiB', '50G', '1.5TB', '500MB', '1024' -> bytes (K/M/G/T/P and KiB.. are powers of 1024, KB.. of 1000)."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a size such as 50GiB, 500MB or 1T")
+    number, prefix = float(m.group(1)), m.group(2).lower()
+    decimal = prefix and not m.group(3) and text.strip()[-1] in "bB"  # KB, MB, GB: powers of 1000
+    return int(number * (1000 if decimal else 1024) ** ("kmgtp".index(prefix) + 1 if prefix else 0))
