@@ -312,8 +312,8 @@ def _tui_export(root: Path, catalog: Path, to: str | None):
 def test_tui_export_goes_through_the_same_checks(scanned):
     root, run, catalog = scanned
     before = tree_digest(root)
-    app = _tui_export(root, catalog, str(run))  # the run itself
-    assert app.last_export is None and "refusing to write there" in (app.last_error or ""), app.last_error
+    app = _tui_export(root, catalog, str(run / "hf"))  # a new directory inside the run
+    assert app.last_export is None and "is inside the run" in (app.last_error or ""), app.last_error
     assert tree_digest(root) == before
 
 
