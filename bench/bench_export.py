@@ -2,7 +2,8 @@
 
 Baseline (what verl's model merger does): torch.load every rank file fully, torch.cat every tensor into one
 merged state dict in memory, then save it with safetensors. Ours: `export_checkpoint` (mmap'd shards, one
-tensor at a time, source pages released after each tensor), with and without the read-back verification.
+tensor at a time, source pages released after each tensor), with and without the read-back verification, and
+`source-check` alone: the re-read of every source file (xxh3-128 + CRCs) that every export now starts with.
 
 Each variant runs in a fresh child process. Memory is the child's peak RSS (`ru_maxrss`, i.e. VmHWM), which
 counts anonymous memory AND file pages mapped into the process; the cost of `import torch` (measured in a
@@ -99,6 +100,12 @@ def child(variant: str, step: str, out: str) -> None:
         export_checkpoint(step, out, verify=variant == "stream+verify")
     elif variant == "baseline":
         _verl_style(Path(step) / "actor", Path(out))
+    elif variant == "source-check":
+        from ckpt_audit.export import _files_to_read
+        from ckpt_audit.export_guard import check_source
+
+        actor = Path(step) / "actor"
+        check_source(_files_to_read(actor, actor / "huggingface"), manifest={}, status=None)
     else:
         raise SystemExit(f"unknown variant {variant}")
     seconds = time.perf_counter() - t0
@@ -150,7 +157,7 @@ def main() -> None:
         largest = max(a * b for _, (a, b), _ in _layout(args.mb)) * 4
         print(f"checkpoint: {size / 2**20:.0f} MiB in {len(shards)} rank files, "
               f"{len(_layout(args.mb))} tensors, largest {largest / 2**20:.1f} MiB", file=sys.stderr)
-        variants = ["import", "baseline", "stream", "stream+verify"]
+        variants = ["import", "baseline", "stream", "stream+verify", "source-check"]
         results: dict[str, list[dict]] = {v: [] for v in variants}
         for _ in range(args.repeat):
             for v in variants:  # alternate so drift hits every variant alike
@@ -167,6 +174,8 @@ def main() -> None:
         print(f"\nratio stream/baseline: added peak memory {add(s) / add(b):.2f}x, time {s['seconds'] / b['seconds']:.2f}x")
         print(f"ratio stream+verify/baseline: added peak memory {add(sv) / add(b):.2f}x, "
               f"time {sv['seconds'] / b['seconds']:.2f}x")
+        print(f"ratio source-check/stream+verify: time {med['source-check']['seconds'] / sv['seconds']:.2f}x "
+              "(the share of the default export spent re-reading its source)")
         print(f"stream added peak / largest tensor: {add(s) / (largest / 2**20):.2f}x "
               f"(model is {size / largest:.0f}x the largest tensor)")
     finally:
