@@ -21,8 +21,8 @@ Nothing is written before export_guard says `--to` is clear of every checkpoint,
 is built in a hidden sibling directory, marked as an export (MARKER, with its file hashes), and only then put in
 place by one rename (an atomic exchange when it replaces an earlier export), so `--to` is at every moment absent,
 the earlier export, or the complete new one. Kill points for the crash test (the killpoints seam,
-CKPT_AUDIT_TEST_KILL_AFTER_OPS), in order: one per tensor written, one per tensor read back, the marker written, the rename into place, the
-earlier export removed (only when there was one), then inside the catalog transaction.
+CKPT_AUDIT_TEST_KILL_AFTER_OPS), in order: one per tensor written, one per tensor read back, the marker written,
+the rename into place, the earlier export removed (only when there was one), then inside the catalog transaction.
 torch is imported lazily: `ckpt-audit scan` must never pay for it.
 """
 
