@@ -78,7 +78,7 @@ def check_destination(to: str | os.PathLike[str], *, protected: Iterable[tuple[s
     hits = [(relation, what, place) for what, place in protected
             if (relation := _relation(real, os.path.realpath(place)) or _relation(path, place))]
     if hits:
-        relation, what, place = min(hits, key=lambda h: h[0] != "is")  # name what --to is, if it is one
+        relation, what, place = min(hits, key=_most_telling)
         raise ExportRefused(f"--to {path} {relation} the {what} {place}: refusing to write there (choose a "
                             "directory outside every checkpoint, run and scanned root)", about="destination")
     if not os.path.lexists(path):
@@ -94,6 +94,12 @@ def check_destination(to: str | os.PathLike[str], *, protected: Iterable[tuple[s
         raise ExportRefused(f"--force replaces only an earlier export or an empty directory; {path} {why_not}",
                             about="destination")
     return Destination(path=path, real=real, replaces="export")
+
+
+def _most_telling(hit: tuple[str, str, str]) -> tuple[int, int]:
+    """Name what --to is; else the outermost place it contains; else the innermost one it sits in."""
+    relation, _what, place = hit
+    return {"is": (0, 0), "contains": (1, len(place)), "is inside": (2, -len(place))}[relation]
 
 
 def _relation(to: str, place: str) -> str | None:
