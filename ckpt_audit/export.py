@@ -60,7 +60,7 @@ from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.models import Finding
 from ckpt_audit.prune import _fsync_dir
 
-__all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "export_checkpoint", "parse_size"]
+__all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "export_checkpoint"]
 
 MODEL_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 WEIGHT_FILE_RE = re.compile(r"(\.safetensors|\.bin)$|^(model\.safetensors|pytorch_model\.bin)\.index\.json$")
@@ -122,17 +122,6 @@ class ExportResult:
             "replaced": self.replaced, "lora_dir": self.lora_dir, "warnings": list(self.warnings),
             "files": [{"path": f.path, "size_bytes": f.size_bytes, "hash": f.hash} for f in self.files],
         }
-
-
-def parse_size(text: str) -> int:
-    """'5GB', '500MB', '2GiB', '1000' -> bytes (decimal units like transformers; *iB binary). ValueError."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (use e.g. 500MB, 5GB)")
-    unit = (m.group(2) or "B").upper()
-    base = 1024 if "I" in unit else 1000
-    power = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit[0]]
-    return int(float(m.group(1)) * base**power)
 
 
 def export_checkpoint(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -24,8 +23,8 @@ from typing import Literal, Protocol
 
 from ckpt_audit.models import Checkpoint, Run, Status
 from ckpt_audit.rules.tracker import ahead_of_tracker
+from ckpt_audit.units import NS_PER_S, format_duration
 
-NS_PER_S = 1_000_000_000
 DEFAULT_STALE_AFTER_NS = 3600 * NS_PER_S  # an uncommitted save older than this is abandoned, not running
 
 
@@ -447,23 +446,3 @@ def metric_names(path: str) -> list[str]:
     except OSError:
         return []
     return sorted(names)
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
-
-
-def parse_duration(text: str) -> int:
-    """'90m', '36h', '7d', '2w' or plain seconds -> nanoseconds. Raises ValueError."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 90m, 36h, 7d, 2w)")
-    return int(float(m.group(1)) * _UNIT_S[m.group(2)] * NS_PER_S)
-
-
-def format_duration(ns: int) -> str:
-    s = ns / NS_PER_S
-    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size and s % size == 0:
-            return f"{int(s // size)}{unit}"
-    return f"{s:g}s"

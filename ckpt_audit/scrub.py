@@ -17,7 +17,6 @@ Pure planning; the scanner does the reading.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,28 +75,3 @@ def plan_scrub(cached: Sequence[Cached], *, now_ns: int, policy: ScrubPolicy, bu
         taken_bytes += c.size_bytes
     return ScrubPlan(paths=frozenset(c.path for c in taken), bytes=taken_bytes, overdue_files=overdue_files,
                      overdue_bytes=overdue_bytes)
-
-
-# -- flag values ----------------------------------------------------------------------------------------------
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)b?", re.IGNORECASE)
-
-
-def parse_duration_ns(text: str) -> int:
-    """'7d', '12h', '30m', '90s', '2w', '0s' -> nanoseconds. ValueError otherwise."""
-    m = _DURATION.fullmatch(text.strip().lower())
-    if not m:
-        raise ValueError(f"{text!r} is not a duration such as 7d, 12h, 30m or 90s")
-    return int(float(m.group(1)) * _DURATION_UNITS[m.group(2)] * 10**9)
-
-
-def parse_size(text: str) -> int:
-    """'50GiB', '50G', '1.5TB', '500MB', '1024' -> bytes (K/M/G/T/P and KiB.. are powers of 1024, KB.. of 1000)."""
-    m = _SIZE.fullmatch(text.strip())
-    if not m:
-        raise ValueError(f"{text!r} is not a size such as 50GiB, 500MB or 1T")
-    number, prefix = float(m.group(1)), m.group(2).lower()
-    decimal = prefix and not m.group(3) and text.strip()[-1] in "bB"  # KB, MB, GB: powers of 1000
-    return int(number * (1000 if decimal else 1024) ** ("kmgtp".index(prefix) + 1 if prefix else 0))

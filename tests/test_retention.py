@@ -18,11 +18,10 @@ from ckpt_audit.retention import (
     PrunePlan,
     Reason as R,
     Refusal,
-    format_duration,
-    parse_duration,
     plan_prune,
     read_metric,
 )
+from ckpt_audit.units import format_duration, parse_duration
 
 RUN = "/ck/proj/exp"
 S = 1_000_000_000

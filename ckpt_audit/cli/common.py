@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
+from ckpt_audit import units
 from ckpt_audit.exitcodes import ExitCode
 
 SCHEMA_VERSION = 1
@@ -30,6 +31,24 @@ catalog_option = click.option(
     default=None,
     help=f"SQLite catalog (default: ${CATALOG_ENV} or ~/.local/share/ckpt-audit/catalog.db).",
 )
+
+
+class _Unit(click.ParamType):
+    """A flag value in one of ckpt_audit.units' forms: a duration (to nanoseconds) or a size (to bytes)."""
+
+    def __init__(self, name: str, parse: Callable[[str], int]) -> None:
+        self.name = name
+        self.parse = parse
+
+    def convert(self, value, param, ctx):
+        try:
+            return value if isinstance(value, int) else self.parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = _Unit("DURATION", units.parse_duration)  # 90m, 36h, 7d, 2w
+SIZE = _Unit("SIZE", units.parse_size)  # 500MB, 5GB, 50GiB
 
 
 def resolve_catalog(path: Path | None) -> Path:

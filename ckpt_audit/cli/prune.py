@@ -9,33 +9,21 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import catalog_option, emit_json, locked_catalog
+from ckpt_audit.cli.common import DURATION, catalog_option, emit_json, locked_catalog
 from ckpt_audit.exitcodes import ExitCode
-
-
-class _Duration(click.ParamType):
-    name = "DURATION"
-
-    def convert(self, value, param, ctx):
-        from ckpt_audit.retention import parse_duration
-
-        try:
-            return parse_duration(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
 
 
 @click.command("prune")
 @click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--keep-last", type=click.IntRange(0), metavar="N", help="Keep the last N complete checkpoints of each run.")
 @click.option("--keep-every", type=click.IntRange(1), metavar="K", help="Keep checkpoints whose step is a multiple of K.")
-@click.option("--keep-within", type=_Duration(), metavar="DURATION", help="Keep checkpoints newer than this (90m, 36h, 7d, 2w).")
+@click.option("--keep-within", type=DURATION, metavar="DURATION", help="Keep checkpoints newer than this (90m, 36h, 7d, 2w).")
 @click.option("--keep-best", type=click.IntRange(0), metavar="N", help="Keep the best N by --metric from the run's metrics JSONL.")
 @click.option("--metric", default="loss", show_default=True, help="Metric for --keep-best.")
 @click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True, help="Best is lowest or highest.")
 @click.option("--pin", "pins", multiple=True, type=click.Path(path_type=Path), metavar="STEP_DIR",
               help="Never delete this checkpoint (repeatable).")
-@click.option("--stale-after", type=_Duration(), default="1h", show_default=True, metavar="DURATION",
+@click.option("--stale-after", type=DURATION, default="1h", show_default=True, metavar="DURATION",
               help="An uncommitted checkpoint older than this is abandoned and removed.")
 @click.option("--dry-run", is_flag=True, help="Show the plan and exit 0 without deleting or asking.")
 @click.option("-y", "--yes", is_flag=True, help="Delete without asking (cron).")

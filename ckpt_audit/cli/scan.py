@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, locked_catalog, resolve_catalog
+from ckpt_audit.cli.common import DURATION, SIZE, CommandError, catalog_option, emit_json, locked_catalog, resolve_catalog
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -30,37 +30,13 @@ def scan_options(f):
     return f
 
 
-class _Duration(click.ParamType):
-    name = "DURATION"
-
-    def convert(self, value, param, ctx):
-        from ckpt_audit.scrub import parse_duration_ns
-
-        try:
-            return value if isinstance(value, int) else parse_duration_ns(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-class _Size(click.ParamType):
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        from ckpt_audit.scrub import parse_size
-
-        try:
-            return value if isinstance(value, int) else parse_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
 def scrub_options(f):
     """scan's scrub: re-read a rolling share of the files the stat cache would reuse (ckpt_audit/scrub.py)."""
     for option in reversed([
-        click.option("--scrub-period", type=_Duration(), default="7d", show_default=True,
+        click.option("--scrub-period", type=DURATION, default="7d", show_default=True,
                      help="Re-read every cached byte by content at least once per this period (e.g. 7d, 12h; 0s: "
                           "every scan)."),
-        click.option("--scrub-budget", type=_Size(), default=None,
+        click.option("--scrub-budget", type=SIZE, default=None,
                      help="At most this many bytes re-read by the scrub per scan (e.g. 50GiB); default: no cap. "
                           "Files left overdue are reported (scrub-overdue)."),
         click.option("--no-scrub", is_flag=True, help="Reuse every cached file (trust the stat cache this run)."),
