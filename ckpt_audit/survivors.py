@@ -13,12 +13,13 @@ The CLI and the TUI both call `verify_plan`; deletion (`prune.execute`) only eve
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ckpt_audit import hashing
 from ckpt_audit.codes import finding
-from ckpt_audit.models import Checkpoint, Finding, Run, ScanResult, Status, format_size
+from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
 from ckpt_audit.prune import Action, Outcome
 from ckpt_audit.retention import PrunePlan, Reason, plan_prune
 from ckpt_audit.rules import files as file_rules
@@ -35,6 +36,8 @@ class Reread:
     files: int
     findings: tuple[Finding, ...] = ()  # empty: every file read back to the hash the scan recorded
     status: Status = Status.COMPLETE  # what it is now: complete, or corrupt / unknown / in-progress
+    read_back: tuple[tuple[str, hashing.FileDigest], ...] = ()  # files read in full with their stat unchanged
+    read_ns: int = 0
 
     @property
     def ok(self) -> bool:
@@ -65,12 +68,6 @@ class SurvivorCheck:
     @property
     def failed(self) -> tuple[Reread, ...]:
         return tuple(r for r in self.rereads if not r.ok)
-
-    def recorded(self, result: ScanResult) -> ScanResult:
-        """`result` as the catalog should keep it: a failed survivor with its new verdict, and its failing files
-        written again (a file reused by stat keeps its stored row, which would forget the failure)."""
-        failing = {f.path for r in self.failed for f in r.findings}
-        return replace(result, runs=self.runs, reused_paths=result.reused_paths - failing)
 
     def outcomes(self) -> tuple[Outcome, ...]:
         return tuple(r.as_outcome() for r in self.rereads)
@@ -131,16 +128,21 @@ def reread(ckpt: Checkpoint, *, workers: int = 2, progress: Progress | None = No
     recorded = {f.path: f for f in ckpt.all_files}
     total = sum(f.size_bytes for f in recorded.values())
     found: list[Finding] = []
+    read_back: list[tuple[str, hashing.FileDigest]] = []
     nread = 0
+    started = time.time_ns()
     for path, got in hashing.digest_files(recorded, workers=workers):
-        found.extend(_compare(path, recorded[path], got))
+        mismatch = _compare(path, recorded[path], got)
+        found.extend(mismatch)
         if not isinstance(got, OSError):
             nread += got.size_bytes
+            if not any(f.code == "file-changed-during-scan" for f in mismatch):
+                read_back.append((path, got))
         if progress is not None:
             progress(nread, total)
     found.sort(key=lambda f: (f.path, f.code))
     return Reread(checkpoint=ckpt, bytes_read=nread, files=len(recorded), findings=tuple(found),
-                  status=_status_for(found))
+                  status=_status_for(found), read_back=tuple(sorted(read_back)), read_ns=started)
 
 
 def _compare(path: str, was, got: hashing.FileDigest | OSError) -> list[Finding]:

@@ -200,7 +200,20 @@ def test_bit_rot_in_the_newest_is_found_before_older_good_checkpoints_go(run, tm
     rereads = db.execute("SELECT step, size_bytes FROM prune_items WHERE action = 're-read' ORDER BY step").fetchall()
     assert rereads == [(4, sizes[4]), (6, sizes[6])]
     [(status,)] = db.execute("SELECT status FROM checkpoints WHERE step = 6").fetchall()
-    assert status == "corrupt"  # recorded as it is now, and a later stat-keyed re-scan keeps saying so
+    assert status == "corrupt"  # recorded as it is now
+    assert cached_status(run, catalog)[6] == "corrupt"  # and a later scan that trusts its cache keeps saying so
+
+
+def cached_status(run: Path, catalog: Path) -> dict[int, str]:
+    """step -> status from a re-scan that reuses every stat-unchanged file (no scrub): what the catalog kept."""
+    proc = subprocess.run([sys.executable, "-m", "ckpt_audit", "scan", "--no-scrub", "--json", str(run)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)})
+    assert proc.returncode in (0, 1), proc.stderr
+    doc = json.loads(proc.stdout)
+    run_files = sum(1 for p in run.iterdir() if p.is_file())  # tracker, metrics log: in no checkpoint, never cached
+    assert doc["files_hashed"] == run_files  # no checkpoint file re-read: the verdicts below are the catalog's
+    return {c["step"]: c["status"] for r in doc["runs"] for c in r["checkpoints"]}
 
 
 def test_text_output_reports_the_bytes_re_read(run, tmp_path):
@@ -237,3 +250,4 @@ def test_tui_prune_re_reads_the_survivor_and_deletes_nothing_on_a_stale_verdict(
     assert steps_left(run) == [2, 4, 6]
     assert {c.step: c.status for c in app.snapshot.runs[0].checkpoints}[6] is Status.CORRUPT
     assert app.last_survivors is not None and [r.checkpoint.step for r in app.last_survivors.failed] == [6]
+    assert cached_status(run, tmp_path / "c.db")[6] == "corrupt"  # the TUI's finding outlives the next cached scan

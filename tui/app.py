@@ -160,6 +160,8 @@ class AuditApp(App[None]):
             with locked_catalog(self.catalog_path) as cat:
                 # what the plan counts on is re-read first; a changed verdict means the confirmed plan is stale
                 check = self.last_survivors = verify_plan(plan, runs, progress=self._progress("re-reading survivors"))
+                if cat is not None:
+                    cat.record_rereads(check.rereads)  # a failure found here must outlive the next cached scan
                 if {i.path for i in check.plan.delete} != {i.path for i in plan.delete}:
                     return self._stale_plan(check)
                 self._busy("deleting")

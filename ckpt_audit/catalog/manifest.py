@@ -70,7 +70,7 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
             conn.close()
     out: dict[str, FileFacts] = {}
     for path, size, mtime, inode, h, crc, ff, pt_doc, verified in rows:
-        found = () if ff == "[]" else tuple(_finding(x, path) for x in json.loads(ff or "[]"))
+        found = findings_from_json(ff, path)
         pt, pt_whole = pt_from_json(pt_doc)
         out[path] = FileFacts(
             path=path, size_bytes=size, mtime_ns=mtime, inode=inode, hash=h,
@@ -84,6 +84,10 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
 def findings_to_json(found: tuple[Finding, ...]) -> str:
     """Every finding the readers attached to one file, whole (severity, rank and tensor included)."""
     return json.dumps([f.to_dict() for f in found]) if found else "[]"
+
+
+def findings_from_json(doc: str | None, path: str) -> tuple[Finding, ...]:
+    return () if not doc or doc == "[]" else tuple(_finding(x, path) for x in json.loads(doc))
 
 
 def _finding(doc: dict | list, path: str) -> Finding:

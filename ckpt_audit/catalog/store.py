@@ -9,17 +9,22 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlite_utils
 
 from ckpt_audit import __version__
-from ckpt_audit.catalog.manifest import CatalogError, as_shard_files, findings_to_json, pt_to_json, read_previous
+from ckpt_audit.catalog.manifest import (CatalogError, as_shard_files, findings_from_json, findings_to_json, pt_to_json,
+                                         read_previous)
 from ckpt_audit.catalog.migrations import MIGRATIONS
 from ckpt_audit.killpoints import CATALOG_KILL_AFTER_ENV, OpCounter
 from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
 from ckpt_audit.tree import FileFacts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt_audit.survivors import Reread
 
 BATCH = 1000
 
@@ -157,6 +162,41 @@ class Catalog:
             ops.tick()
         ops.tick()  # committed
         return int(scan_id)
+
+    def record_rereads(self, rereads: Iterable[Reread]) -> None:
+        """What prune's survivor check read by content: each file's hash, CRC verdict and verification time as
+        read now, its findings added to the file's row, and a failed checkpoint's new status with its findings.
+
+        The check reads files whose stat never moved, so a scan would reuse their stored rows: unless written
+        here, a failure the check found would be forgotten by the very next scan.
+        """
+        conn = self.db.conn
+        with self.db.atomic():
+            for r in rereads:
+                ckpt = r.checkpoint
+                scan_id = conn.execute("SELECT last_scan_id FROM checkpoints WHERE path = ?", [ckpt.path]).fetchone()
+                if scan_id is None:
+                    continue  # never recorded (a plan made without a catalog): nothing to keep current
+                for path, got in r.read_back:
+                    row = conn.execute("SELECT hash, file_findings FROM files WHERE path = ?", [path]).fetchone()
+                    if row is None:
+                        continue
+                    new = [f for f in r.findings if f.path == path]
+                    old = [f for f in findings_from_json(row[1], path) if f.code not in {n.code for n in new}]
+                    conn.execute("UPDATE files SET hash = ?, crc_ok = ?, file_findings = ?, verified_ns = ?"
+                                 " WHERE path = ?", [got.hash, None if got.crc_ok is None else int(got.crc_ok),
+                                                     findings_to_json(tuple(old + new)), r.read_ns, path])
+                    if got.hash != row[0]:
+                        conn.execute("INSERT INTO hash_history (path, scan_id, hash, size_bytes, mtime_ns)"
+                                     " VALUES (?, ?, ?, ?, ?)", [path, scan_id[0], got.hash, got.size_bytes,
+                                                                 got.mtime_ns])
+                if not r.ok:
+                    conn.execute("UPDATE checkpoints SET status = ? WHERE path = ?", [r.status.value, ckpt.path])
+                    conn.executemany(
+                        "INSERT INTO findings (scan_id, severity, code, path, message, rank, tensor, run_path,"
+                        " checkpoint_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [_finding_row(f, scan_id[0], ckpt.run_path, ckpt.path) for f in r.findings])
+                    refresh_run_summaries(conn, [ckpt.run_path])
 
     # -- reading ----------------------------------------------------------------------------------------------
 

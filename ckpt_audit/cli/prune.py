@@ -116,7 +116,8 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
         from ckpt_audit.prune import execute
 
         with open_catalog(cat_path) as cat:
-            cat.record_scan(check.recorded(result))  # a survivor that failed is recorded as it is now
+            cat.record_scan(result)
+            cat.record_rereads(check.rereads)  # what the survivor check read, failures included, is kept
             outcome = execute(plan, catalog=LifecycleLog(cat.db), reclaim_dirs=trash_dirs,
                               progress=None if as_json else _progress, reread=check.outcomes())
     _finish(ctx, as_json, check, trash, outcome, roots=real_roots)
