@@ -19,9 +19,10 @@ from ckpt_audit.cli.scan import run_scan, scan_options
 def verify_command(ctx: click.Context, paths, trust_cache, rehash, **options) -> None:
     """Deep-check checkpoints under PATH... (step directories, runs or roots) and record them in the catalog.
 
-    Everything `scan` does, plus: every rank's shards are loaded with torch.load(weights_only=True, mmap=True,
-    map_location="cpu") after the restricted unpickler has vetted their globals (a file asking for anything else is
-    an unsafe-pickle finding and is never loaded), and compared across ranks: key sets, DTensor placements and
+    Everything `scan` does, plus: every rank's shards are loaded with torch.load(weights_only=True,
+    map_location="cpu"; mmap for zip files, not for legacy ones) after the restricted unpickler has vetted their
+    globals (a file asking for anything else is an unsafe-pickle error and is never loaded), and compared across
+    ranks: key sets, DTensor placements and
     meshes against fsdp_config.json, local shapes tiling each global shape, HSDP replicas, tied embeddings,
     optimizer state against the parameters, step and param_groups, lr_scheduler.last_epoch against the step, RNG
     streams, data.pt. Megatron dist_ckpt and plain DCP directories: .metadata files, byte ranges and chunk tiling.
