@@ -58,6 +58,7 @@ _TABLE: tuple[Code, ...] = (
     Code(code="tracker-empty", severity=E, explanation="the tracker file is empty (crash while writing it): resume raises ValueError"),
     Code(code="tracker-invalid", severity=E, explanation="the tracker does not hold a decimal step number: resume raises ValueError"),
     Code(code="tracker-dangling", severity=E, explanation="the tracker names a step that is missing or not complete: verl silently trains from scratch or fails to load"),
+    Code(code="tracker-unread", severity=W, explanation="the tracker exists but could not be read (permission, I/O error, a link out of the root, past 64 KiB): which step resume loads is unknown, so prune keeps every checkpoint of the run"),
     Code(code="tracker-behind", severity=W, explanation="whole checkpoints are newer than the tracker's step: resume loads an older one; prune keeps them (protected) until the tracker moves or a person decides"),
     Code(code="step-out-of-range", severity=W, explanation="a step directory's number is past 2^63-1: it cannot be a training step and is not catalogued"),
     Code(code="misnamed-step", severity=W, explanation="a step directory named global_steps_N (the docs' typo) or similar: verl never reads it"),

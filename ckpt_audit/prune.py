@@ -9,7 +9,8 @@ earlier, killed one left marked (`reclaim_trash`).
 
 Before marking, each checkpoint is re-checked against the plan by stat: still a real directory, every
 planned file unchanged (size, mtime, inode), nothing inside (file or directory) written after the scan, and the
-tracker not pointing at it now. Anything else is skipped, never deleted. Then it must be removable in full:
+tracker not pointing at it now, and no kept checkpoint reaching into it through a symbolic link (its bytes are
+that one's). Anything else is skipped, never deleted. Then it must be removable in full:
 every directory listed and writable. One that is not fails before the rename and is left intact, never
 half-deleted under its trash name. Nothing outside the plan is touched.
 """
@@ -130,8 +131,9 @@ def execute(
     dirs = {os.path.dirname(i.path) for i in (*plan.delete, *plan.keep)} | {i.run_path for i in plan.delete}
     for trash in find_trash(sorted(dirs | set(reclaim_dirs))):
         done(_reclaim(trash, ops))
+    links = links_into(i.path for i in plan.keep)
     for item in plan.delete:
-        done(_delete(item, exec_id, ops))
+        done(_delete(item, exec_id, ops, links))
 
     result = PruneResult(exec_id=exec_id, started_ns=started, finished_ns=time.time_ns(), outcomes=tuple(outcomes))
     if catalog is not None:
@@ -156,9 +158,12 @@ def find_trash(dirs: Iterable[str]) -> list[TrashDir]:
 # ---------------------------------------------------------------------------------------------------- steps
 
 
-def _delete(item: PlanItem, exec_id: str, ops: OpCounter) -> Outcome:
+def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: dict[str, str]) -> Outcome:
     base = {"path": item.path, "step": item.step, "run_path": item.run_path,
             "reasons": tuple(str(r) for r in item.reasons)}
+    inside = item.path.rstrip("/") + "/"
+    if link := next((ln for target, ln in links.items() if target == item.path or target.startswith(inside)), None):
+        return Outcome(action=Action.SKIPPED, detail=f"a kept checkpoint links into it: {link}", **base)
     # first: a tree we cannot list would also look "changed" (its files cannot be stat'ed), but it is a failure
     if _is_real_dir(item.path) and (why := cannot_remove(item.path)):
         return Outcome(action=Action.FAILED, detail=f"left intact: {why}", **base)
@@ -225,6 +230,19 @@ def changed_since_plan(item: PlanItem) -> str | None:
             except OSError:
                 continue
     return None
+
+
+def links_into(kept: Iterable[str]) -> dict[str, str]:
+    """Where each symbolic link below the `kept` checkpoints leads (real path -> the link): deleting a target
+    would break a checkpoint the plan keeps (the scan read a file link's target as that checkpoint's own)."""
+    out: dict[str, str] = {}
+    for top in kept:
+        for dirpath, dirs, files in os.walk(top, followlinks=False):
+            for name in (*dirs, *files):
+                p = os.path.join(dirpath, name)
+                if os.path.islink(p):
+                    out[os.path.realpath(p)] = p
+    return out
 
 
 def _is_real_dir(path: str) -> bool:

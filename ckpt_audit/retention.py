@@ -34,6 +34,7 @@ class Reason(StrEnum):
     # kept, and no policy or selection can change that
     NEWEST_COMPLETE = "newest-complete"
     TRACKER_TARGET = "tracker-target"
+    TRACKER_UNREAD = "tracker-unread"  # the tracker could not be read: any checkpoint may be the one resume loads
     PINNED = "pinned"
     IN_PROGRESS = "in-progress"
     UNREAD = "unread"  # something inside could not be read: no evidence it is disposable
@@ -62,12 +63,13 @@ class Reason(StrEnum):
         return self in PROTECTED
 
 
-PROTECTED = frozenset({Reason.NEWEST_COMPLETE, Reason.TRACKER_TARGET, Reason.PINNED, Reason.IN_PROGRESS,
-                       Reason.UNREAD, Reason.AHEAD_OF_TRACKER})
+PROTECTED = frozenset({Reason.NEWEST_COMPLETE, Reason.TRACKER_TARGET, Reason.TRACKER_UNREAD, Reason.PINNED,
+                       Reason.IN_PROGRESS, Reason.UNREAD, Reason.AHEAD_OF_TRACKER})
 
 EXPLAIN: dict[Reason, str] = {
     Reason.NEWEST_COMPLETE: "newest complete checkpoint of its run (never deleted)",
     Reason.TRACKER_TARGET: "the tracker names it: resume loads it (never deleted)",
+    Reason.TRACKER_UNREAD: "the run's tracker could not be read (tracker-unread): it may name this one (never deleted)",
     Reason.PINNED: "pinned (never deleted)",
     Reason.IN_PROGRESS: "being written now (never deleted)",
     Reason.UNREAD: "could not be read in full: no evidence it is disposable (never deleted)",
@@ -342,6 +344,8 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
         partial_newest = candidates[-1].path if candidates else None
 
     ahead = {c.path for c in ahead_of_tracker(ckpts)}
+    # the target is protected only while the tracker can be read; unread, it may name any of them
+    tracker_unread = any(f.code == "tracker-unread" for f in run.findings)
     out = []
     for c in ckpts:
         reasons: list[Reason] = []
@@ -349,6 +353,8 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
             reasons.append(Reason.NEWEST_COMPLETE)
         if run.tracker_step is not None and c.step == run.tracker_step:
             reasons.append(Reason.TRACKER_TARGET)
+        if tracker_unread:
+            reasons.append(Reason.TRACKER_UNREAD)
         if c.path in pins:
             reasons.append(Reason.PINNED)
         if c.status is Status.IN_PROGRESS:
@@ -391,7 +397,8 @@ def read_metric(runs: Sequence[Run], metric: str) -> dict[str, dict[int, float]]
             continue
         series: dict[int, float] = {}
         try:
-            with open(run.metrics_path, encoding="utf-8") as fh:
+            # a torn write can leave bytes that are not UTF-8: that line is unreadable, not the whole log
+            with open(run.metrics_path, encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     try:
                         rec = json.loads(line)
@@ -435,7 +442,7 @@ def metric_names(path: str) -> list[str]:
     """The numeric fields a metrics JSONL logs (besides the step), to name them when --metric has a typo."""
     names: set[str] = set()
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 try:
                     rec = json.loads(line)

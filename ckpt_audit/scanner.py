@@ -500,8 +500,8 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
         for d in layout.find_runs(tree):
             owner.setdefault(d, layout)
     runs = tuple(owner[d].build_run(d, tree, facts, ctx) for d in sorted(owner))
-    # a walk finding inside a checkpoint now belongs to that checkpoint (judge attached it): report it once
-    attached = {f for run in runs for c in run.checkpoints for f in c.findings}
+    # a walk finding inside a checkpoint (or on a run's tracker) now belongs to it: report it once
+    attached = {f for run in runs for f in (*run.findings, *(x for c in run.checkpoints for x in c.findings))}
     return ScanResult(
         roots=tuple(p.root for p in partials),
         runs=runs,

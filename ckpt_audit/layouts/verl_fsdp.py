@@ -112,12 +112,17 @@ class VerlFsdp:
         return replace(comp, world_size=ws, findings=tuple(file_findings) + found)
 
     def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:
-        tracker_fact = facts.get(f"{run_dir}/{TRACKER}")
+        tracker_path = f"{run_dir}/{TRACKER}"
+        tracker_fact = facts.get(tracker_path)
         tracker_step, run_findings = tracker.read_tracker(
-            f"{run_dir}/{TRACKER}", tracker_fact.text if tracker_fact else None, present=tracker_fact is not None
+            tracker_path, tracker_fact.text if tracker_fact else None, present=tracker_fact is not None
         )
         if tracker_fact is not None:
             run_findings = tuple(tracker_fact.findings) + run_findings
+        walked = tuple(f for f in ctx.unread if f.path == tracker_path)  # e.g. a link out of the root
+        run_findings += tracker.unread_tracker(tracker_path, text=tracker_fact.text if tracker_fact else None,
+                                               present=tracker_fact is not None, walked=walked,
+                                               read=tracker_fact.findings if tracker_fact else ())
         checkpoints = []
         for sub in tree.subdirs(run_dir):
             step, misnamed = step_of(sub)
@@ -135,7 +140,8 @@ class VerlFsdp:
             checkpoints.append(ckpt)
         checkpoints.sort(key=lambda c: (c.step, c.path))
         judged = tuple(status.judge(c, tracker_step=tracker_step, ctx=ctx) for c in checkpoints)
-        run_findings += tracker.check_run(run_dir, tracker_step, judged, tracker_known=tracker_fact is not None)
+        known = tracker_fact is not None or bool(walked)
+        run_findings += tracker.check_run(run_dir, tracker_step, judged, tracker_known=known)
         metrics = f"{run_dir}/metrics.jsonl"
         return Run(
             path=run_dir,

@@ -27,8 +27,12 @@ def is_husk(ckpt: Checkpoint) -> bool:
 def is_in_progress(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanContext) -> bool:
     if any(f.path in ctx.changed_paths for f in ckpt.all_files):
         return True
-    committed = tracker_step is not None and ckpt.step <= tracker_step
     recent = ctx.now_ns - ckpt.mtime_ns < ctx.in_progress_window_ns
+    if recent and not ckpt.all_files:
+        # a step directory made a moment ago, nothing in it yet: being written whatever the tracker says (a run
+        # resumed from an older step saves again at or below it)
+        return True
+    committed = tracker_step is not None and ckpt.step <= tracker_step
     return recent and not committed
 
 

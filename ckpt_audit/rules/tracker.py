@@ -27,6 +27,22 @@ def read_tracker(path: str, text: str | None, *, present: bool) -> tuple[int | N
     return step, ()
 
 
+def unread_tracker(path: str, *, text: str | None, present: bool, read: Sequence[Finding],
+                   walked: Sequence[Finding]) -> tuple[Finding, ...]:
+    """A `tracker-unread` finding (followed by the walk's own findings on the tracker) when the tracker exists but
+    its content was not read: a permission or I/O error (`read`: the reader's findings), a link out of the root
+    (`walked`), a file past the text limit. The tracker's target is what resume loads: not knowing it must not
+    read as having none."""
+    if walked:
+        why = "; ".join(f.message for f in walked)
+    elif present and text is None:
+        why = "; ".join(f.message for f in read) or "past the 64 KiB read for text files"
+    else:
+        return ()
+    return (finding("tracker-unread", path, f"{why}: which step resume loads is unknown; prune keeps every "
+                                            "checkpoint of this run"), *walked)
+
+
 def check_run(
     run_dir: str, tracker_step: int | None, checkpoints: Sequence[Checkpoint], *, tracker_known: bool
 ) -> tuple[Finding, ...]:
