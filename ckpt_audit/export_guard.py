@@ -2,7 +2,7 @@
 
 Export is the one command that replaces a directory the user names, so a typo in `--to` must never reach a
 checkpoint. `check_destination` refuses a `--to` that is, contains or sits inside a checkpoint, a run or a scanned
-root (the source's own, every one the catalog knows, and anything inside an existing `--to` that looks like one),
+root (the source's own, every one the catalog knows, and anything at, above or inside `--to` that looks like one),
 and lets `--force` replace only an earlier export (recognised by its marker file) or an empty directory.
 
 `check_source` re-reads every file the export will read, by content: torch zips' CRCs and each file's xxh3-128
@@ -77,6 +77,9 @@ def check_destination(to: str | os.PathLike[str], *, protected: Iterable[tuple[s
     real = os.path.realpath(path)
     hits = [(relation, what, place) for what, place in protected
             if (relation := _relation(real, os.path.realpath(place)) or _relation(path, place))]
+    if not hits:  # places no catalog knows (an unscanned run): recognised by what they hold
+        hits = [("is" if place == top else "is inside", what, place) for top in (real, path)
+                if (found := _enclosing_checkpoint_tree(top)) for what, place in (found,)]
     if hits:
         relation, what, place = min(hits, key=_most_telling)
         raise ExportRefused(f"--to {path} {relation} the {what} {place}: refusing to write there (choose a "
@@ -114,6 +117,27 @@ def _relation(to: str, place: str) -> str | None:
 
 def _inside(child: str, parent: str) -> bool:
     return child.startswith(parent.rstrip("/") + "/")
+
+
+def _enclosing_checkpoint_tree(path: str) -> tuple[str, str] | None:
+    """("checkpoint" | "run", place) for the innermost directory at or above `path` that looks like one: named
+    `global_step_N`, or directly holding a tracker or a `global_step_N` directory. Reads only directory listings."""
+    probe = path
+    while True:
+        if STEP_RE.fullmatch(os.path.basename(probe)):
+            return "checkpoint", probe
+        if probe != path and os.path.isdir(probe):
+            try:
+                names = os.listdir(probe)
+            except OSError:
+                names = []
+            if TRACKER in names or any(STEP_RE.fullmatch(n) and os.path.isdir(os.path.join(probe, n))
+                                       for n in names):
+                return "run", probe
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return None
+        probe = parent
 
 
 def _checkpoint_sign(top: str) -> str | None:
