@@ -208,6 +208,11 @@ def read_archive(fd: int, file_size: int | None = None) -> PtArchive:
     prefix = _common_prefix(entries)
     if prefix is None and entries:
         problems.append("entries do not share one top-level folder")
+    names = [e.name for e in entries]
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
+        # torch.save never repeats a name; which copy a reader takes is its own choice, so what the scan read
+        # (the last) need not be what torch.load runs
+        problems.append(f"damaged: entry {dupes[0]} appears more than once (readers may disagree on which is read)")
     return PtArchive(
         file_size=file_size,
         cd_offset=cd_offset,

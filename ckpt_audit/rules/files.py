@@ -13,10 +13,15 @@ NONEMPTY_SUFFIXES = (".pt", ".pth", ".safetensors", ".bin", ".distcp", ".json")
 PICKLE_KINDS = frozenset({"legacy-torch", "pickle"})
 
 
+# files torch.load is pointed at: .pt/.pth, and the .bin of HF (pytorch_model*.bin, training_args.bin), which
+# transformers loads with torch.load too
+PICKLE_SUFFIXES = (*ZIP_SUFFIXES, ".bin")
+
+
 def reads_structure(path: str, *, kind: str, is_zip: bool, zip_error: str | None) -> bool:
-    """Whether the scan reads a file's pickle: every .pt/.pth that torch.load would unpickle (an intact zip, the
-    legacy format, a raw pickle), so a global outside the allowlist is found in any container."""
-    return path.endswith(ZIP_SUFFIXES) and (kind in PICKLE_KINDS or (is_zip and zip_error is None))
+    """Whether the scan reads a file's pickle: every .pt/.pth/.bin that torch.load would unpickle (an intact zip,
+    the legacy format, a raw pickle), so a global outside the allowlist is found in any container and file kind."""
+    return path.endswith(PICKLE_SUFFIXES) and (kind in PICKLE_KINDS or (is_zip and zip_error is None))
 
 
 def stem(path: str) -> str:
