@@ -189,6 +189,10 @@ def export_checkpoint(
         ops.tick()  # complete and marked: right before the rename
         if (moved := changed_since(check)) is not None:
             raise ExportError(f"{moved} changed while it was exported; nothing was replaced (export again)")
+        # what --to holds may have changed during a long export (a file added to the earlier one, a directory
+        # made there): judge it again, as it is now, right before it is replaced
+        if check_destination(to, protected=places, force=force) != dest:
+            raise ExportError(f"{out} changed while the export was written; nothing was replaced (export again)")
         _swap_into_place(tmp, out, ops)
     except BaseException:
         _remove(tmp)

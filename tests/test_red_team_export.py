@@ -134,3 +134,22 @@ def test_a_zip_with_a_second_data_pkl_is_not_complete(copy_run, verl_run, tmp_pa
     assert not marker.exists()
     for command, status, rc, codes in results:
         assert status != "complete" and rc == 1 and "bad-zip" in codes, (command, status, rc, codes)
+
+
+def test_a_file_added_to_the_earlier_export_during_a_force_export_is_not_deleted(copy_run, verl_run, tmp_path):
+    """--force was judged at the start; what --to holds when the new export is swapped in is judged again."""
+    from ckpt_audit.export import ExportError, export_checkpoint
+
+    run = Path(copy_run(verl_run))
+    out = tmp_path / "hf"
+    export_checkpoint(run / "global_step_4", out)
+    mine = out / "notes.txt"
+
+    def meanwhile(done: int, total: int, name: str) -> None:  # the user writes into it while step 6 exports
+        if done == 1:
+            mine.write_text("my notes")
+
+    with pytest.raises(ExportError, match="holds notes.txt, which the export did not write"):
+        export_checkpoint(run / "global_step_6", out, force=True, progress=meanwhile)
+    assert mine.read_text() == "my notes"
+    assert not [p for p in tmp_path.iterdir() if "ckpt-audit-tmp" in p.name]  # the new export's work dir is gone

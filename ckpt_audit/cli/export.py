@@ -100,7 +100,8 @@ def export_command(ctx, step_dir, to, dtype, force, role, max_shard_size, no_ver
 def _checked(result) -> str:
     """What "verified" rests on, in words (the JSON says it as read_back, source_check and override)."""
     source = {"manifest": "source re-read and equal to the catalog's manifest",
-              "crc-only": "source re-read, checked by CRC only (no catalog manifest: scan it first)",
+              "crc-only": "source re-read, checked by CRC only (not in the catalog, or changed since its last "
+                          "scan: scan it first)",
               "none": "source NOT checked (no catalog manifest and no CRCs to check)"}[result.source_check]
     if result.override:
         source = f"source FAILED its check, exported with --{result.override}"
