@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ckpt_audit.codes import finding
 from ckpt_audit.hashing import digest_files
-from ckpt_audit.layouts.verl_fsdp import SHARD_RE, STEP_RE, TRACKER
+from ckpt_audit.layouts.verl_fsdp import SHARD_RE, STEP_RE, TRACKER, enclosing_step_dir
 from ckpt_audit.models import Finding, Severity
 from ckpt_audit.rules.files import zip_finding
 
@@ -54,17 +54,8 @@ class Destination:
 
 
 def step_and_run(src: str) -> tuple[str, str]:
-    """The checkpoint (nearest `global_step_N` at or above `src`, else `src`) and its run (that one's parent)."""
-    ckpt = src
-    probe = src
-    while True:
-        if STEP_RE.fullmatch(os.path.basename(probe)):
-            ckpt = probe
-            break
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
+    """The checkpoint (nearest step directory at or above `src`, else `src`) and its run (that one's parent)."""
+    ckpt = enclosing_step_dir(src) or src
     return ckpt, os.path.dirname(ckpt)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from ckpt_audit import hashing, pickles
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, load_layouts
+from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import Finding, ScanResult, ShardFile, format_size
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
@@ -105,18 +106,6 @@ def focus_of(real_roots: Sequence[str]) -> tuple[list[str], frozenset[str]]:
     # a run asked for whole and also through one of its steps: the whole run wins
     focus = {f for f in focus if not any(f.startswith(r.rstrip("/") + "/") and r in real_roots for r in walk_roots)}
     return walk_roots, frozenset(focus)
-
-
-def enclosing_step_dir(path: str) -> str | None:
-    """`path` itself or its nearest ancestor that is a step directory (global_step_N), else None."""
-    from ckpt_audit.layouts.verl_fsdp import step_of
-
-    p = path.rstrip("/")
-    while p and p != "/":
-        if step_of(os.path.basename(p))[0] is not None:
-            return p
-        p = os.path.dirname(p)
-    return None
 
 
 def only_checkpoints(result: ScanResult, focus: frozenset[str], *, whole: frozenset[str]) -> ScanResult:

@@ -23,6 +23,7 @@ from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
 from ckpt_audit.prune import Action, Outcome
 from ckpt_audit.retention import PrunePlan, Reason, plan_prune
 from ckpt_audit.rules import files as file_rules
+from ckpt_audit.rules.status import UNREAD_CODES
 
 Progress = Callable[[int, int], None]  # (bytes re-read, bytes to re-read in this round)
 
@@ -167,7 +168,7 @@ def _status_for(found: Sequence[Finding]) -> Status:
     codes = {f.code for f in found}
     if not codes:
         return Status.COMPLETE
-    if codes & {"unreadable", "file-vanished"}:
+    if codes & UNREAD_CODES:
         return Status.UNKNOWN  # not read now: no evidence either way, protected
     if "file-changed-during-scan" in codes:
         return Status.IN_PROGRESS  # being rewritten: protected until a scan judges it

@@ -58,6 +58,16 @@ def step_of(name: str) -> tuple[int | None, bool]:
     return None, False
 
 
+def enclosing_step_dir(path: str) -> str | None:
+    """`path` itself or its nearest ancestor that is a step directory (global_step_N, or misnamed), else None."""
+    p = path.rstrip("/")
+    while p and p != "/":
+        if step_of(p.rsplit("/", 1)[-1])[0] is not None:
+            return p
+        p = p.rsplit("/", 1)[0]
+    return None
+
+
 def shard_file(facts: FileFacts, kind: FileKind, rank: int | None, world_size: int | None) -> ShardFile:
     return ShardFile(
         path=facts.path,
