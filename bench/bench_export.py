@@ -95,14 +95,14 @@ def child(variant: str, step: str, out: str) -> None:
     if variant == "import":
         pass
     elif variant in ("stream", "stream+verify"):
-        from ckpt_audit.export import export_checkpoint
+        from ckpt_audit.lifecycle.export import export_checkpoint
 
         export_checkpoint(step, out, verify=variant == "stream+verify")
     elif variant == "baseline":
         _verl_style(Path(step) / "actor", Path(out))
     elif variant == "source-check":
-        from ckpt_audit.export import _files_to_read
-        from ckpt_audit.export_guard import check_source
+        from ckpt_audit.lifecycle.export import _files_to_read
+        from ckpt_audit.lifecycle.export_guard import check_source
 
         actor = Path(step) / "actor"
         check_source(_files_to_read(actor, actor / "huggingface"), manifest={}, status=None)

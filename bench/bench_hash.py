@@ -1,4 +1,4 @@
-"""Hash + CRC throughput of ckpt_audit.hashing over multi-GB torch shards, as a ratio against `cat` (and `dd bs=8M`)
+"""Hash + CRC throughput of ckpt_audit.readers.hashing over multi-GB torch shards, as a ratio against `cat` (and `dd bs=8M`)
 of the same files in the same run, warm and cold page cache. Target: ratio >= 0.9.
 
     python bench/bench_hash.py [--gib 5] [--world 4] [--reps 3] [--workers 2] [--no-cold] [--zip64] [--chunk-kib N]
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ckpt_audit import hashing  # noqa: E402
+from ckpt_audit.readers import hashing  # noqa: E402
 
 GiB = 1024**3
 

@@ -55,9 +55,9 @@ def main() -> None:
     args = ap.parse_args()
     from ckpt_audit.catalog import open_catalog, read_previous
     from ckpt_audit.models import format_size
-    from ckpt_audit.retention import KeepLast, Policy, plan_prune
+    from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
     from ckpt_audit.scanner import scan
-    from ckpt_audit.survivors import verify_plan
+    from ckpt_audit.lifecycle.survivors import verify_plan
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"

@@ -14,7 +14,7 @@ import asyncio
 import time
 
 from ckpt_audit.models import Checkpoint, Component, FileKind, Run, ShardFile, Status
-from ckpt_audit.retention import Policy, plan_prune
+from ckpt_audit.lifecycle.retention import Policy, plan_prune
 
 
 def big_run(n: int, world_size: int = 8) -> Run:

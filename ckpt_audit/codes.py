@@ -65,7 +65,7 @@ _TABLE: tuple[Code, ...] = (
     Code(code="in-progress", severity=I, explanation="the checkpoint is being written now (recent and not yet committed by the tracker); judged on a later scan"),
     Code(code="husk", severity=I, explanation="only data.pt (or nothing resumable) is left: the usual remains of retention"),
     Code(code="no-complete-checkpoint", severity=E, explanation="the run has checkpoints but none is complete"),
-    # verify (deep checks: ckpt_audit/rules/deep.py, dcp_check.py, safetensors_check.py, safe_load.py)
+    # verify (deep checks: ckpt_audit/deep/rules.py, dcp_check.py, safetensors_check.py, safe_load.py)
     Code(code="not-loadable", severity=E, explanation="torch.load(weights_only=True; mmap=True for zip files) refuses or fails on the file: resume cannot read it either"),
     Code(code="rank-keys-differ", severity=E, explanation="a rank's model shard holds a different key set from rank 0's: the ranks did not save the same model"),
     Code(code="dtensor-mismatch", severity=E, explanation="a tensor is a DTensor on one rank and a plain tensor on another"),

@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
-from ckpt_audit import hashing, pickles
+from ckpt_audit.readers import hashing, pickles
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir

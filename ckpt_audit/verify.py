@@ -2,7 +2,7 @@
 
 `verify(paths)` = `scanner.scan(...)` + `deepen(result)`. `deepen` loads every rank's shards through `safe_load`
 (weights_only, mmap: per-file cost, no tensor bytes read except the few scalars the checks compare), boils them
-down to the plain views of `rules.deep`, and attaches the findings to the component or checkpoint they concern;
+down to the plain views of `deep.rules`, and attaches the findings to the component or checkpoint they concern;
 statuses are re-derived. `scan(deep=True)` may call `deepen` lazily. torch is imported only below this module.
 """
 
@@ -16,10 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ckpt_audit import dcp_check, safe_load, scanner
+from ckpt_audit import scanner
+from ckpt_audit.deep import dcp_check, safe_load
 from ckpt_audit.codes import CODES, finding
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
-from ckpt_audit.rules import deep
+from ckpt_audit.deep import rules as deep
 from ckpt_audit.scrub import ScrubPolicy
 from ckpt_audit.rules import status as status_rules
 
@@ -314,6 +315,6 @@ def _dataloader(path: str) -> tuple[Finding, ...]:
 
 
 def _safetensors(path: str) -> tuple[Finding, ...]:
-    from ckpt_audit.safetensors_check import check_safetensors
+    from ckpt_audit.deep.safetensors_check import check_safetensors
 
     return check_safetensors(path)

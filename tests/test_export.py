@@ -1,6 +1,6 @@
 """export on the harness's real FSDP trees (W=2, W=3 uneven/empty, HSDP 2x2, W=1) and on hand-made edge cases.
 
-The reference for every export is built independently of ckpt_audit.export: each rank file loaded with
+The reference for every export is built independently of ckpt_audit.lifecycle.export: each rank file loaded with
 torch.load(weights_only=True), local shards concatenated along their DTensor placement (first replica for HSDP),
 and a transformers model built from that full state dict. The export must load with transformers offline and
 give the same logits.
@@ -22,8 +22,8 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
 
-from ckpt_audit.export import ExportError, export_checkpoint  # noqa: E402
-from ckpt_audit.hashing import digest_file  # noqa: E402
+from ckpt_audit.lifecycle.export import ExportError, export_checkpoint  # noqa: E402
+from ckpt_audit.readers.hashing import digest_file  # noqa: E402
 from test_export_trees import write_plain, write_raw  # noqa: E402
 
 

@@ -68,7 +68,7 @@ def one_line_error(proc: subprocess.CompletedProcess, code: int, *needles: str) 
 
 def export_files_match_marker(out: Path) -> dict:
     """The export at `out` is whole: its marker lists exactly the files there, each with its recorded hash."""
-    from ckpt_audit.hashing import digest_file
+    from ckpt_audit.readers.hashing import digest_file
 
     marker = json.loads((out / MARKER).read_text())
     on_disk = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()} - {MARKER}
@@ -221,7 +221,7 @@ def test_byte_flipped_with_size_and_mtime_kept_is_refused_while_the_catalog_says
 def test_flip_with_its_crc_rewritten_is_caught_by_the_hash_against_the_manifest(scanned, tmp_path):
     _root, run, catalog = scanned
     flip_payload_byte_keeping_crc(shard(run, 6))
-    from ckpt_audit.hashing import digest_file
+    from ckpt_audit.readers.hashing import digest_file
 
     assert digest_file(shard(run, 6)).crc_ok is True  # the CRC check alone would pass it
     one_line_error(cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf"), 1, str(shard(run, 6)),
@@ -331,7 +331,7 @@ TENSORS = 27  # tensors in verl_run's export (asserted below): the kill points a
 
 
 def kill_points(t: int) -> dict[str, int]:
-    """export's counted steps (ckpt_audit.export docstring): t written, t read back, marker, rename, old removed,
+    """export's counted steps (ckpt_audit.lifecycle.export docstring): t written, t read back, marker, rename, old removed,
     then the catalog transaction."""
     return {"writing the first tensor": 1, "writing the last tensor": t, "reading back": t + 2,
             "marked, right before the rename": 2 * t + 1, "right after the rename": 2 * t + 2,

@@ -13,9 +13,9 @@ import pytest
 import torch
 import xxhash
 
-from ckpt_audit import hashing
-from ckpt_audit.hashing import digest_file, digest_files
-from ckpt_audit.ptzip import ZipFormatError, open_archive, payload_offset
+from ckpt_audit.readers import hashing
+from ckpt_audit.readers.hashing import digest_file, digest_files
+from ckpt_audit.readers.ptzip import ZipFormatError, open_archive, payload_offset
 
 
 @pytest.fixture(scope="session")
@@ -241,7 +241,7 @@ def test_digest_files_yields_every_path_and_oserrors(pt_dir: Path, tmp_path: Pat
 
 def test_readers_import_neither_torch_nor_textual_nor_numpy() -> None:
     code = (
-        "import sys, ckpt_audit.hashing, ckpt_audit.pickles, ckpt_audit.ptzip\n"
+        "import sys, ckpt_audit.readers.hashing, ckpt_audit.readers.pickles, ckpt_audit.readers.ptzip\n"
         "bad = sorted(m for m in ('torch', 'textual', 'numpy') if m in sys.modules)\n"
         "print(','.join(bad))\n"
     )

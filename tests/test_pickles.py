@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt_audit.pickles import Stub, global_name, is_record, read_pt_structure, restricted_load, restricted_load_ex
+from ckpt_audit.readers.pickles import Stub, global_name, is_record, read_pt_structure, restricted_load, restricted_load_ex
 
 WORLD = 2
 HERE = Path(__file__).parent

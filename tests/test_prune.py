@@ -15,8 +15,8 @@ import sqlite_utils
 from ckpt_audit.catalog.lifecycle import LifecycleLog, create_lifecycle_tables
 from ckpt_audit.models import Checkpoint, FileKind, Run, ShardFile, Status
 from ckpt_audit.killpoints import KILL_AFTER_ENV
-from ckpt_audit.prune import TRASH_RE, Action, execute, find_trash
-from ckpt_audit.retention import KeepLast, Policy, plan_prune
+from ckpt_audit.lifecycle.prune import TRASH_RE, Action, execute, find_trash
+from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
 
 W = 2
 
@@ -154,7 +154,7 @@ def test_leftover_trash_is_reclaimed_and_reported(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- kill test
 
-RUNNER = "import pickle, sys; from ckpt_audit.prune import execute; execute(pickle.load(open(sys.argv[1], 'rb')))"
+RUNNER = "import pickle, sys; from ckpt_audit.lifecycle.prune import execute; execute(pickle.load(open(sys.argv[1], 'rb')))"
 
 
 def _ops_needed(tmp_path: Path) -> int:

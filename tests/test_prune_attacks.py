@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_audit.prune import TRASH_RE
+from ckpt_audit.lifecycle.prune import TRASH_RE
 from scan_trees import flip_payload_byte, shard, steps_of
 from test_scan import _unprivileged
 
@@ -139,7 +139,7 @@ def _findings(doc) -> list[dict]:
 
 
 # A plan is made, then a directory inside a planned checkpoint stops being removable; execute runs unprivileged.
-EXECUTE = ("import pickle, sys, json; from ckpt_audit.prune import execute; "
+EXECUTE = ("import pickle, sys, json; from ckpt_audit.lifecycle.prune import execute; "
            "r = execute(pickle.load(open(sys.argv[1], 'rb'))); "
            "print(json.dumps([[o.step, str(o.action), o.detail] for o in r.outcomes]))")
 
@@ -147,7 +147,7 @@ EXECUTE = ("import pickle, sys, json; from ckpt_audit.prune import execute; "
 @needs_setpriv
 @pytest.mark.parametrize("mode", [0o555, 0o000], ids=["read-only-dir", "unreadable-dir"])
 def test_execution_never_half_deletes_a_tree_it_cannot_remove(run, tmp_path, mode):
-    from ckpt_audit.retention import KeepLast, Policy, plan_prune
+    from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
     from ckpt_audit.scanner import scan
 
     plan = plan_prune(scan([str(run)]).runs, Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
@@ -229,7 +229,7 @@ def test_tui_prune_re_reads_the_survivor_and_deletes_nothing_on_a_stale_verdict(
     import asyncio
 
     from ckpt_audit.models import Status
-    from ckpt_audit.retention import KeepLast, Policy, plan_prune
+    from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
     from tui.app import AuditApp
 
     app = AuditApp(catalog_path=tmp_path / "c.db", roots=[str(run.parent.parent)])

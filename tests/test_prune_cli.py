@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from ckpt_audit.cli import cli
 from ckpt_audit.killpoints import KILL_AFTER_ENV
-from ckpt_audit.prune import TRASH_RE
+from ckpt_audit.lifecycle.prune import TRASH_RE
 from scan_trees import write_torch_tree
 
 STEPS = (2, 4, 6, 8)
@@ -147,8 +147,8 @@ def test_killed_cli_prune_leaves_marked_trash_and_the_next_run_finishes(tree, tm
 
 
 def test_prune_and_export_modules_do_not_import_torch():
-    code = ("import sys, ckpt_audit.cli.prune, ckpt_audit.cli.export, ckpt_audit.prune, ckpt_audit.retention, "
-            "ckpt_audit.survivors, ckpt_audit.export; bad = {'torch', 'textual'} & set(sys.modules); assert not bad, bad")
+    code = ("import sys, ckpt_audit.cli.prune, ckpt_audit.cli.export, ckpt_audit.lifecycle.prune, ckpt_audit.lifecycle.retention, "
+            "ckpt_audit.lifecycle.survivors, ckpt_audit.lifecycle.export; bad = {'torch', 'textual'} & set(sys.modules); assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 

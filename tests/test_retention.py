@@ -8,7 +8,7 @@ import random
 import pytest
 
 from ckpt_audit.models import Checkpoint, Run, ShardFile, FileKind, Status
-from ckpt_audit.retention import (
+from ckpt_audit.lifecycle.retention import (
     KeepBest,
     KeepEvery,
     KeepLast,

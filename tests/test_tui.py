@@ -22,7 +22,7 @@ from ckpt_audit.catalog.lifecycle import LifecycleLog
 from ckpt_audit.codes import explain
 from ckpt_audit.cli import cli
 from ckpt_audit.models import format_size
-from ckpt_audit.retention import KeepLast, Policy, plan_prune
+from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
 
 pytest.importorskip("textual")
 

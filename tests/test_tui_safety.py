@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_audit.models import Status, format_size
-from ckpt_audit.retention import EXPLAIN, Reason
+from ckpt_audit.lifecycle.retention import EXPLAIN, Reason
 
 pytest.importorskip("textual")
 

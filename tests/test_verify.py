@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ckpt_audit import safe_load  # noqa: E402
+from ckpt_audit.deep import safe_load  # noqa: E402
 from ckpt_audit.models import Status  # noqa: E402
 from ckpt_audit.verify import verify  # noqa: E402
 
@@ -418,7 +418,7 @@ def test_safetensors_truncated_and_bad_header(megatron):
 
 
 def test_safetensors_offsets_disagree_with_shape():
-    from ckpt_audit.safetensors_check import check_header
+    from ckpt_audit.deep.safetensors_check import check_header
 
     header = {"a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
               "b": {"dtype": "BF16", "shape": [4], "data_offsets": [24, 30]}}

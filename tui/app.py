@@ -37,7 +37,7 @@ class AuditApp(App[None]):
         self.last_error: str | None = None
         self.catalog_roots: tuple[str, ...] = ()
         self.last_prune = None
-        self.last_survivors = None  # the survivor check of the last prune (ckpt_audit.survivors.SurvivorCheck)
+        self.last_survivors = None  # the survivor check of the last prune (ckpt_audit.lifecycle.survivors.SurvivorCheck)
         self.last_export = None
         self.last_verify: ScanResult | None = None
 
@@ -142,8 +142,8 @@ class AuditApp(App[None]):
 
     @work(thread=True, group="io", exit_on_error=False)
     def _prune_job(self, plan) -> None:
-        from ckpt_audit.prune import Action, execute
-        from ckpt_audit.survivors import verify_plan
+        from ckpt_audit.lifecycle.prune import Action, execute
+        from ckpt_audit.lifecycle.survivors import verify_plan
 
         total = len(plan.delete)
         done = 0
@@ -186,7 +186,7 @@ class AuditApp(App[None]):
 
     @work(thread=True, group="io", exit_on_error=False)
     def _export_job(self, ckpt: Checkpoint, to: str, dtype: str | None) -> None:
-        from ckpt_audit.export import export_checkpoint
+        from ckpt_audit.lifecycle.export import export_checkpoint
 
         self._busy("exporting")
         tick = self._progress("exporting")

@@ -1,7 +1,7 @@
 """Catalog records of lifecycle actions: executed prune plans (with every reason) and exports (with hashes).
 
 Schema lives in `migrations.py` (`m_lifecycle_*`, appended). `LifecycleLog` wraps the catalog's sqlite-utils
-Database; `ckpt_audit.prune.execute(catalog=LifecycleLog(...))` writes through it. A prune's plan is written
+Database; `ckpt_audit.lifecycle.prune.execute(catalog=LifecycleLog(...))` writes through it. A prune's plan is written
 before anything is touched and each outcome as it happens, so a killed prune leaves a `started` row that says
 what it meant to do; the next one records reclaiming the trash the killed one left.
 """
@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckpt_audit.export import ExportResult
+    from ckpt_audit.lifecycle.export import ExportResult
     from ckpt_audit.models import Finding
-    from ckpt_audit.prune import Outcome, PruneResult
-    from ckpt_audit.retention import PrunePlan
+    from ckpt_audit.lifecycle.prune import Outcome, PruneResult
+    from ckpt_audit.lifecycle.retention import PrunePlan
 
 
 def create_lifecycle_tables(db) -> None:

@@ -24,7 +24,7 @@ from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, S
 from ckpt_audit.tree import FileFacts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckpt_audit.survivors import Reread
+    from ckpt_audit.lifecycle.survivors import Reread
 
 BATCH = 1000
 

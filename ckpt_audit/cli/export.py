@@ -59,7 +59,7 @@ def export_command(ctx, step_dir, to, dtype, force, role, max_shard_size, no_ver
     from ckpt_audit.catalog import open_catalog
     from ckpt_audit.catalog.lifecycle import LifecycleLog
     from ckpt_audit.catalog.manifest import CatalogError, probe
-    from ckpt_audit.export import ExportError, ExportRefused, export_checkpoint
+    from ckpt_audit.lifecycle.export import ExportError, ExportRefused, export_checkpoint
     from ckpt_audit.units import parse_size
 
     try:

@@ -60,10 +60,10 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
         ckpt-audit prune runs/ --keep-within 7d --pin runs/p/e/global_step_500 --json --yes
     """
     from ckpt_audit import scanner
-    from ckpt_audit.prune import find_trash
-    from ckpt_audit.retention import (KeepBest, KeepEvery, KeepLast, KeepWithin, Policy, metric_problem, plan_prune,
+    from ckpt_audit.lifecycle.prune import find_trash
+    from ckpt_audit.lifecycle.retention import (KeepBest, KeepEvery, KeepLast, KeepWithin, Policy, metric_problem, plan_prune,
                                       read_metric)
-    from ckpt_audit.survivors import verify_plan
+    from ckpt_audit.lifecycle.survivors import verify_plan
 
     with locked_catalog(ctx, roots, catalog) as (real_roots, cat_path, previous):
         now = time.time_ns()
@@ -113,7 +113,7 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
 
         from ckpt_audit.catalog import open_catalog
         from ckpt_audit.catalog.lifecycle import LifecycleLog
-        from ckpt_audit.prune import execute
+        from ckpt_audit.lifecycle.prune import execute
 
         with open_catalog(cat_path) as cat:
             cat.record_scan(result)
@@ -125,7 +125,7 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
 
 def _finish(ctx, as_json, check, trash, outcome, *, roots) -> None:
     from ckpt_audit.models import format_size
-    from ckpt_audit.prune import Action
+    from ckpt_audit.lifecycle.prune import Action
 
     if as_json:
         emit_json(_document(check, trash, outcome, roots))
@@ -153,7 +153,7 @@ def _document(check, trash, outcome, roots) -> dict:
 
 def _render_plan(plan, trash, check) -> None:
     from ckpt_audit.models import format_size
-    from ckpt_audit.retention import EXPLAIN
+    from ckpt_audit.lifecycle.retention import EXPLAIN
 
     click.echo(f"policy: {plan.policy.describe()}")
     rows = [("DELETE", i) for i in plan.delete] + [("keep", i) for i in plan.keep]

@@ -7,7 +7,7 @@
 Megatron components plug into verl's run structure through `build_component`; plain DCP checkpoint directories
 outside any verl step become runs of their own (the parent directory is the run, the trailing number of the
 directory name the step). Shallow and torch-free: which files exist and what metadata.json says. Parsing
-`.metadata` (byte ranges, chunk tiling) is verify's job (`ckpt_audit.dcp_check`).
+`.metadata` (byte ranges, chunk tiling) is verify's job (`ckpt_audit.deep.dcp_check`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Label
 
 from ckpt_audit.models import format_size
-from ckpt_audit.retention import PrunePlan
+from ckpt_audit.lifecycle.retention import PrunePlan
 from tui import cells
 from tui.screens.armed import ArmedModal
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from ckpt_audit.ptzip import (
+from ckpt_audit.readers.ptzip import (
     LOCAL_HEADER_LEN,
     SNIFF_BYTES,
     ZIP_MAGIC,

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_audit import pickles
+from ckpt_audit.readers import pickles
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA
 from ckpt_audit.models import Finding

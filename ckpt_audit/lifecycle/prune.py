@@ -28,7 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from ckpt_audit.killpoints import OpCounter
-from ckpt_audit.retention import PlanItem, PrunePlan
+from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.tree import TRASH_PREFIX
 
 TRASH_RE = re.compile(r"^\.ckpt-audit-trash-(?P<name>.+)-(?P<exec_id>[0-9a-f]{12})$")
@@ -39,7 +39,7 @@ class Action(StrEnum):
     DELETED = "deleted"
     SKIPPED = "skipped"  # no longer looks as planned: left alone
     FAILED = "failed"  # cannot be removed in full: left intact (found before the rename) or stays marked
-    REREAD = "re-read"  # a checkpoint the plan counts on, re-read by content first (ckpt_audit.survivors)
+    REREAD = "re-read"  # a checkpoint the plan counts on, re-read by content first (ckpt_audit.lifecycle.survivors)
     RECLAIMED = "reclaimed"  # trash left by an earlier, interrupted execution, now removed
 
 

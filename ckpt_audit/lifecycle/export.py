@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ckpt_audit.export_guard import (
+from ckpt_audit.lifecycle.export_guard import (
     MARKER,
     Destination,
     ExportError,
@@ -58,7 +58,7 @@ from ckpt_audit.export_guard import (
 )
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.models import Finding
-from ckpt_audit.prune import _fsync_dir
+from ckpt_audit.lifecycle.prune import _fsync_dir
 
 __all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "export_checkpoint"]
 
@@ -448,7 +448,7 @@ def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, 
         _verify(tmp, base + lora, target, ranges, torch, ops)
         read_back = True
 
-    from ckpt_audit.hashing import digest_file
+    from ckpt_audit.readers.hashing import digest_file
 
     files = []
     for p in sorted(tmp.rglob("*")):

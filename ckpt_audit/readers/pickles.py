@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from ckpt_audit.ptzip import (
+from ckpt_audit.readers.ptzip import (
     SNIFF_BYTES,
     PtArchive,
     ZipEntry,

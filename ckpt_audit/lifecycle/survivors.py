@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ckpt_audit import hashing
+from ckpt_audit.readers import hashing
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
-from ckpt_audit.prune import Action, Outcome
-from ckpt_audit.retention import PrunePlan, Reason, plan_prune
+from ckpt_audit.lifecycle.prune import Action, Outcome
+from ckpt_audit.lifecycle.retention import PrunePlan, Reason, plan_prune
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
 

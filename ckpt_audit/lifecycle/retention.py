@@ -9,7 +9,7 @@ could not be read in full are kept.
 
 `plan_prune()` is pure (no clock, no filesystem): the caller passes `now_ns` and, for best-N, the metric
 values (`read_metric()` reads them; `metric_problem()` refuses a metric that would rank nothing).
-`ckpt_audit.survivors` re-reads what a plan counts on before `ckpt_audit.prune.execute()` carries it out.
+`ckpt_audit.lifecycle.survivors` re-reads what a plan counts on before `ckpt_audit.lifecycle.prune.execute()` carries it out.
 """
 
 from __future__ import annotations

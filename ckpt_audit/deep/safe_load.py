@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from ckpt_audit import pickles
+from ckpt_audit.readers import pickles
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
 
