@@ -70,8 +70,10 @@ def main() -> None:
         base, ours = median_time(args.repeat, floor), median_time(args.repeat, audit)
         lines = sum(1 for _ in open(log))
         print(f"continuity on {lines} JSONL lines, {resumes} resumes (median of {args.repeat})")
-        print(f"  json.loads floor {base:.3f} s   read+audit {ours:.3f} s   ratio {ours / base:.2f}   "
-              f"{lines / ours / 1e3:.0f} k lines/s")
+        print(
+            f"  json.loads floor {base:.3f} s   read+audit {ours:.3f} s   ratio {ours / base:.2f}   "
+            f"{lines / ours / 1e3:.0f} k lines/s"
+        )
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -88,8 +90,10 @@ def main() -> None:
 
         base = median_time(args.repeat, lambda: sum(1 for _ in EventFileLoader(event).Load()))
         ours = median_time(args.repeat, lambda: audit_log(read_metrics([event])))
-        print(f"  event file ({Path(event).stat().st_size >> 10} KiB): TensorBoard's EventFileLoader loop "
-              f"{base:.3f} s   read+audit {ours:.3f} s   ratio {ours / base:.2f}")
+        print(
+            f"  event file ({Path(event).stat().st_size >> 10} KiB): TensorBoard's EventFileLoader loop "
+            f"{base:.3f} s   read+audit {ours:.3f} s   ratio {ours / base:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,13 @@ def _layout(total_mb: int) -> list[tuple[str, tuple[int, int], int]]:
     """(name, global shape, shard dim): an embedding, per-layer projections, and an untied lm_head."""
     vocab = 8192 + 7  # not divisible by W: uneven shards
     out = [("model.embed_tokens.weight", (vocab, HIDDEN), 0)]
-    per_layer = [("q_proj", (HIDDEN, HIDDEN), 0), ("k_proj", (HIDDEN // 4, HIDDEN), 1), ("o_proj", (HIDDEN, HIDDEN), 0),
-                 ("up_proj", (HIDDEN * 3, HIDDEN), 0), ("down_proj", (HIDDEN, HIDDEN * 3), 1)]
+    per_layer = [
+        ("q_proj", (HIDDEN, HIDDEN), 0),
+        ("k_proj", (HIDDEN // 4, HIDDEN), 1),
+        ("o_proj", (HIDDEN, HIDDEN), 0),
+        ("up_proj", (HIDDEN * 3, HIDDEN), 0),
+        ("down_proj", (HIDDEN, HIDDEN * 3), 1),
+    ]
     layer_bytes = sum(a * b for _, (a, b), _ in per_layer) * 4
     fixed = 2 * vocab * HIDDEN * 4
     layers = max(1, (total_mb * 2**20 - fixed) // layer_bytes)
@@ -66,8 +71,14 @@ def _write_rank(rank: int, world: int, actor: str, total_mb: int, port: int) -> 
         local_shape[dim] = n
         g = torch.Generator().manual_seed(i * 100 + rank)
         local = torch.randn(local_shape, generator=g)
-        sd[name] = DTensor.from_local(local, mesh, [Shard(dim)], run_check=False, shape=torch.Size(shape),
-                                      stride=torch.empty(shape, device="meta").stride())
+        sd[name] = DTensor.from_local(
+            local,
+            mesh,
+            [Shard(dim)],
+            run_check=False,
+            shape=torch.Size(shape),
+            stride=torch.empty(shape, device="meta").stride(),
+        )
     torch.save(sd, f"{actor}/model_world_size_{world}_rank_{rank}.pt")
     dist.destroy_process_group()
 
@@ -78,7 +89,9 @@ def make_checkpoint(root: Path, total_mb: int, world: int) -> Path:
     step = root / "global_step_1"
     actor = step / "actor"
     (actor / "huggingface").mkdir(parents=True)
-    (actor / "huggingface" / "config.json").write_text(json.dumps({"model_type": "llama", "tie_word_embeddings": False}))
+    (actor / "huggingface" / "config.json").write_text(
+        json.dumps({"model_type": "llama", "tie_word_embeddings": False})
+    )
     (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}, indent=4))
     mp.spawn(_write_rank, args=(world, str(actor), total_mb, 29000 + os.getpid() % 1000), nprocs=world)
     return step
@@ -120,8 +133,10 @@ def _verl_style(actor: Path, out: Path) -> None:
     from torch.distributed.tensor import DTensor
 
     world = int(json.loads((actor / "fsdp_config.json").read_text())["world_size"])
-    states = [torch.load(actor / f"model_world_size_{world}_rank_{r}.pt", weights_only=True, map_location="cpu")
-              for r in range(world)]
+    states = [
+        torch.load(actor / f"model_world_size_{world}_rank_{r}.pt", weights_only=True, map_location="cpu")
+        for r in range(world)
+    ]
     merged = {}
     for key in states[0]:
         pieces = [s[key]._local_tensor if isinstance(s[key], DTensor) else s[key] for s in states]
@@ -133,8 +148,13 @@ def _verl_style(actor: Path, out: Path) -> None:
 
 def run_child(variant: str, step: Path, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    proc = subprocess.run([sys.executable, __file__, "--child", variant, str(step), str(out)], capture_output=True,
-                          text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", variant, str(step), str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -155,29 +175,44 @@ def main() -> None:
         shards = sorted((step / "actor").glob("model_*.pt"))
         size = sum(p.stat().st_size for p in shards)
         largest = max(a * b for _, (a, b), _ in _layout(args.mb)) * 4
-        print(f"checkpoint: {size / 2**20:.0f} MiB in {len(shards)} rank files, "
-              f"{len(_layout(args.mb))} tensors, largest {largest / 2**20:.1f} MiB", file=sys.stderr)
+        print(
+            f"checkpoint: {size / 2**20:.0f} MiB in {len(shards)} rank files, "
+            f"{len(_layout(args.mb))} tensors, largest {largest / 2**20:.1f} MiB",
+            file=sys.stderr,
+        )
         variants = ["import", "baseline", "stream", "stream+verify", "source-check"]
         results: dict[str, list[dict]] = {v: [] for v in variants}
         for _ in range(args.repeat):
             for v in variants:  # alternate so drift hits every variant alike
                 results[v].append(run_child(v, step, tmp / f"out-{v}"))
-        med = {v: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "peak_mib")} for v, rs in results.items()}
+        med = {
+            v: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "peak_mib")} for v, rs in results.items()
+        }
         base_rss = med["import"]["peak_mib"]
         print(f"{'variant':<16} {'time s':>8} {'peak RSS MiB':>13} {'added MiB':>10} {'added/model':>12}")
         for v in variants[1:]:
             added = med[v]["peak_mib"] - base_rss
-            print(f"{v:<16} {med[v]['seconds']:>8.2f} {med[v]['peak_mib']:>13.0f} {added:>10.0f} "
-                  f"{added / (size / 2**20):>12.2f}")
+            print(
+                f"{v:<16} {med[v]['seconds']:>8.2f} {med[v]['peak_mib']:>13.0f} {added:>10.0f} "
+                f"{added / (size / 2**20):>12.2f}"
+            )
         b, s, sv = (med[v] for v in ("baseline", "stream", "stream+verify"))
         add = lambda m: max(m["peak_mib"] - base_rss, 1e-9)  # noqa: E731
-        print(f"\nratio stream/baseline: added peak memory {add(s) / add(b):.2f}x, time {s['seconds'] / b['seconds']:.2f}x")
-        print(f"ratio stream+verify/baseline: added peak memory {add(sv) / add(b):.2f}x, "
-              f"time {sv['seconds'] / b['seconds']:.2f}x")
-        print(f"ratio source-check/stream+verify: time {med['source-check']['seconds'] / sv['seconds']:.2f}x "
-              "(the share of the default export spent re-reading its source)")
-        print(f"stream added peak / largest tensor: {add(s) / (largest / 2**20):.2f}x "
-              f"(model is {size / largest:.0f}x the largest tensor)")
+        print(
+            f"\nratio stream/baseline: added peak memory {add(s) / add(b):.2f}x, time {s['seconds'] / b['seconds']:.2f}x"
+        )
+        print(
+            f"ratio stream+verify/baseline: added peak memory {add(sv) / add(b):.2f}x, "
+            f"time {sv['seconds'] / b['seconds']:.2f}x"
+        )
+        print(
+            f"ratio source-check/stream+verify: time {med['source-check']['seconds'] / sv['seconds']:.2f}x "
+            "(the share of the default export spent re-reading its source)"
+        )
+        print(
+            f"stream added peak / largest tensor: {add(s) / (largest / 2**20):.2f}x "
+            f"(model is {size / largest:.0f}x the largest tensor)"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -42,9 +42,13 @@ def make_shards(root: Path, total_gib: float, world: int, zip64: bool) -> list[P
         p = root / f"model_world_size_{world}_rank_{rank}.pt"
         torch.save(sd, p)
         paths.append(p)
-        osd = {"state": {i: {"step": torch.tensor(1.0), "exp_avg": v, "exp_avg_sq": torch.rand(per, generator=g)}
-                         for i, v in enumerate(sd.values())},
-               "param_groups": [{"lr": 1e-5, "params": list(range(n_tensors))}]}
+        osd = {
+            "state": {
+                i: {"step": torch.tensor(1.0), "exp_avg": v, "exp_avg_sq": torch.rand(per, generator=g)}
+                for i, v in enumerate(sd.values())
+            },
+            "param_groups": [{"lr": 1e-5, "params": list(range(n_tensors))}],
+        }
         p = root / f"optim_world_size_{world}_rank_{rank}.pt"
         torch.save(osd, p)
         paths.append(p)
@@ -144,9 +148,11 @@ def main() -> int:
         t0 = time.perf_counter()
         paths = sorted(root.glob("*.pt")) if args.tree else make_shards(root, args.gib, args.world, args.zip64)
         nbytes = sum(p.stat().st_size for p in paths)
-        print(f"# {len(paths)} shards, {nbytes / GiB:.2f} GiB, written in {time.perf_counter() - t0:.0f} s; "
-              f"read size {hashing.CHUNK // 1024} KiB; "
-              f"load {os.getloadavg()[0]:.2f}; median of {args.reps} (min-max), GB/s")
+        print(
+            f"# {len(paths)} shards, {nbytes / GiB:.2f} GiB, written in {time.perf_counter() - t0:.0f} s; "
+            f"read size {hashing.CHUNK // 1024} KiB; "
+            f"load {os.getloadavg()[0]:.2f}; median of {args.reps} (min-max), GB/s"
+        )
         print(f"# {compute_costs()}")
         runs = {
             "cat": lambda: run_cat(paths),
@@ -159,8 +165,10 @@ def main() -> int:
             res = {name: measure(fn, args.reps, cache == "cold", nbytes, paths) for name, fn in runs.items()}
             base_cat, base_dd = res["cat"][0], res["dd bs=8M"][0]
             for name, (med, lo, hi) in res.items():
-                print(f"{cache:4}  {name:28} {med:6.2f} ({lo:.2f}-{hi:.2f})   "
-                      f"ratio vs cat {med / base_cat:5.2f}   vs dd {med / base_dd:5.2f}")
+                print(
+                    f"{cache:4}  {name:28} {med:6.2f} ({lo:.2f}-{hi:.2f})   "
+                    f"ratio vs cat {med / base_cat:5.2f}   vs dd {med / base_dd:5.2f}"
+                )
         print(f"# load at end {os.getloadavg()[0]:.2f}; total {time.perf_counter() - t0:.0f} s")
     finally:
         if not args.tree:

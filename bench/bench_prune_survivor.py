@@ -36,10 +36,17 @@ def build(root: Path, *, steps: int, world: int, mib: int) -> Path:
             g = torch.Generator().manual_seed(s * 1000 + r)
             w = torch.randn(n, generator=g)
             torch.save({"model.weight": w}, actor / f"model_world_size_{world}_rank_{r}.pt")
-            torch.save({"state": {0: {"step": torch.tensor(float(s)), "exp_avg": w.clone(), "exp_avg_sq": w.abs()}},
-                        "param_groups": [{"lr": 1e-3, "params": [0]}]}, actor / f"optim_world_size_{world}_rank_{r}.pt")
-            torch.save({"lr_scheduler": {"last_epoch": s * 100}, "rng": {"cpu": torch.get_rng_state()}},
-                       actor / f"extra_state_world_size_{world}_rank_{r}.pt")
+            torch.save(
+                {
+                    "state": {0: {"step": torch.tensor(float(s)), "exp_avg": w.clone(), "exp_avg_sq": w.abs()}},
+                    "param_groups": [{"lr": 1e-3, "params": [0]}],
+                },
+                actor / f"optim_world_size_{world}_rank_{r}.pt",
+            )
+            torch.save(
+                {"lr_scheduler": {"last_epoch": s * 100}, "rng": {"cpu": torch.get_rng_state()}},
+                actor / f"extra_state_world_size_{world}_rank_{r}.pt",
+            )
         (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}, indent=4))
         torch.save({"_num_yielded": s}, step / "data.pt")
     (run / "latest_checkpointed_iteration.txt").write_text(str(steps * 100))
@@ -54,10 +61,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     from ckpt_audit.catalog import open_catalog, read_previous
-    from ckpt_audit.models import format_size
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
-    from ckpt_audit.scanner import scan
     from ckpt_audit.lifecycle.survivors import verify_plan
+    from ckpt_audit.models import format_size
+    from ckpt_audit.scanner import scan
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
@@ -86,15 +93,23 @@ def main() -> None:
 
         total = sum(c.size_bytes for r in first.runs for c in r.checkpoints)
         r, c = statistics.median(rescans), statistics.median(checks)
-        print(f"tree: {args.steps} checkpoints, W={args.world}, {format_size(total)} "
-              f"({sum(len(c.all_files) for r in first.runs for c in r.checkpoints)} files); "
-              f"first full scan {full:.2f} s ({total / full / 2**20:.0f} MiB/s)")
-        print(f"plain cached re-scan (manifest, walk, reuse by stat, judge, record): {r * 1000:.0f} ms "
-              f"(median of {args.repeat}; reused {res.files_reused}, hashed {res.files_hashed})")
-        print(f"survivor check (--keep-last 1: re-read the newest complete, {format_size(reread)}): "
-              f"{c * 1000:.0f} ms ({reread / c / 2**20:.0f} MiB/s, warm cache)")
-        print(f"ratio survivor check / plain re-scan: {c / r:.1f}x; bytes re-read: {format_size(reread)} "
-              f"= {reread / total:.0%} of the tree (1/{args.steps} of it here)")
+        print(
+            f"tree: {args.steps} checkpoints, W={args.world}, {format_size(total)} "
+            f"({sum(len(c.all_files) for r in first.runs for c in r.checkpoints)} files); "
+            f"first full scan {full:.2f} s ({total / full / 2**20:.0f} MiB/s)"
+        )
+        print(
+            f"plain cached re-scan (manifest, walk, reuse by stat, judge, record): {r * 1000:.0f} ms "
+            f"(median of {args.repeat}; reused {res.files_reused}, hashed {res.files_hashed})"
+        )
+        print(
+            f"survivor check (--keep-last 1: re-read the newest complete, {format_size(reread)}): "
+            f"{c * 1000:.0f} ms ({reread / c / 2**20:.0f} MiB/s, warm cache)"
+        )
+        print(
+            f"ratio survivor check / plain re-scan: {c / r:.1f}x; bytes re-read: {format_size(reread)} "
+            f"= {reread / total:.0%} of the tree (1/{args.steps} of it here)"
+        )
 
 
 if __name__ == "__main__":

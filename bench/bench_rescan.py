@@ -90,8 +90,10 @@ def main() -> None:
         b, r = statistics.median(base), statistics.median(rescans)
         print(f"files in tree: {n}; reused by stat: {reused}; hashed: {res.files_hashed}")
         print(f"plain os.scandir walk + stat: {b * 1000:.0f} ms (median of {args.repeat})")
-        print(f"ckpt-audit re-scan (manifest read, walk, reuse, judge, record): {r * 1000:.0f} ms "
-              f"(min {min(rescans) * 1000:.0f}, max {max(rescans) * 1000:.0f})")
+        print(
+            f"ckpt-audit re-scan (manifest read, walk, reuse, judge, record): {r * 1000:.0f} ms "
+            f"(min {min(rescans) * 1000:.0f}, max {max(rescans) * 1000:.0f})"
+        )
         print(f"ratio re-scan / walk: {r / b:.1f}x; target < 1 s: {'met' if r < 1 else 'MISSED'}")
 
 

@@ -32,10 +32,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     to = args.resume_world_size
-    print(f"resume-test cost vs plain training of the same steps (wall seconds, median of {args.repeat}; "
-          f"steps_s = sum of per-step times from metrics.jsonl)" + (f"; second half at W'={to}" if to else ""))
-    print(f"{'W':>2} {'S':>3} {'baseline_s':>10} {'resume_s':>9} {'ratio':>6} {'base_steps_s':>12} {'rt_steps_s':>10} "
-          f"{'rt_s/step':>9} {'rt_s/step/rank':>14}")
+    print(
+        f"resume-test cost vs plain training of the same steps (wall seconds, median of {args.repeat}; "
+        f"steps_s = sum of per-step times from metrics.jsonl)" + (f"; second half at W'={to}" if to else "")
+    )
+    print(
+        f"{'W':>2} {'S':>3} {'baseline_s':>10} {'resume_s':>9} {'ratio':>6} {'base_steps_s':>12} {'rt_steps_s':>10} "
+        f"{'rt_s/step':>9} {'rt_s/step/rank':>14}"
+    )
     for w in (int(x) for x in args.world_sizes.split(",")):
         steps = args.steps or default_steps(w, to)
         base_t, rt_t, base_steps, rt_steps = [], [], [], []
@@ -54,8 +58,10 @@ def main() -> None:
                 rt_steps.append(sum(r["time_s"] for r in report.straight + report.resumed))
         b, r = statistics.median(base_t), statistics.median(rt_t)
         per_step = r / (2 * steps)
-        print(f"{w:>2} {steps:>3} {b:>10.1f} {r:>9.1f} {r / b:>6.2f} {statistics.median(base_steps):>12.2f} "
-              f"{statistics.median(rt_steps):>10.2f} {per_step:>9.2f} {per_step / w:>14.2f}")
+        print(
+            f"{w:>2} {steps:>3} {b:>10.1f} {r:>9.1f} {r / b:>6.2f} {statistics.median(base_steps):>12.2f} "
+            f"{statistics.median(rt_steps):>10.2f} {per_step:>9.2f} {per_step / w:>14.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -118,19 +118,24 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so load on the shared box hits both alike
             s, res_plain = rescan(root, base_db, Path(tmp) / "work.db", now_ns=day_later, scrub=None, cold=args.cold)
             plain.append(s)
-            s, res_cron = rescan(root, base_db, Path(tmp) / "work.db", now_ns=day_later, scrub=ScrubPolicy(),
-                                 cold=args.cold)
+            s, res_cron = rescan(
+                root, base_db, Path(tmp) / "work.db", now_ns=day_later, scrub=ScrubPolicy(), cold=args.cold
+            )
             cron.append(s)
         p, c = statistics.median(plain), statistics.median(cron)
         cache = "cold" if args.cold else "warm"
         print(f"tree: {first.files_hashed} files, {format_size(total)} (built in {built:.1f} s); page cache {cache}")
-        print(f"plain cached re-scan (--no-scrub): {p * 1000:.0f} ms median of {args.repeat} "
-              f"(min {min(plain) * 1000:.0f}, max {max(plain) * 1000:.0f}); {res_plain.files_reused} reused, "
-              f"{format_size(res_plain.bytes_hashed)} read")
-        print(f"cron re-scan a day later, default scrub (7d period, no budget): {c * 1000:.0f} ms median "
-              f"(min {min(cron) * 1000:.0f}, max {max(cron) * 1000:.0f}); {res_cron.files_scrubbed} file(s) "
-              f"scrubbed, {format_size(res_cron.bytes_scrubbed)} re-read = {res_cron.bytes_scrubbed / total:.1%} "
-              f"of the tree ({format_size(res_cron.bytes_scrubbed / (c - p) if c > p else 0)}/s)")
+        print(
+            f"plain cached re-scan (--no-scrub): {p * 1000:.0f} ms median of {args.repeat} "
+            f"(min {min(plain) * 1000:.0f}, max {max(plain) * 1000:.0f}); {res_plain.files_reused} reused, "
+            f"{format_size(res_plain.bytes_hashed)} read"
+        )
+        print(
+            f"cron re-scan a day later, default scrub (7d period, no budget): {c * 1000:.0f} ms median "
+            f"(min {min(cron) * 1000:.0f}, max {max(cron) * 1000:.0f}); {res_cron.files_scrubbed} file(s) "
+            f"scrubbed, {format_size(res_cron.bytes_scrubbed)} re-read = {res_cron.bytes_scrubbed / total:.1%} "
+            f"of the tree ({format_size(res_cron.bytes_scrubbed / (c - p) if c > p else 0)}/s)"
+        )
         print(f"ratio cron scrub / plain re-scan: {c / p:.1f}x")
 
 

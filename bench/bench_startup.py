@@ -61,8 +61,10 @@ def main() -> None:
             torch_loaded = lines.get("TORCH")
         b, f = statistics.median(base), statistics.median(first)
         print(f"bare `python -c pass`: {b * 1000:.0f} ms (median of {args.repeat})")
-        print(f"`ckpt-audit scan` spawn to first shard opened: {f * 1000:.0f} ms "
-              f"(min {min(first) * 1000:.0f}, max {max(first) * 1000:.0f}); torch imported: {torch_loaded}")
+        print(
+            f"`ckpt-audit scan` spawn to first shard opened: {f * 1000:.0f} ms "
+            f"(min {min(first) * 1000:.0f}, max {max(first) * 1000:.0f}); torch imported: {torch_loaded}"
+        )
         print(f"ratio: {f / b:.1f}x bare python; target < 0.3 s: {'met' if f < 0.3 else 'MISSED'}")
 
 

@@ -13,8 +13,8 @@ import argparse
 import asyncio
 import time
 
-from ckpt_audit.models import Checkpoint, Component, FileKind, Run, ShardFile, Status
 from ckpt_audit.lifecycle.retention import Policy, plan_prune
+from ckpt_audit.models import Checkpoint, Component, FileKind, Run, ShardFile, Status
 
 
 def big_run(n: int, world_size: int = 8) -> Run:
@@ -22,12 +22,24 @@ def big_run(n: int, world_size: int = 8) -> Run:
     ckpts = []
     for step in range(1, n + 1):
         path = f"/bench/p/e/global_step_{step}"
-        files = tuple(ShardFile(path=f"{path}/actor/model_world_size_{world_size}_rank_{r}.pt", kind=FileKind.MODEL,
-                                size_bytes=10**9, mtime_ns=now, inode=step * 100 + r, rank=r, world_size=world_size)
-                      for r in range(world_size))
+        files = tuple(
+            ShardFile(
+                path=f"{path}/actor/model_world_size_{world_size}_rank_{r}.pt",
+                kind=FileKind.MODEL,
+                size_bytes=10**9,
+                mtime_ns=now,
+                inode=step * 100 + r,
+                rank=r,
+                world_size=world_size,
+            )
+            for r in range(world_size)
+        )
         comp = Component(role="actor", path=f"{path}/actor", layout="verl-fsdp", world_size=world_size, files=files)
-        ckpts.append(Checkpoint(run_path="/bench/p/e", step=step, path=path, status=Status.COMPLETE,
-                                components=(comp,), mtime_ns=now))
+        ckpts.append(
+            Checkpoint(
+                run_path="/bench/p/e", step=step, path=path, status=Status.COMPLETE, components=(comp,), mtime_ns=now
+            )
+        )
     return Run(path="/bench/p/e", layout="verl-fsdp", tracker_step=n, checkpoints=tuple(ckpts))
 
 
@@ -68,8 +80,10 @@ def main() -> None:
 
     incremental = asyncio.run(toggles(run, args.presses, full_rebuild=False))
     rebuild = asyncio.run(toggles(run, args.presses, full_rebuild=True))
-    print(f"checkpoints={args.checkpoints}  plan_prune={plan_s * 1e3:.0f} ms  toggle={incremental * 1e3:.0f} ms  "
-          f"full-rebuild toggle={rebuild * 1e3:.0f} ms")
+    print(
+        f"checkpoints={args.checkpoints}  plan_prune={plan_s * 1e3:.0f} ms  toggle={incremental * 1e3:.0f} ms  "
+        f"full-rebuild toggle={rebuild * 1e3:.0f} ms"
+    )
     print(f"toggle / plan_prune alone: {incremental / plan_s:.1f}x")
     print(f"full rebuild / incremental redraw: {rebuild / incremental:.1f}x")
 

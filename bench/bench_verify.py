@@ -42,8 +42,11 @@ def _rank(rank: int, world: int, out: str, port: int, floats_per_rank: int) -> N
         local = torch.full((rows // world, 1024), float(i))
         p = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
         model[f"model.layers.{i}.mlp.weight"] = p
-        state[i] = {"step": torch.tensor(10.0), "exp_avg": DTensor.from_local(local.clone(), mesh, [Shard(0)], run_check=False),
-                    "exp_avg_sq": DTensor.from_local(local.clone(), mesh, [Shard(0)], run_check=False)}
+        state[i] = {
+            "step": torch.tensor(10.0),
+            "exp_avg": DTensor.from_local(local.clone(), mesh, [Shard(0)], run_check=False),
+            "exp_avg_sq": DTensor.from_local(local.clone(), mesh, [Shard(0)], run_check=False),
+        }
     groups = [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01, "params": list(range(n_layers))}]
     actor = Path(out) / "global_step_10" / "actor"
     if rank == 0:
@@ -51,9 +54,13 @@ def _rank(rank: int, world: int, out: str, port: int, floats_per_rank: int) -> N
     dist.barrier()
     torch.save(model, actor / f"model_world_size_{world}_rank_{rank}.pt")
     torch.save({"state": state, "param_groups": groups}, actor / f"optim_world_size_{world}_rank_{rank}.pt")
-    torch.save({"lr_scheduler": {"last_epoch": 10, "base_lrs": [1e-3], "_step_count": 11},
-                "rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}},
-               actor / f"extra_state_world_size_{world}_rank_{rank}.pt")
+    torch.save(
+        {
+            "lr_scheduler": {"last_epoch": 10, "base_lrs": [1e-3], "_step_count": 11},
+            "rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
+        },
+        actor / f"extra_state_world_size_{world}_rank_{rank}.pt",
+    )
     if rank == 0:
         (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}, indent=4))
         torch.save({"_num_yielded": 10, "_sampler_iter_state": None}, actor.parent / "data.pt")
@@ -107,8 +114,14 @@ def main() -> None:
         for r in result.runs:
             for c in r.checkpoints:
                 for f in c.all_files:
-                    previous[f.path] = FileFacts(path=f.path, size_bytes=f.size_bytes, mtime_ns=f.mtime_ns,
-                                                 inode=f.inode, hash=f.hash, crc_ok=f.crc_ok)
+                    previous[f.path] = FileFacts(
+                        path=f.path,
+                        size_bytes=f.size_bytes,
+                        mtime_ns=f.mtime_ns,
+                        inode=f.inode,
+                        hash=f.hash,
+                        crc_ok=f.crc_ok,
+                    )
         t_verify, _ = timed(lambda: verify.verify([run], previous=previous), args.repeat)
         n = sum(len(c.all_files) for r in result.runs for c in r.checkpoints)
         print(f"tree: {size / 2**30:.2f} GiB in {n} files, W={args.world}; warm cache; median of {args.repeat}")

@@ -41,23 +41,39 @@ def oldest_verified(paths: Iterable[str], verified: Verified) -> int | None:
 
 def file_doc(f: ShardFile, verified: Verified | None = None) -> dict:
     return {
-        "path": f.path, "kind": f.kind.value, "rank": f.rank, "world_size": f.world_size,
-        "size_bytes": f.size_bytes, "mtime_ns": f.mtime_ns, "inode": f.inode, "hash": f.hash, "crc_ok": f.crc_ok,
+        "path": f.path,
+        "kind": f.kind.value,
+        "rank": f.rank,
+        "world_size": f.world_size,
+        "size_bytes": f.size_bytes,
+        "mtime_ns": f.mtime_ns,
+        "inode": f.inode,
+        "hash": f.hash,
+        "crc_ok": f.crc_ok,
         "verified_ns": (verified or {}).get(f.path),
     }
 
 
 def component_doc(c: Component, verified: Verified | None = None) -> dict:
     return {
-        "role": c.role, "path": c.path, "layout": c.layout, "world_size": c.world_size, "size_bytes": c.size_bytes,
-        "files": [file_doc(f, verified) for f in c.files], "findings": [f.to_dict() for f in c.findings],
+        "role": c.role,
+        "path": c.path,
+        "layout": c.layout,
+        "world_size": c.world_size,
+        "size_bytes": c.size_bytes,
+        "files": [file_doc(f, verified) for f in c.files],
+        "findings": [f.to_dict() for f in c.findings],
     }
 
 
 def checkpoint_doc(c: Checkpoint, verified: Verified | None = None) -> dict:
     return {
-        "step": c.step, "path": c.path, "status": c.status.value, "world_size": c.world_size,
-        "size_bytes": c.size_bytes, "mtime_ns": c.mtime_ns,
+        "step": c.step,
+        "path": c.path,
+        "status": c.status.value,
+        "world_size": c.world_size,
+        "size_bytes": c.size_bytes,
+        "mtime_ns": c.mtime_ns,
         "verified_ns": oldest_verified((f.path for f in c.all_files), verified or {}),
         "components": [component_doc(x, verified) for x in c.components],
         "files": [file_doc(f, verified) for f in c.files],
@@ -68,9 +84,14 @@ def checkpoint_doc(c: Checkpoint, verified: Verified | None = None) -> dict:
 def run_doc(r: Run, verified: Verified | None = None) -> dict:
     latest = r.latest_complete
     return {
-        "path": r.path, "name": r.name, "layout": r.layout, "tracker_step": r.tracker_step,
-        "latest_complete_step": latest.step if latest else None, "metrics_path": r.metrics_path,
-        "size_bytes": r.size_bytes, "findings": [f.to_dict() for f in r.findings],
+        "path": r.path,
+        "name": r.name,
+        "layout": r.layout,
+        "tracker_step": r.tracker_step,
+        "latest_complete_step": latest.step if latest else None,
+        "metrics_path": r.metrics_path,
+        "size_bytes": r.size_bytes,
+        "findings": [f.to_dict() for f in r.findings],
         "checkpoints": [checkpoint_doc(c, verified) for c in r.checkpoints],
     }
 
@@ -121,13 +142,17 @@ def render_text(result: ScanResult, *, quiet: bool = False, fail_on: Severity = 
         yield finding_line(f)
     for run in result.runs:
         latest = run.latest_complete
-        yield (f"{run.name}  ({run.path})  layout {run.layout}  tracker {run.tracker_step if run.tracker_step is not None else '-'}"
-               f"  latest complete {latest.step if latest else '-'}")
+        yield (
+            f"{run.name}  ({run.path})  layout {run.layout}  tracker {run.tracker_step if run.tracker_step is not None else '-'}"
+            f"  latest complete {latest.step if latest else '-'}"
+        )
         yield f"  {'step':>8}  {'status':<12} {'W':>3}  {'size':>10}  {'age':>5}  findings"
         for c in run.checkpoints:
             n_err = sum(1 for f in c.all_findings if f.severity is Severity.ERROR)
             n_warn = sum(1 for f in c.all_findings if f.severity is Severity.WARNING)
-            note = ", ".join(x for x in (f"{n_err} error(s)" if n_err else "", f"{n_warn} warning(s)" if n_warn else "") if x)
+            note = ", ".join(
+                x for x in (f"{n_err} error(s)" if n_err else "", f"{n_warn} warning(s)" if n_warn else "") if x
+            )
             ws = c.world_size if c.world_size is not None else "-"
             yield f"  {c.step:>8}  {c.status.value:<12} {ws:>3}  {c.size_str:>10}  {age_str(c.mtime_ns):>5}  {note}"
         for f in run.findings:
@@ -138,7 +163,9 @@ def render_text(result: ScanResult, *, quiet: bool = False, fail_on: Severity = 
                     yield finding_line(f)
     s = summary(result)
     secs = (result.finished_ns - result.started_ns) / 1e9
-    yield (f"scanned {s['runs']} run(s), {s['checkpoints']} checkpoint(s): {result.files_hashed} file(s) hashed "
-           f"({format_size(result.bytes_hashed)}; {result.files_scrubbed} of them scrubbed, "
-           f"{format_size(result.bytes_scrubbed)}), {result.files_reused} reused, in {secs:.2f} s; "
-           f"{s['errors']} error(s), {s['warnings']} warning(s)")
+    yield (
+        f"scanned {s['runs']} run(s), {s['checkpoints']} checkpoint(s): {result.files_hashed} file(s) hashed "
+        f"({format_size(result.bytes_hashed)}; {result.files_scrubbed} of them scrubbed, "
+        f"{format_size(result.bytes_scrubbed)}), {result.files_reused} reused, in {secs:.2f} s; "
+        f"{s['errors']} error(s), {s['warnings']} warning(s)"
+    )

@@ -16,11 +16,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
-from ckpt_audit.readers import hashing, pickles
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import Finding, ScanResult, ShardFile, format_size
+from ckpt_audit.readers import hashing, pickles
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.scrub import Cached, ScrubPlan, ScrubPolicy, plan_scrub
@@ -65,8 +65,19 @@ def scan(
     now = now_ns if now_ns is not None else started
     partials: list[Partial] = []
     for r in walk_roots:
-        partials.append(scan_partial(r, workers=workers, rehash=rehash, previous=previous or {}, progress=progress,
-                                     layouts=layouts, focus=focus, scrub=_budget_left(scrub, partials), now_ns=now))
+        partials.append(
+            scan_partial(
+                r,
+                workers=workers,
+                rehash=rehash,
+                previous=previous or {},
+                progress=progress,
+                layouts=layouts,
+                focus=focus,
+                scrub=_budget_left(scrub, partials),
+                now_ns=now,
+            )
+        )
     ctx = ScanContext(
         now_ns=now,
         in_progress_window_ns=int(in_progress_window_s * 1e9),
@@ -123,8 +134,12 @@ def only_checkpoints(result: ScanResult, focus: frozenset[str], *, whole: frozen
         if not keep:
             continue
         kept_steps = {c.step for c in keep}
-        found = tuple(f for f in run.findings if f.code not in RUN_WIDE_CODES
-                      and not (f.code == "tracker-dangling" and run.tracker_step not in kept_steps))
+        found = tuple(
+            f
+            for f in run.findings
+            if f.code not in RUN_WIDE_CODES
+            and not (f.code == "tracker-dangling" and run.tracker_step not in kept_steps)
+        )
         runs.append(replace(run, checkpoints=keep, findings=found))
     return replace(result, runs=tuple(runs))
 
@@ -179,9 +194,14 @@ def scan_partial(
             todo.append(p)
     plan = _plan_scrub(cached, now_ns=now, policy=scrub)
     if plan.overdue_files:
-        walk_findings.append(finding(
-            "scrub-overdue", root, f"{plan.overdue_files} file(s), {format_size(plan.overdue_bytes)}, last verified "
-            "by content a scrub period or more ago were not re-read: the --scrub-budget is too small for the period"))
+        walk_findings.append(
+            finding(
+                "scrub-overdue",
+                root,
+                f"{plan.overdue_files} file(s), {format_size(plan.overdue_bytes)}, last verified "
+                "by content a scrub period or more ago were not re-read: the --scrub-budget is too small for the period",
+            )
+        )
     for p, prev in cached.items():
         if p in plan.paths:
             todo.append(p)
@@ -221,8 +241,12 @@ def _reusable(prev: FileFacts, st: os.stat_result) -> bool:
 def _plan_scrub(cached: Mapping[str, FileFacts], *, now_ns: int, policy: ScrubPolicy | None) -> ScrubPlan:
     if policy is None:
         return ScrubPlan()
-    return plan_scrub([Cached(path=p, size_bytes=f.size_bytes, verified_ns=f.verified_ns or 0) for p, f in cached.items()],
-                      now_ns=now_ns, policy=policy, budget_bytes=policy.budget_bytes)
+    return plan_scrub(
+        [Cached(path=p, size_bytes=f.size_bytes, verified_ns=f.verified_ns or 0) for p, f in cached.items()],
+        now_ns=now_ns,
+        policy=policy,
+        budget_bytes=policy.budget_bytes,
+    )
 
 
 def _in_focus(path: str, focus: frozenset[str]) -> bool:
@@ -240,9 +264,15 @@ def _without_trash(paths: list[str], stats: Mapping[str, os.stat_result]) -> tup
             keep.append(p)
         else:
             trash.setdefault(entry, []).append(stats[p].st_size)
-    found = [finding("prune-leftover", entry, f"marked for deletion by an interrupted prune: {len(sizes)} file(s), "
-                     f"{format_size(sum(sizes))}; the next `ckpt-audit prune` reclaims it")
-             for entry, sizes in trash.items()]
+    found = [
+        finding(
+            "prune-leftover",
+            entry,
+            f"marked for deletion by an interrupted prune: {len(sizes)} file(s), "
+            f"{format_size(sum(sizes))}; the next `ckpt-audit prune` reclaims it",
+        )
+        for entry, sizes in trash.items()
+    ]
     return keep, found
 
 
@@ -286,8 +316,9 @@ def _read_all(
                 submit()
 
 
-def read_file(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, *,
-              now_ns: int | None = None) -> FileFacts:
+def read_file(
+    path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, *, now_ns: int | None = None
+) -> FileFacts:
     """Everything one file tells without judging its neighbours. Never raises for a bad file.
 
     A clean read (the stat held still) is stamped verified at `now_ns` (default: now); content that differs from
@@ -302,9 +333,16 @@ def read_file(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None,
         reason = exc.strerror or type(exc).__name__
         return replace(base, findings=(finding("unreadable", path, f"cannot read: {reason}"),))
     changed = d.changed_during_read or d.stat_size != st.st_size or d.mtime_ns != st.st_mtime_ns
-    found = list(file_rules.digest_findings(
-        path, size=d.size_bytes, zip_error=d.zip_error, crc_bad=d.crc_bad_entries, prefix=d.prefix, changed=changed,
-    ))
+    found = list(
+        file_rules.digest_findings(
+            path,
+            size=d.size_bytes,
+            zip_error=d.zip_error,
+            crc_bad=d.crc_bad_entries,
+            prefix=d.prefix,
+            changed=changed,
+        )
+    )
     found.extend(_drift(path, st, prev, d.hash) if not changed else ())
     pt = None
     if file_rules.reads_structure(path, kind=d.kind, is_zip=d.is_zip, zip_error=d.zip_error):
@@ -330,8 +368,13 @@ def _drift(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, ne
     if prev is None or prev.hash is None or not _same_stat(prev, st):
         return ()
     if prev.hash != new_hash:
-        return (finding("hash-drift", path, f"content hash changed ({prev.hash[:12]}… -> {new_hash[:12]}…) "
-                                            "while size, mtime and inode did not"),)
+        return (
+            finding(
+                "hash-drift",
+                path,
+                f"content hash changed ({prev.hash[:12]}… -> {new_hash[:12]}…) while size, mtime and inode did not",
+            ),
+        )
     return tuple(f for f in getattr(prev, "findings", ()) if f.code == "hash-drift")
 
 

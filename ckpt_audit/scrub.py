@@ -73,5 +73,9 @@ def plan_scrub(cached: Sequence[Cached], *, now_ns: int, policy: ScrubPolicy, bu
             continue
         taken.append(c)
         taken_bytes += c.size_bytes
-    return ScrubPlan(paths=frozenset(c.path for c in taken), bytes=taken_bytes, overdue_files=overdue_files,
-                     overdue_bytes=overdue_bytes)
+    return ScrubPlan(
+        paths=frozenset(c.path for c in taken),
+        bytes=taken_bytes,
+        overdue_files=overdue_files,
+        overdue_bytes=overdue_bytes,
+    )

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_audit import scanner
-from ckpt_audit.deep import dcp_check, safe_load
 from ckpt_audit.codes import CODES, finding
-from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
+from ckpt_audit.deep import dcp_check, safe_load
 from ckpt_audit.deep import rules as deep
-from ckpt_audit.scrub import ScrubPolicy
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
 from ckpt_audit.rules import status as status_rules
+from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
 
@@ -38,8 +38,15 @@ def verify(
     scrub: ScrubPolicy | None = None,
 ) -> ScanResult:
     """Scan `paths` (step directories, runs or roots) and add the deep findings. Raises scanner.ScanError."""
-    result = scanner.scan(paths, workers=workers, rehash=rehash, previous=previous, progress=None,
-                          in_progress_window_s=in_progress_window_s, scrub=scrub)
+    result = scanner.scan(
+        paths,
+        workers=workers,
+        rehash=rehash,
+        previous=previous,
+        progress=None,
+        in_progress_window_s=in_progress_window_s,
+        scrub=scrub,
+    )
     result = deepen(result, workers=workers, progress=progress)
     return replace(result, deep=True, finished_ns=time.time_ns())
 
@@ -54,14 +61,16 @@ def deepen(result: ScanResult, *, workers: int = 2, progress: Progress | None = 
     done = 0
     runs = [list(r.checkpoints) for r in result.runs]
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckpt-verify") as pool:
-        for (ri, ci), ckpt in zip(jobs, pool.map(lambda j: deepen_checkpoint(result.runs[j[0]].checkpoints[j[1]]),
-                                                 jobs)):
+        for (ri, ci), ckpt in zip(
+            jobs, pool.map(lambda j: deepen_checkpoint(result.runs[j[0]].checkpoints[j[1]]), jobs)
+        ):
             runs[ri][ci] = ckpt
             done += 1
             if progress is not None:
                 progress(done, total)
-    return replace(result, runs=tuple(replace(r, checkpoints=tuple(runs[i])) for i, r in enumerate(result.runs)),
-                   deep=True)
+    return replace(
+        result, runs=tuple(replace(r, checkpoints=tuple(runs[i])) for i, r in enumerate(result.runs)), deep=True
+    )
 
 
 def deepen_checkpoint(ckpt: Checkpoint) -> Checkpoint:
@@ -111,8 +120,11 @@ def rejudge(ckpt: Checkpoint, *, before: Checkpoint) -> Checkpoint:
     checkpoint worse (complete -> incomplete, unsafe or corrupt), never better."""
     if ckpt.status is Status.IN_PROGRESS:
         soft = lambda fs: tuple(replace(f, severity=Severity.INFO) if f.severity > Severity.INFO else f for f in fs)  # noqa: E731
-        return replace(ckpt, findings=soft(ckpt.findings),
-                       components=tuple(replace(c, findings=soft(c.findings)) for c in ckpt.components))
+        return replace(
+            ckpt,
+            findings=soft(ckpt.findings),
+            components=tuple(replace(c, findings=soft(c.findings)) for c in ckpt.components),
+        )
     added = set(ckpt.all_findings) - set(before.all_findings)
     errors = [f for f in added if f.severity is Severity.ERROR]
     if not errors:
@@ -146,8 +158,13 @@ def _megatron(comp: Component, bad: set[str]) -> list[Finding]:
     has_model = any(k.startswith("model") for k in (*meta.tensors, *meta.byte_items))
     hf_weights = any(f.kind is FileKind.HF and f.path.endswith((".safetensors", ".bin")) for f in comp.files)
     if not has_model and not hf_weights:
-        out.append(finding("megatron-model-missing", dist, "dist_ckpt holds no model.* state and huggingface/ no "
-                           "weights (mbridge saves the model there)"))
+        out.append(
+            finding(
+                "megatron-model-missing",
+                dist,
+                "dist_ckpt holds no model.* state and huggingface/ no weights (mbridge saves the model there)",
+            )
+        )
     return out
 
 
@@ -155,8 +172,11 @@ def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[Finding, ..
     ws = comp.world_size
     files: dict[tuple[FileKind, int], str] = {}
     for f in comp.files:
-        if f.rank is not None and f.kind in (FileKind.MODEL, FileKind.OPTIM, FileKind.EXTRA_STATE) and (
-                ws is None or f.world_size in (ws, None)):
+        if (
+            f.rank is not None
+            and f.kind in (FileKind.MODEL, FileKind.OPTIM, FileKind.EXTRA_STATE)
+            and (ws is None or f.world_size in (ws, None))
+        ):
             files[(f.kind, f.rank)] = f.path
     ranks = sorted({r for _, r in files})
     if not ranks:
@@ -169,33 +189,50 @@ def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[Finding, ..
         found.extend(res.findings)
     views = []
     for r in ranks:
-        views.append(_rank_view(r, files.get((FileKind.MODEL, r)), files.get((FileKind.OPTIM, r)),
-                                files.get((FileKind.EXTRA_STATE, r)), loaded))
+        views.append(
+            _rank_view(
+                r,
+                files.get((FileKind.MODEL, r)),
+                files.get((FileKind.OPTIM, r)),
+                files.get((FileKind.EXTRA_STATE, r)),
+                loaded,
+            )
+        )
     views = _replica_equality(views, loaded, files)
-    cv = deep.ComponentView(path=comp.path, step=ckpt.step, world_size=ws,
-                            config_world_size=_json_int(f"{comp.path}/fsdp_config.json", "world_size"),
-                            tie_word_embeddings=_json_bool(f"{comp.path}/huggingface/config.json",
-                                                           "tie_word_embeddings"),
-                            ranks=tuple(views))
+    cv = deep.ComponentView(
+        path=comp.path,
+        step=ckpt.step,
+        world_size=ws,
+        config_world_size=_json_int(f"{comp.path}/fsdp_config.json", "world_size"),
+        tie_word_embeddings=_json_bool(f"{comp.path}/huggingface/config.json", "tie_word_embeddings"),
+        ranks=tuple(views),
+    )
     return tuple(found) + deep.check_component(cv)
 
 
-def _rank_view(rank: int, model: str | None, optim: str | None, extra: str | None,
-               loaded: Mapping[str, safe_load.LoadResult]) -> deep.RankView:
+def _rank_view(
+    rank: int, model: str | None, optim: str | None, extra: str | None, loaded: Mapping[str, safe_load.LoadResult]
+) -> deep.RankView:
     kw: dict[str, Any] = {"rank": rank, "model_path": model, "optim_path": optim, "extra_path": extra}
     m = loaded.get(model) if model else None
     if m is not None and m.loaded and isinstance(m.value, Mapping):
         infos = {t.key_path: t for t in (m.structure.tensors if m.structure else ())}
-        kw["model"] = {str(k): tensor_view(v, infos.get((k,)), m.entry_crc) for k, v in m.value.items()
-                       if _is_tensor(v)}
+        kw["model"] = {
+            str(k): tensor_view(v, infos.get((k,)), m.entry_crc) for k, v in m.value.items() if _is_tensor(v)
+        }
     o = loaded.get(optim) if optim else None
     if o is not None and o.loaded and isinstance(o.value, Mapping):
         state = o.value.get("state")
         groups = o.value.get("param_groups")
         if isinstance(state, Mapping) and isinstance(groups, (list, tuple)):
-            kw["optim_state"] = {int(i): {str(n): (_scalar(t) if n == "step" else
-                                                   tensor_view(t, None, {}) if _is_tensor(t) else t)
-                                          for n, t in st.items()} for i, st in state.items() if isinstance(st, Mapping)}
+            kw["optim_state"] = {
+                int(i): {
+                    str(n): (_scalar(t) if n == "step" else tensor_view(t, None, {}) if _is_tensor(t) else t)
+                    for n, t in st.items()
+                }
+                for i, st in state.items()
+                if isinstance(st, Mapping)
+            }
             kw["param_groups"] = [{str(k): _plain(v) for k, v in g.items()} for g in groups if isinstance(g, Mapping)]
     e = loaded.get(extra) if extra else None
     if e is not None and e.loaded and isinstance(e.value, Mapping):
@@ -207,8 +244,9 @@ def _rank_view(rank: int, model: str | None, optim: str | None, extra: str | Non
     return deep.RankView(**kw)
 
 
-def _replica_equality(views: list[deep.RankView], loaded: Mapping[str, safe_load.LoadResult],
-                      files: Mapping[tuple[FileKind, int], str]) -> list[deep.RankView]:
+def _replica_equality(
+    views: list[deep.RankView], loaded: Mapping[str, safe_load.LoadResult], files: Mapping[tuple[FileKind, int], str]
+) -> list[deep.RankView]:
     """HSDP replicas whose storages carry no CRC (saved with CRCs off) are compared element by element."""
     out = []
     for v in views:
@@ -222,7 +260,10 @@ def _replica_equality(views: list[deep.RankView], loaded: Mapping[str, safe_load
             twin = t.mesh_ranks[i % t.mesh_shape[1]]
             if twin == v.rank:
                 continue
-            a, b = loaded.get(files.get((FileKind.MODEL, v.rank), "")), loaded.get(files.get((FileKind.MODEL, twin), ""))
+            a, b = (
+                loaded.get(files.get((FileKind.MODEL, v.rank), "")),
+                loaded.get(files.get((FileKind.MODEL, twin), "")),
+            )
             if a is None or b is None or not a.loaded or not b.loaded:
                 continue
             eq[(twin, key)] = _equal(a.value.get(key), b.value.get(key))
@@ -234,25 +275,39 @@ def _equal(a: Any, b: Any) -> bool:
     import torch
 
     la, lb = getattr(a, "_local_tensor", a), getattr(b, "_local_tensor", b)
-    return isinstance(la, torch.Tensor) and isinstance(lb, torch.Tensor) and la.shape == lb.shape and bool(
-        torch.equal(la, lb))
+    return (
+        isinstance(la, torch.Tensor)
+        and isinstance(lb, torch.Tensor)
+        and la.shape == lb.shape
+        and bool(torch.equal(la, lb))
+    )
 
 
 def tensor_view(v: Any, info: Any, crcs: Mapping[str, int]) -> deep.TensorView:
     """The plain view of one loaded tensor or DTensor (storage key and CRC from the restricted read)."""
     local = getattr(v, "_local_tensor", None)
     storage = info.storage_key if info is not None else None
-    common = dict(dtype=str(v.dtype).removeprefix("torch."), device=info.device if info is not None else "cpu",
-                  storage=storage, storage_offset=info.storage_offset if info is not None else 0,
-                  crc=crcs.get(storage) if storage is not None else None)
+    common = dict(
+        dtype=str(v.dtype).removeprefix("torch."),
+        device=info.device if info is not None else "cpu",
+        storage=storage,
+        storage_offset=info.storage_offset if info is not None else 0,
+        crc=crcs.get(storage) if storage is not None else None,
+    )
     if local is None:
         return deep.TensorView(local_shape=tuple(v.shape), **common)
     mesh = v.device_mesh
     ranks = tuple(int(x) for x in mesh.mesh.flatten().tolist())
-    return deep.TensorView(local_shape=tuple(local.shape), is_dtensor=True, global_shape=tuple(v.shape),
-                           placements=tuple(_placement(p) for p in v.placements),
-                           mesh_shape=tuple(mesh.mesh.shape), mesh_ranks=ranks,
-                           mesh_names=tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None, **common)
+    return deep.TensorView(
+        local_shape=tuple(local.shape),
+        is_dtensor=True,
+        global_shape=tuple(v.shape),
+        placements=tuple(_placement(p) for p in v.placements),
+        mesh_shape=tuple(mesh.mesh.shape),
+        mesh_ranks=ranks,
+        mesh_names=tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+        **common,
+    )
 
 
 def _placement(p: Any) -> str:

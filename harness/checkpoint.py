@@ -49,8 +49,10 @@ def save_role(role, path: Path, *, rank: int, world_size: int, write_hf: bool = 
     dist.barrier()
     torch.save(role.model.state_dict(), path / shard_name("model", world_size, rank))
     torch.save(role.optimizer.state_dict(), path / shard_name("optim", world_size, rank))
-    torch.save({"lr_scheduler": role.scheduler.state_dict(), "rng": get_rng_state()},
-               path / shard_name("extra_state", world_size, rank))
+    torch.save(
+        {"lr_scheduler": role.scheduler.state_dict(), "rng": get_rng_state()},
+        path / shard_name("extra_state", world_size, rank),
+    )
     if rank == 0:
         if write_hf:
             write_huggingface(role, path / "huggingface")
@@ -134,8 +136,11 @@ def saved_world_size(path: Path) -> int:
     cfg = path / "fsdp_config.json"
     if cfg.is_file():
         return int(json.loads(cfg.read_text())["world_size"])
-    sizes = {int(m.group(1)) for p in path.glob("model_world_size_*_rank_*.pt")
-             if (m := re.match(r"model_world_size_(\d+)_rank_\d+\.pt$", p.name))}
+    sizes = {
+        int(m.group(1))
+        for p in path.glob("model_world_size_*_rank_*.pt")
+        if (m := re.match(r"model_world_size_(\d+)_rank_\d+\.pt$", p.name))
+    }
     if len(sizes) != 1:
         raise ValueError(f"{path}: cannot tell the saved world size (found {sorted(sizes)})")
     return sizes.pop()
@@ -167,7 +172,7 @@ def mesh_coordinate(dt, rank: int) -> tuple[int, ...]:
     return tuple(int(i) for i in hit[0])
 
 
-def assemble(pieces: dict, placements, mesh_shape) -> "object":
+def assemble(pieces: dict, placements, mesh_shape) -> object:
     """The full tensor from local shards keyed by mesh coordinate: Replicate takes coordinate 0, Shard(d)
     concatenates along d in coordinate order (torch.chunk semantics, so uneven and empty shards work)."""
     import torch
@@ -204,8 +209,9 @@ def local_chunk(full, live):
         elif not isinstance(p, Replicate):
             raise ValueError(f"unsupported placement {p!r}")
     if tuple(t.shape) != tuple(live.to_local().shape):
-        raise ValueError(f"re-shard produced local shape {tuple(t.shape)}, "
-                         f"live shard is {tuple(live.to_local().shape)}")
+        raise ValueError(
+            f"re-shard produced local shape {tuple(t.shape)}, live shard is {tuple(live.to_local().shape)}"
+        )
     return t.clone(memory_format=torch.contiguous_format)
 
 
@@ -223,8 +229,14 @@ def full_tensor(values_by_rank: dict, ranks: range):
 def rewrap(local, live):
     from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(local.to(live.device), live.device_mesh, live.placements, run_check=False,
-                              shape=live.shape, stride=live.stride())
+    return DTensor.from_local(
+        local.to(live.device),
+        live.device_mesh,
+        live.placements,
+        run_check=False,
+        shape=live.shape,
+        stride=live.stride(),
+    )
 
 
 class RoleFiles:
@@ -248,8 +260,11 @@ class RoleFiles:
     def same_layout(self, sample) -> bool:
         from torch.distributed.tensor import DTensor
 
-        return (self.saved_world_size == self.world_size and isinstance(sample, DTensor)
-                and tuple(sample.device_mesh.mesh.shape) == self.mesh_shape)
+        return (
+            self.saved_world_size == self.world_size
+            and isinstance(sample, DTensor)
+            and tuple(sample.device_mesh.mesh.shape) == self.mesh_shape
+        )
 
     def resharded(self, kind: str, pick, live):
         """The value `pick(file_dict)` as this rank's shard of the live DTensor `live` (or as is if not a DTensor)."""
@@ -273,8 +288,10 @@ def load_role(role, path: Path, *, rank: int, world_size: int, mesh_shape, drop:
     live = role.model.state_dict()
     saved_keys = set(files.get("model", 0))
     if saved_keys != set(live):
-        raise ValueError(f"{path}: model keys differ from the live model "
-                         f"(missing {sorted(set(live) - saved_keys)[:3]}, extra {sorted(saved_keys - set(live))[:3]})")
+        raise ValueError(
+            f"{path}: model keys differ from the live model "
+            f"(missing {sorted(set(live) - saved_keys)[:3]}, extra {sorted(saved_keys - set(live))[:3]})"
+        )
     role.model.load_state_dict({k: files.resharded("model", lambda d, k=k: d[k], v) for k, v in live.items()})
 
     if "optimizer" not in drop:
@@ -282,9 +299,10 @@ def load_role(role, path: Path, *, rank: int, world_size: int, mesh_shape, drop:
         params = [p for group in role.optimizer.param_groups for p in group["params"]]
         state = {}
         for idx, entry in saved["state"].items():
-            state[idx] = {name: files.resharded("optim", lambda d, i=idx, n=name: d["state"][i][n],
-                                                _like(value, params[idx]))
-                          for name, value in entry.items()}
+            state[idx] = {
+                name: files.resharded("optim", lambda d, i=idx, n=name: d["state"][i][n], _like(value, params[idx]))
+                for name, value in entry.items()
+            }
         role.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
 
     extra = files.get("extra_state", min(rank, files.saved_world_size - 1))

@@ -33,8 +33,13 @@ class Difference:
         return f"{self.component}: {where + ': ' if where else ''}{self.key}: {self.detail}"
 
     def to_json(self) -> dict:
-        return {"component": self.component, "role": self.role, "rank": self.rank, "key": self.key,
-                "detail": self.detail}
+        return {
+            "component": self.component,
+            "role": self.role,
+            "rank": self.rank,
+            "key": self.key,
+            "detail": self.detail,
+        }
 
 
 def diff_values(a, b, path: str = "") -> Iterator[tuple[str, str]]:
@@ -60,8 +65,9 @@ def diff_values(a, b, path: str = "") -> Iterator[tuple[str, str]]:
             else:
                 yield path, f"{int((a != b).sum())} of {a.numel()} elements differ"
     elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
-                and np.array_equal(a, b)):
+        if not (
+            isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b)
+        ):
             yield path, "arrays differ"
     elif isinstance(a, dict) and isinstance(b, dict):
         for k in a.keys() | b.keys():
@@ -81,8 +87,15 @@ def diff_values(a, b, path: str = "") -> Iterator[tuple[str, str]]:
 
 
 # Fields that say where the data stream or the optimizer is; named first when they differ.
-_FIRST = ("samples_yielded", "_num_yielded", "_snapshot_step", "_steps_since_snapshot", "yielded", "state.",
-          "last_epoch")
+_FIRST = (
+    "samples_yielded",
+    "_num_yielded",
+    "_snapshot_step",
+    "_steps_since_snapshot",
+    "yielded",
+    "state.",
+    "last_epoch",
+)
 
 
 def _sorted(pairs):
@@ -97,8 +110,9 @@ def _sorted(pairs):
     return sorted(pairs, key=key)
 
 
-def compare_states(left: Path, right: Path, *, roles: tuple[str, ...] = ("actor",), sft: bool = False,
-                   rng_ranks: int | None = None) -> list[Difference]:
+def compare_states(
+    left: Path, right: Path, *, roles: tuple[str, ...] = ("actor",), sft: bool = False, rng_ranks: int | None = None
+) -> list[Difference]:
     """Differences between two saved states (step dirs or probe dirs with <role>/ and data.pt)."""
     out: list[Difference] = []
     for role in roles:
@@ -109,41 +123,58 @@ def compare_states(left: Path, right: Path, *, roles: tuple[str, ...] = ("actor"
             for r in range(wa):
                 ma = load(a_dir / checkpoint.shard_name("model", wa, r))
                 mb = load(b_dir / checkpoint.shard_name("model", wb, r))
-                out += [Difference(component="model", role=role, rank=r, key=k, detail=d)
-                        for k, d in _ordered(diff_values(ma, mb), list(ma))]
+                out += [
+                    Difference(component="model", role=role, rank=r, key=k, detail=d)
+                    for k, d in _ordered(diff_values(ma, mb), list(ma))
+                ]
                 oa = load(a_dir / checkpoint.shard_name("optim", wa, r))
                 ob = load(b_dir / checkpoint.shard_name("optim", wb, r))
                 names = _param_keys(ma, oa)
-                out += [Difference(component="optimizer", role=role, rank=r, key=_name_optim(k, names), detail=d)
-                        for k, d in _sorted(diff_values(oa, ob))]
+                out += [
+                    Difference(component="optimizer", role=role, rank=r, key=_name_optim(k, names), detail=d)
+                    for k, d in _sorted(diff_values(oa, ob))
+                ]
         else:
             ma, mb = _full_model(a_dir, wa), _full_model(b_dir, wb)
-            out += [Difference(component="model", role=role, rank=None, key=k, detail=d)
-                    for k, d in _ordered(diff_values(ma, mb), list(ma))]
+            out += [
+                Difference(component="model", role=role, rank=None, key=k, detail=d)
+                for k, d in _ordered(diff_values(ma, mb), list(ma))
+            ]
             oa, ob = _full_optim(a_dir, wa), _full_optim(b_dir, wb)
             names = _param_keys(ma, oa)
-            out += [Difference(component="optimizer", role=role, rank=None, key=_name_optim(k, names), detail=d)
-                    for k, d in _sorted(diff_values(oa, ob))]
+            out += [
+                Difference(component="optimizer", role=role, rank=None, key=_name_optim(k, names), detail=d)
+                for k, d in _sorted(diff_values(oa, ob))
+            ]
         for r in range(min(wa, wb) if rng_ranks is None else min(rng_ranks, wa, wb)):
             ea = load(a_dir / checkpoint.shard_name("extra_state", wa, r))
             eb = load(b_dir / checkpoint.shard_name("extra_state", wb, r))
             if r == 0 or wa == wb:
-                out += [Difference(component="scheduler", role=role, rank=r if wa == wb else None,
-                                   key=f"lr_scheduler.{k}" if k else "lr_scheduler", detail=d)
-                        for k, d in _sorted(diff_values(ea.get("lr_scheduler"), eb.get("lr_scheduler")))]
+                out += [
+                    Difference(
+                        component="scheduler",
+                        role=role,
+                        rank=r if wa == wb else None,
+                        key=f"lr_scheduler.{k}" if k else "lr_scheduler",
+                        detail=d,
+                    )
+                    for k, d in _sorted(diff_values(ea.get("lr_scheduler"), eb.get("lr_scheduler")))
+                ]
             for stream in sorted((ea.get("rng") or {}).keys() | (eb.get("rng") or {}).keys()):
                 pairs = list(diff_values((ea.get("rng") or {}).get(stream), (eb.get("rng") or {}).get(stream)))
                 if pairs:
-                    out.append(Difference(component="rng", role=role, rank=r, key=stream,
-                                          detail="stream state differs"))
+                    out.append(
+                        Difference(component="rng", role=role, rank=r, key=stream, detail="stream state differs")
+                    )
     da, db = left / "data.pt", right / "data.pt"
     if da.is_file() or db.is_file():
         if not (da.is_file() and db.is_file()):
-            out.append(Difference(component="data", role=None, rank=None, key="data.pt",
-                                  detail="missing on one side"))
+            out.append(Difference(component="data", role=None, rank=None, key="data.pt", detail="missing on one side"))
         else:
-            out += [Difference(component="data", role=None, rank=None, key=k, detail=d)
-                    for k, d in _sorted(diff_values(checkpoint.load_file(da), checkpoint.load_file(db)))]
+            out += [
+                Difference(component="data", role=None, rank=None, key=k, detail=d)
+                for k, d in _sorted(diff_values(checkpoint.load_file(da), checkpoint.load_file(db)))
+            ]
     return out
 
 
@@ -168,17 +199,22 @@ def _name_optim(path: str, model_keys: list[str]) -> str:
 
 
 def _full_model(role_dir: Path, world_size: int) -> dict:
-    per_rank = {r: checkpoint.load_file(role_dir / checkpoint.shard_name("model", world_size, r))
-                for r in range(world_size)}
+    per_rank = {
+        r: checkpoint.load_file(role_dir / checkpoint.shard_name("model", world_size, r)) for r in range(world_size)
+    }
     ranks = range(world_size)
     return {k: checkpoint.full_tensor({r: per_rank[r][k] for r in ranks}, ranks) for k in per_rank[0]}
 
 
 def _full_optim(role_dir: Path, world_size: int) -> dict:
-    per_rank = {r: checkpoint.load_file(role_dir / checkpoint.shard_name("optim", world_size, r))
-                for r in range(world_size)}
+    per_rank = {
+        r: checkpoint.load_file(role_dir / checkpoint.shard_name("optim", world_size, r)) for r in range(world_size)
+    }
     ranks = range(world_size)
-    state = {idx: {name: checkpoint.full_tensor({r: per_rank[r]["state"][idx][name] for r in ranks}, ranks)
-                   for name in entry}
-             for idx, entry in per_rank[0]["state"].items()}
+    state = {
+        idx: {
+            name: checkpoint.full_tensor({r: per_rank[r]["state"][idx][name] for r in ranks}, ranks) for name in entry
+        }
+        for idx, entry in per_rank[0]["state"].items()
+    }
     return {"state": state, "param_groups": per_rank[0]["param_groups"]}

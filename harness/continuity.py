@@ -46,20 +46,29 @@ class MetricJudgement:
         j, c, k = self.judgement, self.control_judgement, self.resume_step
         if j is None:
             return [f"continuity: no {self.metric} logged after step {k} to judge"]
-        out = [f"continuity: {f.code}: {f.message}" for f in self.resumed.findings
-               if f.severity >= Severity.WARNING and not (self.inconclusive and f.code == "metric-jump")]
+        out = [
+            f"continuity: {f.code}: {f.message}"
+            for f in self.resumed.findings
+            if f.severity >= Severity.WARNING and not (self.inconclusive and f.code == "metric-jump")
+        ]
         if not j.sufficient:
             out.append(f"continuity: only {j.n_before} {self.metric} points up to step {k}; restart later to judge")
         elif self.inconclusive:
-            out.append(f"continuity: {self.metric} inconclusive at step {k}: the uninterrupted run 'jumps' there "
-                       f"too ({c.score:+.1f} x its noise; resumed {j.score:+.1f}); restart later (--resume-step)")
+            out.append(
+                f"continuity: {self.metric} inconclusive at step {k}: the uninterrupted run 'jumps' there "
+                f"too ({c.score:+.1f} x its noise; resumed {j.score:+.1f}); restart later (--resume-step)"
+            )
         return out
 
     def to_json(self) -> dict:
         """The judgement in `ckpt-audit continuity --json`'s terms, the control's beside it."""
         j, c = self.judgement, self.control_judgement
-        return {"judgement": j.to_dict() if j else None, "control": c.to_dict() if c else None,
-                "findings": [f.to_dict() for f in self.resumed.findings], "problems": self.problems()}
+        return {
+            "judgement": j.to_dict() if j else None,
+            "control": c.to_dict() if c else None,
+            "findings": [f.to_dict() for f in self.resumed.findings],
+            "problems": self.problems(),
+        }
 
 
 def judge_metrics(resumed_run: Path, straight_run: Path, k: int, metrics: Sequence[str]) -> tuple[MetricJudgement, ...]:
@@ -68,10 +77,17 @@ def judge_metrics(resumed_run: Path, straight_run: Path, k: int, metrics: Sequen
     if resumed is None:
         return ()
     return tuple(
-        MetricJudgement(metric=m, resume_step=k, resumed=audit_log(resumed, metric=m, resume_at=[k]),
-                        control=audit_log(straight, metric=m, resume_at=[k])
-                        if straight is not None and m in straight.metric_names else None)
-        for m in metrics if m in resumed.metric_names)
+        MetricJudgement(
+            metric=m,
+            resume_step=k,
+            resumed=audit_log(resumed, metric=m, resume_at=[k]),
+            control=audit_log(straight, metric=m, resume_at=[k])
+            if straight is not None and m in straight.metric_names
+            else None,
+        )
+        for m in metrics
+        if m in resumed.metric_names
+    )
 
 
 def _read(run_dir: Path) -> MetricLog | None:

@@ -36,8 +36,14 @@ def build_loader(cfg: TrainConfig):
 
     dataset = SyntheticTokens(size=cfg.dataset_size, seq_len=cfg.seq_len, vocab=cfg.vocab, seed=cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
-    return StatefulDataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
-                              num_workers=cfg.num_workers, generator=generator)
+    return StatefulDataLoader(
+        dataset,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=cfg.num_workers,
+        generator=generator,
+    )
 
 
 class BatchStream:

@@ -21,16 +21,27 @@ import socket
 import sys
 from pathlib import Path
 
-MEGATRON_METADATA = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
-                     "common_backend_version": 1}
+MEGATRON_METADATA = {
+    "sharded_backend": "torch_dist",
+    "sharded_backend_version": 1,
+    "common_backend": "torch",
+    "common_backend_version": 1,
+}
 
 
 def _config():
     from transformers import Qwen2Config
 
-    return Qwen2Config(vocab_size=37, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                       tie_word_embeddings=True)
+    return Qwen2Config(
+        vocab_size=37,
+        hidden_size=16,
+        intermediate_size=20,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
 
 
 def _dataloader_state(steps: int) -> dict:
@@ -123,8 +134,9 @@ def _rank(rank: int, world: int, root: str, port: int, fsdp_run: bool) -> None:
         dist.barrier()
         torch.save(msd, factor / f"model_world_size_{world}_rank_{rank}.pt")
         torch.save(osd, factor / f"optim_world_size_{world}_rank_{rank}.pt")
-        torch.save({"lr_scheduler": sched.state_dict(), "rng": rng},
-                   factor / f"extra_state_world_size_{world}_rank_{rank}.pt")
+        torch.save(
+            {"lr_scheduler": sched.state_dict(), "rng": rng}, factor / f"extra_state_world_size_{world}_rank_{rank}.pt"
+        )
         dist.barrier()
         if rank == 0:
             model.config.save_pretrained(factor / "huggingface")
@@ -147,8 +159,9 @@ def write_dcp_trees(root: Path, *, world_size: int = 2, fsdp_run: bool = False) 
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_rank, args=(world_size, str(root), _free_port(), fsdp_run), nprocs=world_size, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _rank, args=(world_size, str(root), _free_port(), fsdp_run), nprocs=world_size, join=True, start_method="spawn"
+    )
     out = {"megatron": root / "megatron" / "exp", "dcp": root / "dcp" / "checkpoint" / "step-1"}
     if fsdp_run:
         out["verl"] = root / "verl" / "exp"
@@ -156,5 +169,4 @@ def write_dcp_trees(root: Path, *, world_size: int = 2, fsdp_run: bool = False) 
 
 
 if __name__ == "__main__":
-    print(write_dcp_trees(Path(sys.argv[1]), world_size=int(sys.argv[2]) if len(sys.argv) > 2 else 2,
-                          fsdp_run=True))
+    print(write_dcp_trees(Path(sys.argv[1]), world_size=int(sys.argv[2]) if len(sys.argv) > 2 else 2, fsdp_run=True))

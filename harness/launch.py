@@ -47,22 +47,37 @@ def run_phases(cfgs: list[TrainConfig], *, timeout_s: float = 300) -> None:
         spec = Path(tmp) / "spec.json"
         spec.write_text("[" + ",".join(cfg.to_json() for cfg in cfgs) + "]")
         log_path = Path(tmp) / "ranks.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTORCH_NVML_BASED_CUDA_CHECK="1",
-                   TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error",
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
-                                                          env.get("PYTHONPATH")]))
+        env = dict(
+            os.environ,
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+            CUBLAS_WORKSPACE_CONFIG=":4096:8",
+            PYTORCH_NVML_BASED_CUDA_CHECK="1",
+            TOKENIZERS_PARALLELISM="false",
+            TRANSFORMERS_VERBOSITY="error",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")])
+        )
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "harness.launch", str(spec)], stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "harness.launch", str(spec)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                raise HarnessError(f"trainer timed out after {timeout_s:.0f}s (all ranks killed)\n"
-                                   + _tail(log_path), pgid=proc.pid) from None
+                raise HarnessError(
+                    f"trainer timed out after {timeout_s:.0f}s (all ranks killed)\n" + _tail(log_path), pgid=proc.pid
+                ) from None
             finally:
                 _kill_group(proc)  # reap stragglers on every path, including KeyboardInterrupt
         if rc != 0:

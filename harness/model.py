@@ -13,8 +13,13 @@ def build_hf_config(cfg: TrainConfig):
     from transformers import AutoConfig, Qwen2Config
 
     if cfg.model_config is None:
-        hf = Qwen2Config(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False, rope_theta=10000.0)
+        hf = Qwen2Config(
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rope_theta=10000.0,
+        )
         hf.architectures = ["Qwen2ForCausalLM"]
     else:
         raw = json.loads(Path(cfg.model_config).read_text())
@@ -89,5 +94,6 @@ def build_tokenizer(vocab: int):
     words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"t{i}" for i in range(4, vocab)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )

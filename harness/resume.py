@@ -104,21 +104,28 @@ class ResumeReport:
         """Not equivalent only because the judgement fires on the straight run too (the restart is too early)."""
         blocked = sum(m.inconclusive for m in self.continuity)
         # each inconclusive metric adds one problem line: as many problems as those means nothing else failed
-        return (blocked > 0 and len(self.problems) == blocked
-                and not (self.restore_differences or self.final_differences or self.first_divergent_step))
+        return (
+            blocked > 0
+            and len(self.problems) == blocked
+            and not (self.restore_differences or self.final_differences or self.first_divergent_step)
+        )
 
     def summary(self) -> str:
         s = self.spec
         world = f"{s.world_size}" + (f"->{s.second_world_size}" if self.mode == "continuity" else "")
-        head = (f"resume-test: {self.architecture or 'model'}, W={world}"
-                + f"{' HSDP' if s.hsdp else ''}, {s.steps} steps, restart after step {s.k}"
-                + (f", dropping {', '.join(s.drop)}" if s.drop else ""))
+        head = (
+            f"resume-test: {self.architecture or 'model'}, W={world}"
+            + f"{' HSDP' if s.hsdp else ''}, {s.steps} steps, restart after step {s.k}"
+            + (f", dropping {', '.join(s.drop)}" if s.drop else "")
+        )
         lines = [head]
         if self.equivalent:
-            what = ("bit-identical losses, parameters, optimizer state, RNG and data position"
-                    if self.mode == "exact" else
-                    f"restore exact; {_no_jump(self.continuity)}; loss within {s.tolerance:.1%} "
-                    f"of the straight run (max deviation {self.max_rel_loss_deviation:.2e})")
+            what = (
+                "bit-identical losses, parameters, optimizer state, RNG and data position"
+                if self.mode == "exact"
+                else f"restore exact; {_no_jump(self.continuity)}; loss within {s.tolerance:.1%} "
+                f"of the straight run (max deviation {self.max_rel_loss_deviation:.2e})"
+            )
             lines.append(f"EQUIVALENT: {what}")
             return "\n".join(lines)
         if self.inconclusive:
@@ -130,8 +137,10 @@ class ResumeReport:
         if self.first_divergent_step is not None:
             a, b = _row(self.straight, self.first_divergent_step), _row(self.resumed, self.first_divergent_step)
             m = self.first_divergent_metric
-            lines.append(f"  first divergent step: {self.first_divergent_step} ({m}: straight "
-                         f"{a.get(m)!r} vs resumed {b.get(m)!r})")
+            lines.append(
+                f"  first divergent step: {self.first_divergent_step} ({m}: straight "
+                f"{a.get(m)!r} vs resumed {b.get(m)!r})"
+            )
         if self.restore_differences:
             lines.append(f"  not restored ({len(self.restore_differences)} differences; first of each component):")
             lines += [f"    {d.describe()}" for d in _first_per_component(self.restore_differences)]
@@ -143,27 +152,43 @@ class ResumeReport:
     def to_json(self) -> dict:
         s = self.spec
         return {
-            "equivalent": self.equivalent, "inconclusive": self.inconclusive, "mode": self.mode,
-            "world_size": s.world_size, "resume_world_size": s.second_world_size, "hsdp": s.hsdp,
-            "steps": s.steps, "resume_step": s.k, "dropped": list(s.drop), "tolerance": s.tolerance,
-            "first_divergent_step": self.first_divergent_step, "first_divergent_metric": self.first_divergent_metric,
-            "culprit": self.culprit, "max_rel_loss_deviation": self.max_rel_loss_deviation,
-            "architecture": self.architecture, "problems": list(self.problems),
+            "equivalent": self.equivalent,
+            "inconclusive": self.inconclusive,
+            "mode": self.mode,
+            "world_size": s.world_size,
+            "resume_world_size": s.second_world_size,
+            "hsdp": s.hsdp,
+            "steps": s.steps,
+            "resume_step": s.k,
+            "dropped": list(s.drop),
+            "tolerance": s.tolerance,
+            "first_divergent_step": self.first_divergent_step,
+            "first_divergent_metric": self.first_divergent_metric,
+            "culprit": self.culprit,
+            "max_rel_loss_deviation": self.max_rel_loss_deviation,
+            "architecture": self.architecture,
+            "problems": list(self.problems),
             "continuity": {m.metric: m.to_json() for m in self.continuity} if self.mode == "continuity" else None,
             "restore_differences": [d.to_json() for d in self.restore_differences[:50]],
             "restore_difference_count": len(self.restore_differences),
             "final_differences": [d.to_json() for d in self.final_differences[:50]],
             "final_difference_count": len(self.final_differences),
-            "losses": {"straight": [r.get("loss") for r in self.straight],
-                       "resumed": [r.get("loss") for r in self.resumed]},
-            "tree": self.tree, "seconds": round(self.seconds, 2),
+            "losses": {
+                "straight": [r.get("loss") for r in self.straight],
+                "resumed": [r.get("loss") for r in self.resumed],
+            },
+            "tree": self.tree,
+            "seconds": round(self.seconds, 2),
         }
 
 
 def _no_jump(judged: tuple[MetricJudgement, ...]) -> str:
     loss = next((m.judgement for m in judged if m.metric == "loss"), None)
-    detail = (f" (loss {loss.score:+.1f} x its noise, threshold {loss.threshold:g})"
-              if loss is not None and loss.sufficient else "")
+    detail = (
+        f" (loss {loss.score:+.1f} x its noise, threshold {loss.threshold:g})"
+        if loss is not None and loss.sufficient
+        else ""
+    )
     return f"no jump in {', '.join(m.metric for m in judged) or 'nothing'} at the restart{detail}"
 
 
@@ -180,8 +205,17 @@ def _first_per_component(diffs) -> list[Difference]:
 
 def _base(spec: ResumeTestSpec) -> tuple:
     """What the straight run and the first half depend on; specs that share it share those runs."""
-    return (spec.world_size, spec.steps, spec.k, spec.hsdp, spec.model_config, spec.layers, spec.hidden, spec.seed,
-            spec.num_workers)
+    return (
+        spec.world_size,
+        spec.steps,
+        spec.k,
+        spec.hsdp,
+        spec.model_config,
+        spec.layers,
+        spec.hidden,
+        spec.seed,
+        spec.num_workers,
+    )
 
 
 def plan_phases(specs: list[ResumeTestSpec], work: Path) -> tuple[list[TrainConfig], list[dict[str, Path]]]:
@@ -194,22 +228,56 @@ def plan_phases(specs: list[ResumeTestSpec], work: Path) -> tuple[list[TrainConf
         if not 1 <= spec.k < spec.steps:
             raise ValueError(f"resume step {spec.k} must be between 1 and steps-1 ({spec.steps - 1})")
         replicas = 2 if spec.hsdp else 1
-        common = dict(model_config=spec.model_config, layers=spec.layers, hidden=spec.hidden, seed=spec.seed,
-                      num_workers=spec.num_workers, replicas=replicas)
+        common = dict(
+            model_config=spec.model_config,
+            layers=spec.layers,
+            hidden=spec.hidden,
+            seed=spec.seed,
+            num_workers=spec.num_workers,
+            replicas=replicas,
+        )
         key = _base(spec)
         if key not in bases:
             base = bases[key] = work / f"base{len(bases)}"
-            phases.append(TrainConfig(run_dir=str(base / "straight/demo/exp"), world_size=spec.world_size,
-                                      steps=spec.steps, save_every=spec.steps, **common))
-            phases.append(TrainConfig(run_dir=str(base / "first/demo/exp"), world_size=spec.world_size,
-                                      steps=spec.k, save_every=spec.k, **common))
+            phases.append(
+                TrainConfig(
+                    run_dir=str(base / "straight/demo/exp"),
+                    world_size=spec.world_size,
+                    steps=spec.steps,
+                    save_every=spec.steps,
+                    **common,
+                )
+            )
+            phases.append(
+                TrainConfig(
+                    run_dir=str(base / "first/demo/exp"),
+                    world_size=spec.world_size,
+                    steps=spec.k,
+                    save_every=spec.k,
+                    **common,
+                )
+            )
         base = bases[key]
         variant = work / f"test{i}"
-        paths = {"straight": base / "straight/demo/exp", "first": base / "first/demo/exp",
-                 "resumed": variant / "resumed/demo/exp", "probe": variant / "probe"}
-        phases.append(TrainConfig(run_dir=str(paths["resumed"]), copy_from=str(paths["first"]),
-                                  world_size=spec.second_world_size, steps=spec.steps, save_every=spec.steps,
-                                  resume="auto", drop=tuple(spec.drop), probe_dir=str(paths["probe"]), **common))
+        paths = {
+            "straight": base / "straight/demo/exp",
+            "first": base / "first/demo/exp",
+            "resumed": variant / "resumed/demo/exp",
+            "probe": variant / "probe",
+        }
+        phases.append(
+            TrainConfig(
+                run_dir=str(paths["resumed"]),
+                copy_from=str(paths["first"]),
+                world_size=spec.second_world_size,
+                steps=spec.steps,
+                save_every=spec.steps,
+                resume="auto",
+                drop=tuple(spec.drop),
+                probe_dir=str(paths["probe"]),
+                **common,
+            )
+        )
         layout.append(paths)
     return phases, layout
 
@@ -218,8 +286,9 @@ def run_resume_test(spec: ResumeTestSpec, *, progress=None) -> ResumeReport:
     return run_resume_tests([spec], keep=spec.keep, timeout_s=spec.timeout_s, progress=progress)[0]
 
 
-def run_resume_tests(specs: list[ResumeTestSpec], *, keep: Path | None = None, timeout_s: float = 600,
-                     progress=None) -> list[ResumeReport]:
+def run_resume_tests(
+    specs: list[ResumeTestSpec], *, keep: Path | None = None, timeout_s: float = 600, progress=None
+) -> list[ResumeReport]:
     """Several resume tests in one launcher (one import of torch/transformers), sharing straight runs."""
     started = time.perf_counter()
     say = progress or (lambda msg: None)
@@ -231,14 +300,17 @@ def run_resume_tests(specs: list[ResumeTestSpec], *, keep: Path | None = None, t
         for cfg in phases:
             cfg.validate()
         for spec in specs:
-            say(f"resume-test: {spec.steps} steps straight vs {spec.k} + restart + {spec.steps - spec.k} "
-                f"({spec.world_size}->{spec.second_world_size} ranks)")
+            say(
+                f"resume-test: {spec.steps} steps straight vs {spec.k} + restart + {spec.steps - spec.k} "
+                f"({spec.world_size}->{spec.second_world_size} ranks)"
+            )
         say(f"training: {len(phases)} runs in fresh processes")
         run_phases(phases, timeout_s=timeout_s)
         say("comparing")
         seconds = time.perf_counter() - started
-        return [judge(spec, paths, seconds=seconds, tree=str(work) if keep else None)
-                for spec, paths in zip(specs, layout)]
+        return [
+            judge(spec, paths, seconds=seconds, tree=str(work) if keep else None) for spec, paths in zip(specs, layout)
+        ]
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -250,8 +322,10 @@ def judge(spec: ResumeTestSpec, paths: dict[str, Path], *, seconds: float, tree:
     resumed = metrics_of(paths["resumed"])
     problems = []
     if [r["step"] for r in resumed] != list(range(1, spec.steps + 1)):
-        problems.append(f"resumed run's steps are {[r['step'] for r in resumed]}, expected 1..{spec.steps} "
-                        f"(did it restart from step {spec.k}?)")
+        problems.append(
+            f"resumed run's steps are {[r['step'] for r in resumed]}, expected 1..{spec.steps} "
+            f"(did it restart from step {spec.k}?)"
+        )
     first_step, first_metric, max_dev = None, None, 0.0
     for a in straight:
         b = _row(resumed, a["step"])
@@ -277,8 +351,11 @@ def judge(spec: ResumeTestSpec, paths: dict[str, Path], *, seconds: float, tree:
         problems.append("the resumed ranks did not restore anything (no probe written)")
     final: tuple[Difference, ...] = ()
     if exact:
-        final = tuple(compare_states(paths["straight"] / f"global_step_{spec.steps}",
-                                     paths["resumed"] / f"global_step_{spec.steps}"))
+        final = tuple(
+            compare_states(
+                paths["straight"] / f"global_step_{spec.steps}", paths["resumed"] / f"global_step_{spec.steps}"
+            )
+        )
     culprit = None
     for diffs in (restore, final):
         if diffs:
@@ -289,11 +366,24 @@ def judge(spec: ResumeTestSpec, paths: dict[str, Path], *, seconds: float, tree:
     architecture = None
     if hf_config.is_file():
         architecture = (json.loads(hf_config.read_text()).get("architectures") or [None])[0]
-    return ResumeReport(spec=spec, mode="exact" if exact else "continuity", equivalent=equivalent,
-                        first_divergent_step=first_step, first_divergent_metric=first_metric, culprit=culprit,
-                        restore_differences=restore, final_differences=final, straight=tuple(straight),
-                        resumed=tuple(resumed), max_rel_loss_deviation=max_dev, tree=tree, seconds=seconds,
-                        architecture=architecture, problems=tuple(problems), continuity=continuity)
+    return ResumeReport(
+        spec=spec,
+        mode="exact" if exact else "continuity",
+        equivalent=equivalent,
+        first_divergent_step=first_step,
+        first_divergent_metric=first_metric,
+        culprit=culprit,
+        restore_differences=restore,
+        final_differences=final,
+        straight=tuple(straight),
+        resumed=tuple(resumed),
+        max_rel_loss_deviation=max_dev,
+        tree=tree,
+        seconds=seconds,
+        architecture=architecture,
+        problems=tuple(problems),
+        continuity=continuity,
+    )
 
 
 def metrics_of(run_dir: Path) -> list[dict]:

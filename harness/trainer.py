@@ -40,8 +40,9 @@ def lr_lambda(cfg: TrainConfig):
 def make_role(name: str, model, tokenizer, cfg: TrainConfig) -> Role:
     import torch
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
-                                  weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     return Role(name=name, model=model, optimizer=optimizer, scheduler=scheduler, tokenizer=tokenizer)
 
@@ -59,15 +60,20 @@ def run_rank(cfg: TrainConfig, rank: int, init_file: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from harness import checkpoint, data, model as models, rng, sharding
+    from harness import checkpoint, data, rng, sharding
+    from harness import model as models
 
     device_type = pick_device(cfg)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     if device_type == "cuda":
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"file://{init_file}",
-                            rank=rank, world_size=cfg.world_size)
+    dist.init_process_group(
+        "nccl" if device_type == "cuda" else "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=cfg.world_size,
+    )
     try:
         mesh = sharding.build_mesh(cfg, device_type)
         device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
@@ -96,26 +102,32 @@ def run_rank(cfg: TrainConfig, rank: int, init_file: str) -> None:
             else:
                 start = checkpoint.step_of(folder)
                 for role in built:
-                    checkpoint.load_role(role, checkpoint.role_dir(folder, role.name, sft=cfg.sft), rank=rank,
-                                         world_size=cfg.world_size, mesh_shape=tuple(mesh.mesh.shape),
-                                         drop=cfg.drop)
+                    checkpoint.load_role(
+                        role,
+                        checkpoint.role_dir(folder, role.name, sft=cfg.sft),
+                        rank=rank,
+                        world_size=cfg.world_size,
+                        mesh_shape=tuple(mesh.mesh.shape),
+                        drop=cfg.drop,
+                    )
                 data_file = folder / "data.pt"
                 if "data" not in cfg.drop and data_file.is_file():
                     stream.load_state_dict(checkpoint.load_file(data_file))
                 dist.barrier()
                 if cfg.probe_dir:
-                    checkpoint.save_probe(built, stream, probe_dir=Path(cfg.probe_dir), rank=rank,
-                                          world_size=cfg.world_size)
+                    checkpoint.save_probe(
+                        built, stream, probe_dir=Path(cfg.probe_dir), rank=rank, world_size=cfg.world_size
+                    )
 
         metrics = open(cfg.run_path / cfg.metrics_name, "a") if rank == 0 else None
         local_rows = cfg.batch_size // cfg.world_size
         try:
             for step in range(start + 1, cfg.steps + 1):
                 t0 = time.perf_counter()
-                batch = stream.next_global()[rank * local_rows:(rank + 1) * local_rows]
+                batch = stream.next_global()[rank * local_rows : (rank + 1) * local_rows]
                 # Each rank's numpy and python streams pick its window, so both streams shape the loss.
                 offset = int(np.random.randint(0, data.WINDOW_SLACK - 1)) + random.randint(0, 1)
-                tokens = batch[:, offset:offset + cfg.seq_len]
+                tokens = batch[:, offset : offset + cfg.seq_len]
                 row = {"step": step}
                 for role in built:
                     row |= train_step(role, tokens, cfg, prefix="" if role.name == "actor" else "critic_")
@@ -124,8 +136,15 @@ def run_rank(cfg: TrainConfig, rank: int, init_file: str) -> None:
                     metrics.write(json.dumps(row) + "\n")
                     metrics.flush()
                 if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
-                    checkpoint.save_checkpoint(built, stream, run_dir=cfg.run_path, step=step, rank=rank,
-                                               world_size=cfg.world_size, sft=cfg.sft)
+                    checkpoint.save_checkpoint(
+                        built,
+                        stream,
+                        run_dir=cfg.run_path,
+                        step=step,
+                        rank=rank,
+                        world_size=cfg.world_size,
+                        sft=cfg.sft,
+                    )
         finally:
             if metrics is not None:
                 metrics.close()

@@ -31,10 +31,14 @@ def make(out: Path, *, demo_dir: Path | None = None) -> Path:
         conn = sqlite3.connect(db)
         conn.execute("PRAGMA foreign_keys=OFF")
         prefix = str(root)
-        for table, cols in (("scans", ["roots"]), ("runs", ["path", "metrics_path"]),
-                            ("checkpoints", ["path", "run_path", "components"]),
-                            ("files", ["path", "run_path", "checkpoint_path"]), ("hash_history", ["path"]),
-                            ("findings", ["path", "message", "run_path", "checkpoint_path"])):
+        for table, cols in (
+            ("scans", ["roots"]),
+            ("runs", ["path", "metrics_path"]),
+            ("checkpoints", ["path", "run_path", "components"]),
+            ("files", ["path", "run_path", "checkpoint_path"]),
+            ("hash_history", ["path"]),
+            ("findings", ["path", "message", "run_path", "checkpoint_path"]),
+        ):
             for col in cols:
                 conn.execute(f"UPDATE {table} SET {col} = replace({col}, ?, '/ckpts')", [prefix])
         conn.commit()

@@ -18,10 +18,16 @@ def _truth(d: dict) -> dict:
     for k, v in d.items():
         if isinstance(v, DTensor):
             m = v.device_mesh
-            res[k] = {"dtype": str(v.dtype).removeprefix("torch."), "local": list(v.to_local().shape),
-                      "global": list(v.shape), "placements": [repr(p) for p in v.placements],
-                      "mesh_shape": list(m.shape), "mesh_dim_names": list(m.mesh_dim_names or ()),
-                      "mesh_ranks": m.mesh.flatten().tolist(), "device": str(v.to_local().device)}
+            res[k] = {
+                "dtype": str(v.dtype).removeprefix("torch."),
+                "local": list(v.to_local().shape),
+                "global": list(v.shape),
+                "placements": [repr(p) for p in v.placements],
+                "mesh_shape": list(m.shape),
+                "mesh_dim_names": list(m.mesh_dim_names or ()),
+                "mesh_ranks": m.mesh.flatten().tolist(),
+                "device": str(v.to_local().device),
+            }
         else:
             res[k] = {"dtype": str(v.dtype).removeprefix("torch."), "local": list(v.shape), "device": str(v.device)}
     return res
@@ -55,8 +61,11 @@ def _rank(rank: int, world: int, out: str, port: int) -> None:
     torch.save(sd, os.path.join(out, f"model_world_size_{world}_rank_{rank}.pt"))
     torch.save(msd, os.path.join(out, f"fsdp2_model_rank_{rank}.pt"))
     torch.save(osd, os.path.join(out, f"fsdp2_optim_rank_{rank}.pt"))
-    truth = {f"model_world_size_{world}_rank_{rank}.pt": _truth(sd), f"fsdp2_model_rank_{rank}.pt": _truth(msd),
-             f"fsdp2_optim_rank_{rank}.pt": _truth(flat_opt)}
+    truth = {
+        f"model_world_size_{world}_rank_{rank}.pt": _truth(sd),
+        f"fsdp2_model_rank_{rank}.pt": _truth(msd),
+        f"fsdp2_optim_rank_{rank}.pt": _truth(flat_opt),
+    }
     with open(os.path.join(out, f"truth_rank_{rank}.json"), "w") as f:
         json.dump(truth, f)
     dist.barrier()

@@ -24,14 +24,24 @@ def write_torch_tree(root: Path, *, world_size: int = 2, steps: tuple[int, ...] 
         actor.mkdir(parents=True)
         for r in range(world_size):
             g = torch.Generator().manual_seed(step * 10 + r)
-            torch.save({"model.embed.weight": torch.randn(64, 32, generator=g),
-                        "lm_head.weight": torch.randn(16, 32, generator=g)},
-                       actor / f"model_world_size_{world_size}_rank_{r}.pt")
-            torch.save({"state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.zeros(64, 32)}},
-                        "param_groups": [{"lr": 1e-3, "params": [0]}]},
-                       actor / f"optim_world_size_{world_size}_rank_{r}.pt")
-            torch.save({"lr_scheduler": {"last_epoch": step}, "rng": {"cpu": torch.get_rng_state()}},
-                       actor / f"extra_state_world_size_{world_size}_rank_{r}.pt")
+            torch.save(
+                {
+                    "model.embed.weight": torch.randn(64, 32, generator=g),
+                    "lm_head.weight": torch.randn(16, 32, generator=g),
+                },
+                actor / f"model_world_size_{world_size}_rank_{r}.pt",
+            )
+            torch.save(
+                {
+                    "state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.zeros(64, 32)}},
+                    "param_groups": [{"lr": 1e-3, "params": [0]}],
+                },
+                actor / f"optim_world_size_{world_size}_rank_{r}.pt",
+            )
+            torch.save(
+                {"lr_scheduler": {"last_epoch": step}, "rng": {"cpu": torch.get_rng_state()}},
+                actor / f"extra_state_world_size_{world_size}_rank_{r}.pt",
+            )
         (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world_size}, indent=4))
         torch.save({"_num_yielded": step}, run / f"global_step_{step}" / "data.pt")
     (run / "latest_checkpointed_iteration.txt").write_text(str(steps[-1]))
@@ -67,8 +77,9 @@ def flip_payload_byte(path: Path) -> None:
     flip(path, mask=0xFF)
 
 
-def rewrite_zip(path: Path, *, drop: str | None = None, shorten: str | None = None,
-                replace: dict[str, bytes] | None = None) -> None:
+def rewrite_zip(
+    path: Path, *, drop: str | None = None, shorten: str | None = None, replace: dict[str, bytes] | None = None
+) -> None:
     """Rebuild a .pt zip with one entry dropped, cut short or replaced (CRCs stay valid: zipfile recomputes them)."""
     with zipfile.ZipFile(path) as z:
         items = [(i.filename, z.read(i.filename)) for i in z.infolist()]

@@ -49,6 +49,7 @@ def test_rescan_reuses_hashes_and_records_history_only_on_change(run_copy, tmp_p
 def test_per_file_findings_survive_reuse(run_copy, tmp_path):
     p = shard(steps_of(run_copy)[0], "optim", 0)
     import os
+
     os.truncate(p, p.stat().st_size - 100)
     cat = open_catalog(tmp_path / "c.db")
     cat.record_scan(do_scan(run_copy))
@@ -59,6 +60,7 @@ def test_per_file_findings_survive_reuse(run_copy, tmp_path):
 
 def test_views_and_absent_checkpoints(run_copy, tmp_path):
     import shutil
+
     cat = open_catalog(tmp_path / "c.db")
     steps = steps_of(run_copy)
     shard(steps[-1], "model", 1).unlink()
@@ -77,13 +79,19 @@ def test_failed_record_leaves_the_catalog_as_it_was(run_copy, tmp_path):
     cat = open_catalog(tmp_path / "c.db")
     good = do_scan(run_copy)
     cat.record_scan(good)
-    before = cat.db.execute("SELECT COUNT(*) FROM scans").fetchone(), cat.db.execute("SELECT COUNT(*) FROM findings").fetchone()
+    before = (
+        cat.db.execute("SELECT COUNT(*) FROM scans").fetchone(),
+        cat.db.execute("SELECT COUNT(*) FROM findings").fetchone(),
+    )
     run = good.runs[0]
     orphan = dataclasses.replace(run.checkpoints[0], run_path="/not/a/catalogued/run", path="/not/a/catalogued/run/x")
     broken = dataclasses.replace(good, runs=(dataclasses.replace(run, checkpoints=run.checkpoints + (orphan,)),))
     with pytest.raises(sqlite3.IntegrityError):  # the foreign key fails mid-transaction, after the scan row
         cat.record_scan(broken)
-    after = cat.db.execute("SELECT COUNT(*) FROM scans").fetchone(), cat.db.execute("SELECT COUNT(*) FROM findings").fetchone()
+    after = (
+        cat.db.execute("SELECT COUNT(*) FROM scans").fetchone(),
+        cat.db.execute("SELECT COUNT(*) FROM findings").fetchone(),
+    )
     assert after == before
     assert cat.db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert isinstance(orphan, Checkpoint)

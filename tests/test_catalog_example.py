@@ -13,8 +13,9 @@ from click.testing import CliRunner
 from ckpt_audit.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
-needs_harness = pytest.mark.skipif(importlib.util.find_spec("harness.tree") is None,
-                                   reason="reference trainer (harness.tree) not present")
+needs_harness = pytest.mark.skipif(
+    importlib.util.find_spec("harness.tree") is None, reason="reference trainer (harness.tree) not present"
+)
 
 
 def shape(db: Path) -> tuple:

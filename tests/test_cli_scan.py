@@ -18,8 +18,9 @@ CLI = [sys.executable, "-m", "ckpt_audit"]
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
 
 
 def test_scan_json_document_and_catalog(run_copy, tmp_path):
@@ -32,9 +33,18 @@ def test_scan_json_document_and_catalog(run_copy, tmp_path):
     (run,) = doc["runs"]
     ck = run["checkpoints"][-1]
     assert ck["status"] == "complete" and ck["components"][0]["role"] == "actor"
-    assert {"path", "kind", "rank", "world_size", "size_bytes", "mtime_ns", "inode", "hash", "crc_ok",
-            "verified_ns"} == set(
-        ck["components"][0]["files"][0])
+    assert {
+        "path",
+        "kind",
+        "rank",
+        "world_size",
+        "size_bytes",
+        "mtime_ns",
+        "inode",
+        "hash",
+        "crc_ok",
+        "verified_ns",
+    } == set(ck["components"][0]["files"][0])
     again = json.loads(CliRunner().invoke(cli, ["scan", "--json", "--catalog", str(db), str(run_copy)]).stdout)
     assert again["files_reused"] >= len(ck["components"][0]["files"]) and again["scan_id"] == doc["scan_id"] + 1
 

@@ -19,7 +19,7 @@ from ckpt_audit.continuity.resume_points import CheckpointRef
 
 
 def _loss(step: int, rng: random.Random, noise: float = 0.02) -> float:
-    return 2.0 * 0.98 ** step + 0.5 + rng.gauss(0, noise)
+    return 2.0 * 0.98**step + 0.5 + rng.gauss(0, noise)
 
 
 def _write(path, rows) -> str:
@@ -99,9 +99,11 @@ def test_resume_counting_past_its_checkpoint_is_skipped(tmp_path):
 
 def test_readers_verl_data_console_csv_and_bad_lines(tmp_path):
     verl = tmp_path / "verl.jsonl"
-    verl.write_text('{"step": 1, "data": {"actor": {"pg_loss": 0.5}, "critic/score/mean": 0.1}}\n'
-                    'step:2 - actor/pg_loss:0.4 - critic/score/mean:0.2\n'
-                    '{"step": 3, "data": {"actor/pg_loss": 0.3}\n')
+    verl.write_text(
+        '{"step": 1, "data": {"actor": {"pg_loss": 0.5}, "critic/score/mean": 0.1}}\n'
+        "step:2 - actor/pg_loss:0.4 - critic/score/mean:0.2\n"
+        '{"step": 3, "data": {"actor/pg_loss": 0.3}\n'
+    )
     log = read_metrics([verl])
     assert [r.step for r in log.records] == [1, 2]
     assert log.choose_metric(None) == "actor/pg_loss"
@@ -120,6 +122,7 @@ def test_sparkline():
 
 
 # -- the reference trainer ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def trainer_logs(tmp_path_factory):
@@ -149,8 +152,9 @@ def test_trainer_clean_resume_passes_and_dropped_optimizer_is_flagged(trainer_lo
 
 def test_cli_subprocess_json_and_errors(tmp_path):
     rng = random.Random(7)
-    rows = [{"step": s, "loss": _loss(s, rng)} for s in range(1, 21)] + \
-           [{"step": s, "loss": _loss(s, rng) + 1.0} for s in range(21, 35)]
+    rows = [{"step": s, "loss": _loss(s, rng)} for s in range(1, 21)] + [
+        {"step": s, "loss": _loss(s, rng) + 1.0} for s in range(21, 35)
+    ]
     path = _write(tmp_path / "m.jsonl", rows)
     cmd = [sys.executable, "-m", "ckpt_audit.cli", "continuity", path, "--resume-at", "20", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -159,9 +163,19 @@ def test_cli_subprocess_json_and_errors(tmp_path):
     assert doc["schema_version"] == 1 and doc["exit_code"] == 1
     assert [f["code"] for f in doc["findings"]] == ["metric-jump"]
     assert doc["resume_points"][0]["judgement"]["jumped"] is True
-    assert "torch" not in subprocess.run(
-        [sys.executable, "-c", "import sys, ckpt_audit.cli.continuity, ckpt_audit.continuity.plot, "
-         "ckpt_audit.continuity.audit; print(' '.join(sys.modules))"], capture_output=True, text=True).stdout.split()
+    assert (
+        "torch"
+        not in subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys, ckpt_audit.cli.continuity, ckpt_audit.continuity.plot, "
+                "ckpt_audit.continuity.audit; print(' '.join(sys.modules))",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+    )
     runner = CliRunner()
     res = runner.invoke(continuity_command, [path, "--metric", "nope"])
     assert res.exit_code == 3 and "not in" in res.output
@@ -180,8 +194,22 @@ def test_trainer_resume_points_from_the_catalog(trainer_logs, tmp_path):
     db = tmp_path / "catalog.db"
     runner = CliRunner()
     assert runner.invoke(scan_command, ["--catalog", str(db), str(dropped.parent)]).exit_code == 0
-    res = runner.invoke(continuity_command, [str(dropped), "--catalog", str(db), "--at-checkpoints",
-                                             "--metric", "lr", "--after", "1", "--window", "10", "--json"])
+    res = runner.invoke(
+        continuity_command,
+        [
+            str(dropped),
+            "--catalog",
+            str(db),
+            "--at-checkpoints",
+            "--metric",
+            "lr",
+            "--after",
+            "1",
+            "--window",
+            "10",
+            "--json",
+        ],
+    )
     assert res.exit_code == 1, res.output
     doc = json.loads(res.output)
     by_step = {p["resume_step"]: p for p in doc["resume_points"]}
@@ -192,6 +220,7 @@ def test_trainer_resume_points_from_the_catalog(trainer_logs, tmp_path):
 
 
 # -- TensorBoard event files, written as verl's tensorboard logger writes them --------------------------------
+
 
 def _as_tensorboard(metrics_jsonl, directory, *, attempts: tuple[slice, ...]) -> list:
     """verl's tensorboard logger: torch's SummaryWriter in tensorboard_log/<project>/<experiment>, one add_scalar per
@@ -258,8 +287,10 @@ def test_tensorboard_missing_is_one_line_naming_the_extra(trainer_logs, tmp_path
     clean, _ = trainer_logs
     _as_tensorboard(clean, tmp_path, attempts=(slice(0, 6),))
     # a Python without the optional package: the import is blocked, the real file is still read by our code path
-    code = ("import sys; sys.modules['tensorboard'] = None\n"
-            "from ckpt_audit.cli import main; sys.argv = ['ckpt-audit', 'continuity', sys.argv[1]]; main()")
+    code = (
+        "import sys; sys.modules['tensorboard'] = None\n"
+        "from ckpt_audit.cli import main; sys.argv = ['ckpt-audit', 'continuity', sys.argv[1]]; main()"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stderr
     assert "pip install 'ckpt-audit[tensorboard]'" in proc.stderr and "Traceback" not in proc.stderr
@@ -273,12 +304,14 @@ def test_tensorboard_tf2_tensor_scalars_are_read(tmp_path):
 
     writer = SummaryWriter(str(tmp_path))
     for step in range(1, 4):
-        value = (TensorProto(dtype=1, float_val=[0.5 * step]) if step < 3 else
-                 TensorProto(dtype=2, tensor_content=struct.pack("<d", 0.25)))
+        value = (
+            TensorProto(dtype=1, float_val=[0.5 * step])
+            if step < 3
+            else TensorProto(dtype=2, tensor_content=struct.pack("<d", 0.25))
+        )
         writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="eval/loss", tensor=value)]), step)
         histogram = TensorProto(dtype=2, tensor_shape={"dim": [{"size": 2}]}, double_val=[1.0, 2.0])
-        writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="eval/hist", tensor=histogram)]),
-                                              step)
+        writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="eval/hist", tensor=histogram)]), step)
     writer.close()
     assert "eval/hist" not in read_metrics([tmp_path]).metric_names  # not a scalar: no metric
     series = read_metrics([tmp_path]).series("eval/loss")

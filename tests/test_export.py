@@ -20,11 +20,11 @@ torch = pytest.importorskip("torch")
 import torch.distributed.tensor  # noqa: E402,F401 - DTensor for weights_only loading
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+from test_export_trees import write_plain, write_raw  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
 
 from ckpt_audit.lifecycle.export import ExportError, export_checkpoint  # noqa: E402
 from ckpt_audit.readers.hashing import digest_file  # noqa: E402
-from test_export_trees import write_plain, write_raw  # noqa: E402
 
 
 def latest_step(run: Path) -> Path:
@@ -92,12 +92,15 @@ def reference_model(actor: Path, full: dict, dtype=None):
     return model.eval(), config
 
 
-@pytest.mark.parametrize(("fixture", "shapes"), [
-    ("verl_run", {"shard0"}),
-    ("verl_run_w3", {"shard0", "uneven"}),
-    ("verl_run_hsdp", {"hsdp", "shard0"}),
-    ("verl_run_w1", set()),  # FSDP2 at W=1 still saves 1-rank DTensors; FSDP1's plain tensors: next test
-])
+@pytest.mark.parametrize(
+    ("fixture", "shapes"),
+    [
+        ("verl_run", {"shard0"}),
+        ("verl_run_w3", {"shard0", "uneven"}),
+        ("verl_run_hsdp", {"hsdp", "shard0"}),
+        ("verl_run_w1", set()),  # FSDP2 at W=1 still saves 1-rank DTensors; FSDP1's plain tensors: next test
+    ],
+)
 def test_export_equals_concatenated_shards_and_gives_the_same_logits(request, tmp_path, fixture, shapes):
     from transformers import AutoModelForCausalLM
 
@@ -179,8 +182,9 @@ def test_bf16_sharded_export_with_index_loads_with_transformers(verl_run, tmp_pa
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
     model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True, dtype=torch.bfloat16).eval()
-    ref, config = reference_model(step / "actor", {k: v.to(torch.bfloat16) for k, v in full.items()},
-                                  dtype=torch.bfloat16)
+    ref, config = reference_model(
+        step / "actor", {k: v.to(torch.bfloat16) for k, v in full.items()}, dtype=torch.bfloat16
+    )
     assert torch.equal(logits(model, config), logits(ref, config))
 
 
@@ -262,7 +266,9 @@ def test_lora_adapter_is_exported_beside_the_base_and_flagged_as_not_fused(tmp_p
     assert any("NOT fused" in w for w in result.warnings)
     base = exported_state_dict(out)
     assert set(base) == {"model.layers.0.q_proj.weight", "model.norm.weight"}
-    assert torch.equal(base["model.layers.0.q_proj.weight"], sd["base_model.model.model.layers.0.q_proj.base_layer.weight"])
+    assert torch.equal(
+        base["model.layers.0.q_proj.weight"], sd["base_model.model.model.layers.0.q_proj.base_layer.weight"]
+    )
     adapter = exported_state_dict(out / "lora_adapter")
     assert set(adapter) == {k for k in sd if "lora_" in k}
     assert json.loads((out / "lora_adapter" / "adapter_config.json").read_text()) == {"r": 2}
@@ -297,9 +303,12 @@ def test_tied_lm_head_is_dropped_only_when_equal(tmp_path):
     actor = tmp_path / "run" / "global_step_1" / "actor"
     _hf_config(actor / "huggingface", tie_word_embeddings=True)
     emb = torch.randn(6, 4)
-    torch.save({"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()}, actor / "model_world_size_1_rank_0.pt")
+    torch.save(
+        {"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()}, actor / "model_world_size_1_rank_0.pt"
+    )
     assert set(exported_state_dict(Path(export_checkpoint(actor.parent, tmp_path / "a").out_dir))) == {
-        "model.embed_tokens.weight"}
+        "model.embed_tokens.weight"
+    }
     torch.save({"model.embed_tokens.weight": emb, "lm_head.weight": emb + 1}, actor / "model_world_size_1_rank_0.pt")
     result = export_checkpoint(actor.parent, tmp_path / "b")
     assert set(exported_state_dict(Path(result.out_dir))) == {"model.embed_tokens.weight", "lm_head.weight"}

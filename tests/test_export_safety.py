@@ -32,9 +32,14 @@ MARKER = ".ckpt-audit-export.json"
 
 
 def cli(catalog: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ckpt_audit", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog), **(env or {})},
+    )
 
 
 def tree_digest(top: Path) -> dict[str, tuple[str, int]]:
@@ -87,15 +92,15 @@ def flip_payload_byte_keeping_crc(path: Path) -> None:
         info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
         start_dir = z.start_dir
     data = bytearray(path.read_bytes())
-    n, m = (int.from_bytes(data[info.header_offset + o: info.header_offset + o + 2], "little") for o in (26, 28))
+    n, m = (int.from_bytes(data[info.header_offset + o : info.header_offset + o + 2], "little") for o in (26, 28))
     payload = info.header_offset + 30 + n + m
-    crc = zlib.crc32(data[payload: payload + info.compress_size]).to_bytes(4, "little")
-    data[info.header_offset + 14: info.header_offset + 18] = crc
+    crc = zlib.crc32(data[payload : payload + info.compress_size]).to_bytes(4, "little")
+    data[info.header_offset + 14 : info.header_offset + 18] = crc
     pos = start_dir
-    while data[pos: pos + 4] == b"PK\x01\x02":
-        ln, le, lc = (int.from_bytes(data[pos + o: pos + o + 2], "little") for o in (28, 30, 32))
-        if bytes(data[pos + 46: pos + 46 + ln]) == info.filename.encode():
-            data[pos + 16: pos + 20] = crc
+    while data[pos : pos + 4] == b"PK\x01\x02":
+        ln, le, lc = (int.from_bytes(data[pos + o : pos + o + 2], "little") for o in (28, 30, 32))
+        if bytes(data[pos + 46 : pos + 46 + ln]) == info.filename.encode():
+            data[pos + 16 : pos + 20] = crc
         pos += 46 + ln + le + lc
     with open(path, "r+b") as fh:
         fh.write(data)
@@ -179,8 +184,9 @@ def test_force_at_a_nonempty_directory_that_is_not_an_export_is_refused(scanned,
     out = tmp_path / "models"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    one_line_error(cli(catalog, "export", step(run, 6), "--to", out, "--force"), 2,
-                   "only an earlier export or an empty directory")
+    one_line_error(
+        cli(catalog, "export", step(run, 6), "--to", out, "--force"), 2, "only an earlier export or an empty directory"
+    )
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
 
 
@@ -213,8 +219,9 @@ def test_byte_flipped_with_size_and_mtime_kept_is_refused_while_the_catalog_says
     _root, run, catalog = scanned
     flip_payload_byte(shard(run, 6))  # after the scan: the catalog still holds step 6 as complete
     out = tmp_path / "hf"
-    one_line_error(cli(catalog, "export", step(run, 6), "--to", out), 1, str(shard(run, 6)), "crc-mismatch",
-                   "--allow-corrupt")
+    one_line_error(
+        cli(catalog, "export", step(run, 6), "--to", out), 1, str(shard(run, 6)), "crc-mismatch", "--allow-corrupt"
+    )
     assert not out.exists()
 
 
@@ -224,8 +231,7 @@ def test_flip_with_its_crc_rewritten_is_caught_by_the_hash_against_the_manifest(
     from ckpt_audit.readers.hashing import digest_file
 
     assert digest_file(shard(run, 6)).crc_ok is True  # the CRC check alone would pass it
-    one_line_error(cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf"), 1, str(shard(run, 6)),
-                   "hash-drift")
+    one_line_error(cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf"), 1, str(shard(run, 6)), "hash-drift")
     assert not (tmp_path / "hf").exists()
 
 
@@ -236,8 +242,12 @@ def test_a_checkpoint_the_catalog_holds_as_corrupt_is_refused_even_when_its_file
     flip_payload_byte(shard(run, 6))
     assert cli(catalog, "scan", root, "--rehash", "-q").returncode == 1  # now the catalog says corrupt
     shutil.copy(pristine, shard(run, 6))  # good bytes back, new mtime: the files alone would pass
-    line = one_line_error(cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf"), 1, str(shard(run, 6)),
-                          "re-scan if it was repaired")
+    line = one_line_error(
+        cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf"),
+        1,
+        str(shard(run, 6)),
+        "re-scan if it was repaired",
+    )
     assert "crc-mismatch" in line or "hash-drift" in line, line
     assert not (tmp_path / "hf").exists()
 
@@ -252,8 +262,7 @@ def test_allow_corrupt_exports_and_records_the_override(scanned, tmp_path):
     assert {f["code"] for f in doc["source_findings"]} >= {"crc-mismatch"}
     assert "--allow-corrupt" in proc.stderr  # the warning names what was overridden
     db = sqlite3.connect(catalog)
-    assert db.execute("SELECT override, verified, source_verified FROM exports").fetchall() == [
-        ("allow-corrupt", 0, 0)]
+    assert db.execute("SELECT override, verified, source_verified FROM exports").fetchall() == [("allow-corrupt", 0, 0)]
     assert json.loads((tmp_path / "hf" / MARKER).read_text())["override"] == "allow-corrupt"
 
 
@@ -262,8 +271,10 @@ def test_verified_says_what_the_source_was_checked_against(scanned, verl_run, tm
     proc = cli(catalog, "export", step(run, 6), "--to", tmp_path / "a", "--json")
     doc = json.loads(proc.stdout)
     assert (doc["source_check"], doc["source_verified"], doc["verified"]) == ("manifest", True, True)
-    assert "source re-read and equal to the catalog's manifest" in cli(
-        catalog, "export", step(run, 6), "--to", tmp_path / "b").stdout
+    assert (
+        "source re-read and equal to the catalog's manifest"
+        in cli(catalog, "export", step(run, 6), "--to", tmp_path / "b").stdout
+    )
     db = sqlite3.connect(catalog)
     assert [r[0] for r in db.execute("SELECT source_verified FROM exports ORDER BY id")] == [1, 1]
     shard_rows = dict(db.execute("SELECT path, hash FROM files WHERE checkpoint_path = ?", [str(step(run, 6))]))
@@ -333,9 +344,15 @@ TENSORS = 27  # tensors in verl_run's export (asserted below): the kill points a
 def kill_points(t: int) -> dict[str, int]:
     """export's counted steps (ckpt_audit.lifecycle.export docstring): t written, t read back, marker, rename, old removed,
     then the catalog transaction."""
-    return {"writing the first tensor": 1, "writing the last tensor": t, "reading back": t + 2,
-            "marked, right before the rename": 2 * t + 1, "right after the rename": 2 * t + 2,
-            "earlier export removed": 2 * t + 3, "inside the catalog transaction": 2 * t + 4}
+    return {
+        "writing the first tensor": 1,
+        "writing the last tensor": t,
+        "reading back": t + 2,
+        "marked, right before the rename": 2 * t + 1,
+        "right after the rename": 2 * t + 2,
+        "earlier export removed": 2 * t + 3,
+        "inside the catalog transaction": 2 * t + 4,
+    }
 
 
 def test_kill_9_at_every_point_of_an_export_leaves_source_target_and_catalog_whole(scanned, tmp_path):
@@ -360,8 +377,9 @@ def test_kill_9_at_every_point_of_an_export_leaves_source_target_and_catalog_who
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok", point
         recorded = [r[0] for r in db.execute("SELECT source FROM exports ORDER BY id")]
         assert recorded[-1] == str(earlier), (point, recorded)  # the killed export left no row, whole or half
-        assert db.execute("SELECT COUNT(*) FROM export_files WHERE export_id NOT IN (SELECT id FROM exports)"
-                          ).fetchone() == (0,), point
+        assert db.execute(
+            "SELECT COUNT(*) FROM export_files WHERE export_id NOT IN (SELECT id FROM exports)"
+        ).fetchone() == (0,), point
         db.close()
 
         again = cli(catalog, "export", new, "--to", out, "--force")

@@ -18,9 +18,16 @@ from pathlib import Path
 def _config():
     from transformers import Qwen2Config
 
-    return Qwen2Config(vocab_size=37, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=32,
-                       tie_word_embeddings=True)
+    return Qwen2Config(
+        vocab_size=37,
+        hidden_size=16,
+        intermediate_size=20,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
 
 
 # (name, global shape, shard dim): with W=3, 4 rows chunk 2/2/0 and 7 columns 3/3/1, as torch.chunk does.
@@ -42,8 +49,9 @@ def _raw_rank(rank: int, world: int, out: str, port: int) -> None:
         whole = torch.randn(shape, generator=full)
         local = torch.chunk(whole, world, dim=dim)
         piece = local[rank] if rank < len(local) else whole.narrow(dim, 0, 0)
-        sd[name] = DTensor.from_local(piece.clone(), mesh, [Shard(dim)], run_check=False, shape=whole.shape,
-                                      stride=whole.stride())
+        sd[name] = DTensor.from_local(
+            piece.clone(), mesh, [Shard(dim)], run_check=False, shape=whole.shape, stride=whole.stride()
+        )
     torch.save(sd, Path(out) / f"model_world_size_{world}_rank_{rank}.pt")
     dist.destroy_process_group()
 
@@ -57,8 +65,9 @@ def write_raw(out: Path, world: int = 3) -> Path:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    subprocess.run([sys.executable, __file__, str(actor), str(world), str(port)], check=True, timeout=300,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, __file__, str(actor), str(world), str(port)], check=True, timeout=300, capture_output=True
+    )
     return actor.parent
 
 

@@ -28,8 +28,9 @@ def _group_members(pgid: int) -> list[int]:
 
 def test_resume_test_cli_equivalent_json_and_kept_tree(tmp_path):
     keep = tmp_path / "kept"
-    result = CliRunner().invoke(cli, ["resume-test", "-w", "1", "--steps", "3", "--resume-step", "2", "--json",
-                                      "--keep", str(keep)])
+    result = CliRunner().invoke(
+        cli, ["resume-test", "-w", "1", "--steps", "3", "--resume-step", "2", "--json", "--keep", str(keep)]
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["schema_version"] == 1 and doc["equivalent"] is True and doc["mode"] == "exact"
@@ -40,9 +41,26 @@ def test_resume_test_cli_equivalent_json_and_kept_tree(tmp_path):
 
 
 def test_resume_test_subprocess_exit_1_names_dropped_data():
-    proc = subprocess.run([sys.executable, "-m", "ckpt_audit", "resume-test", "-w", "1", "--steps", "3",
-                           "--resume-step", "2", "--drop", "data", "--json"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckpt_audit",
+            "resume-test",
+            "-w",
+            "1",
+            "--steps",
+            "3",
+            "--resume-step",
+            "2",
+            "--drop",
+            "data",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["equivalent"] is False and doc["culprit"] == "data"
@@ -52,8 +70,9 @@ def test_resume_test_subprocess_exit_1_names_dropped_data():
 
 def test_resume_test_to_another_world_size_judges_continuity_and_plots_it(tmp_path):
     svg = tmp_path / "resume.svg"
-    result = CliRunner().invoke(cli, ["resume-test", "-w", "1", "--resume-world-size", "2", "--plot", str(svg),
-                                      "--json"])
+    result = CliRunner().invoke(
+        cli, ["resume-test", "-w", "1", "--resume-world-size", "2", "--plot", str(svg), "--json"]
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["mode"] == "continuity" and doc["steps"] == 24 and doc["resume_step"] == 13  # past the warmup
@@ -72,8 +91,9 @@ def test_resume_test_plot_needs_another_world_size_and_a_writable_place(tmp_path
     assert "training" not in result.stderr
 
 
-@pytest.mark.parametrize("args", [["--steps", "3", "--resume-step", "5"], ["-w", "3", "--hsdp"],
-                                  ["--model-config", "{cfg}"]])
+@pytest.mark.parametrize(
+    "args", [["--steps", "3", "--resume-step", "5"], ["-w", "3", "--hsdp"], ["--model-config", "{cfg}"]]
+)
 def test_resume_test_bad_settings_exit_3_in_one_line(tmp_path, args):
     bad = tmp_path / "config.json"
     bad.write_text('{"hidden_size": 8}')  # no model_type
@@ -85,8 +105,7 @@ def test_resume_test_bad_settings_exit_3_in_one_line(tmp_path, args):
 
 
 def test_train_cli_writes_a_tree(tmp_path):
-    result = CliRunner().invoke(cli, ["train", str(tmp_path), "-w", "1", "--steps", "2", "--save-every", "1",
-                                      "--json"])
+    result = CliRunner().invoke(cli, ["train", str(tmp_path), "-w", "1", "--steps", "2", "--save-every", "1", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["checkpoints"] == [1, 2] and [m["step"] for m in doc["metrics"]] == [1, 2]

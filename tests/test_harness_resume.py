@@ -16,8 +16,9 @@ SPECS = {
     **{f"w2-drop-{d}": ResumeTestSpec(world_size=2, steps=8, resume_step=5, drop=(d,)) for d in DROPS},
     "w2->3": ResumeTestSpec(world_size=2, steps=CONTINUITY_STEPS, resume_world_size=3),
     "w2->1": ResumeTestSpec(world_size=2, steps=CONTINUITY_STEPS, resume_world_size=1),
-    "w2->3-drop-scheduler": ResumeTestSpec(world_size=2, steps=CONTINUITY_STEPS, resume_world_size=3,
-                                           drop=("scheduler",)),
+    "w2->3-drop-scheduler": ResumeTestSpec(
+        world_size=2, steps=CONTINUITY_STEPS, resume_world_size=3, drop=("scheduler",)
+    ),
     "w2->3-in-warmup": ResumeTestSpec(world_size=2, steps=8, resume_step=5, resume_world_size=3),
     "w1": ResumeTestSpec(world_size=1, steps=6, resume_step=4),  # restart at the epoch boundary (4 per epoch)
     "w3": ResumeTestSpec(world_size=3, steps=5, resume_step=3),
@@ -25,16 +26,23 @@ SPECS = {
 }
 
 
-LLAMA_7B_LIKE = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-                 "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "rms_norm_eps": 1e-5}
+LLAMA_7B_LIKE = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "rms_norm_eps": 1e-5,
+}
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     config = tmp_path_factory.mktemp("llama") / "config.json"
     config.write_text(json.dumps(LLAMA_7B_LIKE))
-    specs = dict(SPECS, llama=ResumeTestSpec(world_size=2, steps=4, resume_step=2, model_config=str(config),
-                                             hidden=64))
+    specs = dict(SPECS, llama=ResumeTestSpec(world_size=2, steps=4, resume_step=2, model_config=str(config), hidden=64))
     return dict(zip(specs, run_resume_tests(list(specs.values()), timeout_s=1200)))
 
 

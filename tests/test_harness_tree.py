@@ -12,8 +12,11 @@ HF_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenize
 
 
 def expected_role_files(world_size: int) -> set[str]:
-    shards = {f"{kind}_world_size_{world_size}_rank_{r}.pt"
-              for kind in ("model", "optim", "extra_state") for r in range(world_size)}
+    shards = {
+        f"{kind}_world_size_{world_size}_rank_{r}.pt"
+        for kind in ("model", "optim", "extra_state")
+        for r in range(world_size)
+    }
     return shards | {"fsdp_config.json"} | {f"huggingface/{name}" for name in HF_FILES}
 
 
@@ -35,8 +38,9 @@ def test_ppo_tree_matches_verl_file_for_file(verl_run):
     assert listing(verl_run) == expected
     assert (verl_run / "latest_checkpointed_iteration.txt").read_bytes() == b"6"
     for n in steps:
-        assert (verl_run / f"global_step_{n}/actor/fsdp_config.json").read_bytes() == \
-            b'{\n    "FSDP_version": 2,\n    "world_size": 2\n}'
+        assert (
+            verl_run / f"global_step_{n}/actor/fsdp_config.json"
+        ).read_bytes() == b'{\n    "FSDP_version": 2,\n    "world_size": 2\n}'
 
 
 def test_every_shard_is_a_torch_zip_whose_prefix_is_its_stem(verl_run):
@@ -124,10 +128,12 @@ def test_critic_gives_ppo_layout_with_empty_shards(verl_run_critic):
     step = verl_run_critic / "global_step_4"
     assert listing(step / "critic") == expected_role_files(3)
     assert listing(step / "actor") == expected_role_files(3)
-    assert json.loads((step / "critic/huggingface/config.json").read_text())["architectures"] == \
-        ["Qwen2ForTokenClassification"]
-    locals_ = [tuple(load(step / f"critic/model_world_size_3_rank_{r}.pt")["score.weight"].to_local().shape)
-               for r in range(3)]
+    assert json.loads((step / "critic/huggingface/config.json").read_text())["architectures"] == [
+        "Qwen2ForTokenClassification"
+    ]
+    locals_ = [
+        tuple(load(step / f"critic/model_world_size_3_rank_{r}.pt")["score.weight"].to_local().shape) for r in range(3)
+    ]
     assert locals_ == [(1, 32), (0, 32), (0, 32)]  # [1, H] with H=32 not divisible by 3: Shard(0), empty tails
 
 
@@ -138,8 +144,9 @@ def test_sft_layout_puts_shards_in_the_step_dir(verl_run_sft):
     assert not (verl_run_sft / "latest_checkpointed_iteration.txt.tmp").exists()
 
 
-@pytest.mark.parametrize("bad", [dict(world_size=3, batch_size=8), dict(world_size=3, hsdp=True),
-                                 dict(drop=("weights",))])
+@pytest.mark.parametrize(
+    "bad", [dict(world_size=3, batch_size=8), dict(world_size=3, hsdp=True), dict(drop=("weights",))]
+)
 def test_bad_configs_fail_before_any_process_starts(tmp_path, bad):
     from harness.tree import write_tree
 

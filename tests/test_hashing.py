@@ -23,8 +23,11 @@ def pt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pt")
     g = torch.Generator().manual_seed(0)
     torch.save(
-        {"model.embed.weight": torch.randn(300, 64, generator=g), "model.norm.weight": torch.ones(64),
-         "lm_head.weight": torch.randn(300, 64, generator=g).bfloat16()},
+        {
+            "model.embed.weight": torch.randn(300, 64, generator=g),
+            "model.norm.weight": torch.ones(64),
+            "lm_head.weight": torch.randn(300, 64, generator=g).bfloat16(),
+        },
         d / "model_world_size_1_rank_0.pt",
     )
     # an optimizer-like nested dict, saved from a real AdamW step

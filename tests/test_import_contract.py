@@ -12,8 +12,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 # lowest first; a module may import its own layer or any layer below it, never one above.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("ckpt_audit", "ckpt_audit.models", "ckpt_audit.tree", "ckpt_audit.codes", "ckpt_audit.units",
-     "ckpt_audit.exitcodes", "ckpt_audit.killpoints", "ckpt_audit.lock"),
+    (
+        "ckpt_audit",
+        "ckpt_audit.models",
+        "ckpt_audit.tree",
+        "ckpt_audit.codes",
+        "ckpt_audit.units",
+        "ckpt_audit.exitcodes",
+        "ckpt_audit.killpoints",
+        "ckpt_audit.lock",
+    ),
     ("ckpt_audit.readers",),
     ("ckpt_audit.rules", "ckpt_audit.continuity"),
     ("ckpt_audit.layouts",),

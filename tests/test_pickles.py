@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt_audit.readers.pickles import Stub, global_name, is_record, read_pt_structure, restricted_load, restricted_load_ex
+from ckpt_audit.readers.pickles import (
+    Stub,
+    global_name,
+    is_record,
+    read_pt_structure,
+    restricted_load,
+    restricted_load_ex,
+)
 
 WORLD = 2
 HERE = Path(__file__).parent
@@ -26,8 +33,12 @@ HERE = Path(__file__).parent
 def dtensor_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real DTensor shards written by a 2-process gloo group, with the truth read from the live objects."""
     d = tmp_path_factory.mktemp("dtensor")
-    subprocess.run([sys.executable, str(HERE / "_write_dtensors.py"), str(d), str(WORLD)], check=True, timeout=240,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(HERE / "_write_dtensors.py"), str(d), str(WORLD)],
+        check=True,
+        timeout=240,
+        capture_output=True,
+    )
     return d
 
 
@@ -37,11 +48,18 @@ def plain_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     g = torch.Generator().manual_seed(1)
     base = torch.randn(10, 6, generator=g)
     torch.save(
-        {"model.embed_tokens.weight": torch.randn(50, 8, generator=g), "model.norm.weight": torch.ones(8).bfloat16(),
-         "view": base[2:5, 1:4], "transposed": base.t(), "ids": torch.arange(7, dtype=torch.int32),
-         "mask": torch.tensor([True, False]), "scalar": torch.tensor(3.5, dtype=torch.float64),
-         "f8": torch.zeros(4, dtype=torch.float8_e4m3fn), "u16": torch.zeros(3, dtype=torch.uint16),
-         "param": torch.nn.Parameter(torch.randn(2, 2, generator=g))},
+        {
+            "model.embed_tokens.weight": torch.randn(50, 8, generator=g),
+            "model.norm.weight": torch.ones(8).bfloat16(),
+            "view": base[2:5, 1:4],
+            "transposed": base.t(),
+            "ids": torch.arange(7, dtype=torch.int32),
+            "mask": torch.tensor([True, False]),
+            "scalar": torch.tensor(3.5, dtype=torch.float64),
+            "f8": torch.zeros(4, dtype=torch.float8_e4m3fn),
+            "u16": torch.zeros(3, dtype=torch.uint16),
+            "param": torch.nn.Parameter(torch.randn(2, 2, generator=g)),
+        },
         d / "model_world_size_1_rank_0.pt",
     )
     model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
@@ -50,9 +68,13 @@ def plain_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     opt.step()
     torch.save(opt.state_dict(), d / "optim_world_size_1_rank_0.pt")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0)
-    torch.save({"lr_scheduler": sched.state_dict(), "rng": {"cpu": torch.get_rng_state(),
-                "numpy": np.random.get_state(), "random": random.getstate()}},
-               d / "extra_state_world_size_1_rank_0.pt")
+    torch.save(
+        {
+            "lr_scheduler": sched.state_dict(),
+            "rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
+        },
+        d / "extra_state_world_size_1_rank_0.pt",
+    )
     torch.save({"w": torch.randn(5, generator=g)}, d / "small.pt")
     torch.serialization.set_crc32_options(False)
     try:
@@ -85,7 +107,11 @@ def test_plain_shapes_dtypes_strides_match_torch_load(plain_dir: Path) -> None:
     for k, v in ref.items():
         t = got[k]
         assert (t.dtype, t.shape, t.stride, t.storage_offset) == (
-            str(v.dtype).removeprefix("torch."), tuple(v.shape), v.stride(), v.storage_offset()), k
+            str(v.dtype).removeprefix("torch."),
+            tuple(v.shape),
+            v.stride(),
+            v.storage_offset(),
+        ), k
         assert t.device == "cpu" and not t.is_dtensor
     assert got["param"].is_parameter and got["param"].requires_grad
     assert s.prefix == "model_world_size_1_rank_0"
@@ -98,8 +124,11 @@ def test_optimizer_state_key_paths_match_torch_load(plain_dir: Path) -> None:
     p = plain_dir / "optim_world_size_1_rank_0.pt"
     s = read_pt_structure(p)
     ref = torch.load(p, weights_only=True, map_location="cpu")
-    want = {("state", i, n): (tuple(t.shape), str(t.dtype).removeprefix("torch."))
-            for i, st in ref["state"].items() for n, t in st.items()}
+    want = {
+        ("state", i, n): (tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        for i, st in ref["state"].items()
+        for n, t in st.items()
+    }
     assert {t.key_path: (t.shape, t.dtype) for t in s.tensors} == want
     assert s.tensor("state.0.exp_avg") is not None
     assert s.keys == ("state", "param_groups")
@@ -112,7 +141,10 @@ def test_extra_state_with_numpy_rng_reads_without_unsafe_globals(plain_dir: Path
     s = read_pt_structure(plain_dir / "extra_state_world_size_1_rank_0.pt")
     assert s.tree["lr_scheduler"]["last_epoch"] == 0
     assert s.tensor("rng.cpu").dtype == "uint8" and s.tensor("rng.cpu").shape == (5056,)
-    assert "numpy._core.multiarray._reconstruct" in s.globals_seen or "numpy.core.multiarray._reconstruct" in s.globals_seen
+    assert (
+        "numpy._core.multiarray._reconstruct" in s.globals_seen
+        or "numpy.core.multiarray._reconstruct" in s.globals_seen
+    )
     assert s.unsafe_globals == frozenset() and s.problems == ()
 
 
@@ -149,37 +181,46 @@ def test_dtensor_uneven_chunks_are_local_shapes(dtensor_dir: Path) -> None:
     assert [t.shape for t in rows] == [(19, 3), (18, 3)]
     assert {t.global_shape for t in rows} == {(37, 3)}
     hsdp = _by_key(dtensor_dir / f"model_world_size_{WORLD}_rank_0.pt")["hsdp.weight"]
-    assert (hsdp.placements, hsdp.mesh_shape, hsdp.mesh_dim_names) == (("Replicate()", "Shard(0)"), (1, 2),
-                                                                      ("ddp", "fsdp"))
+    assert (hsdp.placements, hsdp.mesh_shape, hsdp.mesh_dim_names) == (
+        ("Replicate()", "Shard(0)"),
+        (1, 2),
+        ("ddp", "fsdp"),
+    )
 
 
 def test_storage_larger_than_its_entry_is_a_problem(plain_dir: Path, tmp_path: Path) -> None:
     src = plain_dir / "model_world_size_1_rank_0.pt"
     key = _by_key(src)["model.embed_tokens.weight"].storage_key
-    dst = _rewrite_zip(src, tmp_path / "model_world_size_1_rank_0.pt",
-                       lambda n, d: d[:100] if n.endswith(f"/data/{key}") else d)
+    dst = _rewrite_zip(
+        src, tmp_path / "model_world_size_1_rank_0.pt", lambda n, d: d[:100] if n.endswith(f"/data/{key}") else d
+    )
     s = read_pt_structure(dst)
-    assert any(p.startswith(f"storage {key} needs 1600 bytes") and p.endswith("holds 100") for p in s.problems), s.problems
+    assert any(p.startswith(f"storage {key} needs 1600 bytes") and p.endswith("holds 100") for p in s.problems), (
+        s.problems
+    )
 
 
 def test_missing_storage_entry_is_a_problem(plain_dir: Path, tmp_path: Path) -> None:
     src = plain_dir / "model_world_size_1_rank_0.pt"
     key = _by_key(src)["ids"].storage_key
-    dst = _rewrite_zip(src, tmp_path / "model_world_size_1_rank_0.pt",
-                       lambda n, d: None if n.endswith(f"/data/{key}") else d)
+    dst = _rewrite_zip(
+        src, tmp_path / "model_world_size_1_rank_0.pt", lambda n, d: None if n.endswith(f"/data/{key}") else d
+    )
     assert f"storage {key} (7 x IntStorage) has no zip entry data/{key}" in read_pt_structure(dst).problems
 
 
 def test_missing_data_pkl_is_a_problem(plain_dir: Path, tmp_path: Path) -> None:
-    dst = _rewrite_zip(plain_dir / "small.pt", tmp_path / "small.pt",
-                       lambda n, d: None if n.endswith("/data.pkl") else d)
+    dst = _rewrite_zip(
+        plain_dir / "small.pt", tmp_path / "small.pt", lambda n, d: None if n.endswith("/data.pkl") else d
+    )
     s = read_pt_structure(dst)
     assert any("no data.pkl" in p for p in s.problems) and s.tensors == ()
 
 
 def test_garbage_data_pkl_is_a_problem_not_a_crash(plain_dir: Path, tmp_path: Path) -> None:
-    dst = _rewrite_zip(plain_dir / "small.pt", tmp_path / "small.pt",
-                       lambda n, d: os.urandom(200) if n.endswith("/data.pkl") else d)
+    dst = _rewrite_zip(
+        plain_dir / "small.pt", tmp_path / "small.pt", lambda n, d: os.urandom(200) if n.endswith("/data.pkl") else d
+    )
     s = read_pt_structure(dst)
     assert len(s.problems) == 1 and s.problems[0].startswith("data.pkl does not unpickle")
 
@@ -214,7 +255,10 @@ def _getattr_chain_pickle(marker: Path) -> bytes:
         b"\x80\x02cbuiltins\ngetattr\n"
         b"cbuiltins\n__import__\nX\x02\x00\x00\x00os\x85R"  # __import__('os')
         b"X\x06\x00\x00\x00system\x86R"  # getattr(os, 'system')
-        + b"X" + len(f"touch {marker}").to_bytes(4, "little") + f"touch {marker}".encode() + b"\x85R."
+        + b"X"
+        + len(f"touch {marker}").to_bytes(4, "little")
+        + f"touch {marker}".encode()
+        + b"\x85R."
     )
 
 
@@ -222,8 +266,9 @@ def _getattr_chain_pickle(marker: Path) -> bytes:
 def test_malicious_pt_executes_nothing(plain_dir: Path, tmp_path: Path, protocol: int) -> None:
     marker = tmp_path / "pwned"
     payload = pickle.dumps({"w": _Evil(marker), "x": _EvilExec(marker)}, protocol=protocol)
-    dst = _rewrite_zip(plain_dir / "small.pt", tmp_path / "small.pt",
-                       lambda n, d: payload if n.endswith("/data.pkl") else d)
+    dst = _rewrite_zip(
+        plain_dir / "small.pt", tmp_path / "small.pt", lambda n, d: payload if n.endswith("/data.pkl") else d
+    )
     s = read_pt_structure(dst)
     assert not marker.exists()
     exec_name = "__builtin__.exec" if protocol < 3 else "builtins.exec"  # protocol 2 maps names to Python 2's
@@ -266,7 +311,9 @@ def test_deeply_nested_and_self_referencing_pickles_stay_finite(plain_dir: Path,
     loop["self"] = loop
     cyclic = pickle.dumps({"loop": loop, "w": [1, 2]}, protocol=2)
     for name, payload in (("deep.pt", deep), ("cyclic.pt", cyclic)):
-        _rewrite_zip(plain_dir / "small.pt", tmp_path / name, lambda n, d, p=payload: p if n.endswith("/data.pkl") else d)
+        _rewrite_zip(
+            plain_dir / "small.pt", tmp_path / name, lambda n, d, p=payload: p if n.endswith("/data.pkl") else d
+        )
     assert any("nests deeper than" in p for p in read_pt_structure(tmp_path / "deep.pt").problems)
     s = read_pt_structure(tmp_path / "cyclic.pt")
     assert s.tree["loop"]["self"] is None and s.tree["w"] == [1, 2]  # the cycle is cut, not followed

@@ -13,10 +13,10 @@ from pathlib import Path
 import sqlite_utils
 
 from ckpt_audit.catalog.lifecycle import LifecycleLog, create_lifecycle_tables
-from ckpt_audit.models import Checkpoint, FileKind, Run, ShardFile, Status
 from ckpt_audit.killpoints import KILL_AFTER_ENV
 from ckpt_audit.lifecycle.prune import TRASH_RE, Action, execute, find_trash
 from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
+from ckpt_audit.models import Checkpoint, FileKind, Run, ShardFile, Status
 
 W = 2
 
@@ -44,20 +44,39 @@ def scan_dir(run: Path, status: dict[int, Status] | None = None) -> Run:
         files = []
         for p in sorted(x for x in d.rglob("*") if x.is_file()):
             st = p.lstat()
-            files.append(ShardFile(path=str(p), kind=FileKind.OTHER, size_bytes=st.st_size, mtime_ns=st.st_mtime_ns,
-                                   inode=st.st_ino))
-        dirs = [d, *(x for x in d.rglob("*") if x.is_dir() and not x.is_symlink())]  # a scan ages a step by its dirs too
+            files.append(
+                ShardFile(
+                    path=str(p), kind=FileKind.OTHER, size_bytes=st.st_size, mtime_ns=st.st_mtime_ns, inode=st.st_ino
+                )
+            )
+        dirs = [
+            d,
+            *(x for x in d.rglob("*") if x.is_dir() and not x.is_symlink()),
+        ]  # a scan ages a step by its dirs too
         newest = max([*(f.mtime_ns for f in files), *(x.lstat().st_mtime_ns for x in dirs)])
-        ckpts.append(Checkpoint(run_path=str(run), step=step, path=str(d), status=status.get(step, Status.COMPLETE),
-                                files=tuple(files), mtime_ns=newest))
+        ckpts.append(
+            Checkpoint(
+                run_path=str(run),
+                step=step,
+                path=str(d),
+                status=status.get(step, Status.COMPLETE),
+                files=tuple(files),
+                mtime_ns=newest,
+            )
+        )
     tracker = run / "latest_checkpointed_iteration.txt"
-    return Run(path=str(run), layout="verl-fsdp", checkpoints=tuple(ckpts),
-               tracker_step=int(tracker.read_text()) if tracker.exists() else None)
+    return Run(
+        path=str(run),
+        layout="verl-fsdp",
+        checkpoints=tuple(ckpts),
+        tracker_step=int(tracker.read_text()) if tracker.exists() else None,
+    )
 
 
 def digest_tree(d: Path) -> dict[str, str]:
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*"))
-            if p.is_file()}
+    return {
+        str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()
+    }
 
 
 def plan_for(run: Path, n: int = 1, **kw):
@@ -79,18 +98,28 @@ def test_execute_deletes_exactly_the_plan_and_logs_it(tmp_path):
 
     assert result.count(Action.DELETED) == 4 and result.ok
     assert result.bytes_freed == plan.bytes_freed > 0
-    assert sorted(p.name for p in run.iterdir()) == ["global_step_5", "global_step_6",
-                                                      "latest_checkpointed_iteration.txt", "notes.txt"]
+    assert sorted(p.name for p in run.iterdir()) == [
+        "global_step_5",
+        "global_step_6",
+        "latest_checkpointed_iteration.txt",
+        "notes.txt",
+    ]
     assert {s: digest_tree(run / f"global_step_{s}") for s in (5, 6)} == kept_before
     assert bystander.read_text() == "mine"
 
     [row] = log.prunes()
     assert row["status"] == "finished" and row["planned_delete"] == 4 and row["bytes_freed"] == plan.bytes_freed
     items = log.prune_items(result.exec_id)
-    assert [(i["step"], i["action"]) for i in items if i["action"] == "deleted"] == [(1, "deleted"), (2, "deleted"),
-                                                                                     (3, "deleted"), (4, "deleted")]
+    assert [(i["step"], i["action"]) for i in items if i["action"] == "deleted"] == [
+        (1, "deleted"),
+        (2, "deleted"),
+        (3, "deleted"),
+        (4, "deleted"),
+    ]
     assert {i["step"]: i["reasons"] for i in items if i["action"] == "kept"} == {
-        5: ["keep-last"], 6: ["newest-complete", "tracker-target", "keep-last"]}
+        5: ["keep-last"],
+        6: ["newest-complete", "tracker-target", "keep-last"],
+    }
     assert all(i["reasons"] == ["not-kept"] for i in items if i["action"] == "deleted")
 
 
@@ -154,7 +183,9 @@ def test_leftover_trash_is_reclaimed_and_reported(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- kill test
 
-RUNNER = "import pickle, sys; from ckpt_audit.lifecycle.prune import execute; execute(pickle.load(open(sys.argv[1], 'rb')))"
+RUNNER = (
+    "import pickle, sys; from ckpt_audit.lifecycle.prune import execute; execute(pickle.load(open(sys.argv[1], 'rb')))"
+)
 
 
 def _ops_needed(tmp_path: Path) -> int:
@@ -171,8 +202,12 @@ def test_sigkill_at_every_filesystem_operation_never_loses_the_newest_and_a_reru
         before = {s: digest_tree(run / f"global_step_{s}") for s in range(1, 7)}
         plan_file = tmp_path / f"plan{k}.pkl"
         plan_file.write_bytes(pickle.dumps(plan_for(run)))
-        proc = subprocess.run([sys.executable, "-c", RUNNER, str(plan_file)], env={**os.environ, KILL_AFTER_ENV: str(k)},
-                              capture_output=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-c", RUNNER, str(plan_file)],
+            env={**os.environ, KILL_AFTER_ENV: str(k)},
+            capture_output=True,
+            timeout=60,
+        )
         assert proc.returncode == -9, (k, proc.stderr.decode()[-500:])
 
         # After the kill: every global_step_N is intact or gone; the rest is clearly marked trash.

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from ckpt_audit.lifecycle.prune import TRASH_RE
 from scan_trees import flip_payload_byte, shard, steps_of
 from test_scan import _unprivileged
+
+from ckpt_audit.lifecycle.prune import TRASH_RE
 
 HOUR_NS = 3600 * 10**9
 needs_setpriv = pytest.mark.skipif(_unprivileged() is None, reason="root without setpriv: chmod is not enforced")
@@ -42,9 +42,14 @@ def run(verl_run, copy_run) -> Path:
 
 def prune(run: Path, *args: str, catalog: Path, unprivileged: bool = False) -> subprocess.CompletedProcess:
     prefix = _unprivileged() if unprivileged else []
-    return subprocess.run([*prefix, sys.executable, "-m", "ckpt_audit", "prune", str(run.parent.parent), *args],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)})
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "ckpt_audit", "prune", str(run.parent.parent), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
+    )
 
 
 def steps_left(run: Path) -> list[int]:
@@ -118,8 +123,13 @@ def test_whole_checkpoints_ahead_of_a_lagging_tracker_are_kept_and_reported(run,
     plan = planned(json.loads(proc.stdout))
     assert plan[4] == plan[6] == ("keep", "uncommitted", ["ahead-of-tracker"])
     assert steps_left(run) == [2, 4, 6]
-    scan = subprocess.run([sys.executable, "-m", "ckpt_audit", "scan", str(run), "--json"], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")})
+    scan = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", "scan", str(run), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")},
+    )
     behind = [f for f in _findings(json.loads(scan.stdout)) if f["code"] == "tracker-behind"]
     assert len(behind) == 1 and behind[0]["severity"] == "warning" and "step 4, 6" in behind[0]["message"]
 
@@ -139,9 +149,11 @@ def _findings(doc) -> list[dict]:
 
 
 # A plan is made, then a directory inside a planned checkpoint stops being removable; execute runs unprivileged.
-EXECUTE = ("import pickle, sys, json; from ckpt_audit.lifecycle.prune import execute; "
-           "r = execute(pickle.load(open(sys.argv[1], 'rb'))); "
-           "print(json.dumps([[o.step, str(o.action), o.detail] for o in r.outcomes]))")
+EXECUTE = (
+    "import pickle, sys, json; from ckpt_audit.lifecycle.prune import execute; "
+    "r = execute(pickle.load(open(sys.argv[1], 'rb'))); "
+    "print(json.dumps([[o.step, str(o.action), o.detail] for o in r.outcomes]))"
+)
 
 
 @needs_setpriv
@@ -157,8 +169,12 @@ def test_execution_never_half_deletes_a_tree_it_cannot_remove(run, tmp_path, mod
     hf = run / "global_step_2" / "actor" / "huggingface"
     hf.chmod(mode)  # chmod moves ctime, not mtime: the plan still matches by stat
     try:
-        proc = subprocess.run([*_unprivileged(), sys.executable, "-c", EXECUTE, str(tmp_path / "plan.pkl")],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [*_unprivileged(), sys.executable, "-c", EXECUTE, str(tmp_path / "plan.pkl")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         if hf.exists():  # the old code renamed the tree to trash and removed what it could
             hf.chmod(0o755)
@@ -175,8 +191,13 @@ def test_execution_never_half_deletes_a_tree_it_cannot_remove(run, tmp_path, mod
 
 def test_bit_rot_in_the_newest_is_found_before_older_good_checkpoints_go(run, tmp_path):
     catalog = tmp_path / "c.db"
-    first = subprocess.run([sys.executable, "-m", "ckpt_audit", "scan", str(run)], capture_output=True, text=True,
-                           timeout=120, env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)})
+    first = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", "scan", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
+    )
     assert first.returncode == 0, first.stderr  # the catalog now holds every hash, reused by stat from here on
     rotten = shard(run / "global_step_6")
     flip_payload_byte(rotten)  # size, mtime and inode kept
@@ -206,9 +227,13 @@ def test_bit_rot_in_the_newest_is_found_before_older_good_checkpoints_go(run, tm
 
 def cached_status(run: Path, catalog: Path) -> dict[int, str]:
     """step -> status from a re-scan that reuses every stat-unchanged file (no scrub): what the catalog kept."""
-    proc = subprocess.run([sys.executable, "-m", "ckpt_audit", "scan", "--no-scrub", "--json", str(run)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", "scan", "--no-scrub", "--json", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
+    )
     assert proc.returncode in (0, 1), proc.stderr
     doc = json.loads(proc.stdout)
     run_files = sum(1 for p in run.iterdir() if p.is_file())  # tracker, metrics log: in no checkpoint, never cached
@@ -228,8 +253,8 @@ def test_tui_prune_re_reads_the_survivor_and_deletes_nothing_on_a_stale_verdict(
     pytest.importorskip("textual")
     import asyncio
 
-    from ckpt_audit.models import Status
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
+    from ckpt_audit.models import Status
     from tui.app import AuditApp
 
     app = AuditApp(catalog_path=tmp_path / "c.db", roots=[str(run.parent.parent)])

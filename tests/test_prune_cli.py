@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from scan_trees import write_torch_tree
 
 from ckpt_audit.cli import cli
 from ckpt_audit.killpoints import KILL_AFTER_ENV
 from ckpt_audit.lifecycle.prune import TRASH_RE
-from scan_trees import write_torch_tree
 
 STEPS = (2, 4, 6, 8)
 
@@ -39,20 +39,29 @@ def steps_left(run: Path) -> list[int]:
 
 
 def cli_run(args, catalog: Path):
-    return subprocess.run([sys.executable, "-m", "ckpt_audit", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)}, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_dry_run_json_shows_the_plan_and_deletes_nothing(tree, tmp_path):
     root, run = tree
-    res = CliRunner().invoke(cli, ["prune", str(root), "--keep-last", "2", "--dry-run", "--json",
-                                   "--catalog", str(tmp_path / "c.db")])
+    res = CliRunner().invoke(
+        cli, ["prune", str(root), "--keep-last", "2", "--dry-run", "--json", "--catalog", str(tmp_path / "c.db")]
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["schema_version"] == 1 and doc["executed"] is False and doc["result"] is None
     assert [d["step"] for d in doc["plan"]["delete"]] == [2, 4]
     assert {d["step"]: d["reasons"] for d in doc["plan"]["keep"]} == {
-        6: ["keep-last"], 8: ["newest-complete", "tracker-target", "keep-last"]}
+        6: ["keep-last"],
+        8: ["newest-complete", "tracker-target", "keep-last"],
+    }
     assert steps_left(run) == list(STEPS)
 
 
@@ -98,11 +107,14 @@ def test_pin_protects_and_unknown_pin_is_a_usage_error(tree, tmp_path):
     assert steps_left(run) == [2, 8]
 
 
-@pytest.mark.parametrize(("args", "code", "text"), [
-    (["/definitely/not/here", "--keep-last", "1"], 3, "does not exist"),
-    (["{root}", "--keep-within", "soon"], 2, "not a duration"),
-    (["{root}", "--keep-last", "-1"], 2, "--keep-last"),
-])
+@pytest.mark.parametrize(
+    ("args", "code", "text"),
+    [
+        (["/definitely/not/here", "--keep-last", "1"], 3, "does not exist"),
+        (["{root}", "--keep-within", "soon"], 2, "not a duration"),
+        (["{root}", "--keep-last", "-1"], 2, "--keep-last"),
+    ],
+)
 def test_bad_input_is_one_line_and_a_documented_exit_code(tree, tmp_path, args, code, text):
     root, run = tree
     proc = cli_run(["prune", *(a.format(root=root) for a in args)], tmp_path / "c.db")
@@ -132,8 +144,13 @@ def test_killed_cli_prune_leaves_marked_trash_and_the_next_run_finishes(tree, tm
     root, run = tree
     catalog = tmp_path / "c.db"
     env = {**os.environ, "CKPT_AUDIT_CATALOG": str(catalog), KILL_AFTER_ENV: str(kill_after)}
-    proc = subprocess.run([sys.executable, "-m", "ckpt_audit", "prune", str(root), "--keep-last", "1", "--yes"],
-                          env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", "prune", str(root), "--keep-last", "1", "--yes"],
+        env=env,
+        capture_output=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == -9
     assert 8 in steps_left(run)
     assert all(p.name.startswith("global_step_") or TRASH_RE.match(p.name) or p.is_file() for p in run.iterdir())
@@ -147,8 +164,10 @@ def test_killed_cli_prune_leaves_marked_trash_and_the_next_run_finishes(tree, tm
 
 
 def test_prune_and_export_modules_do_not_import_torch():
-    code = ("import sys, ckpt_audit.cli.prune, ckpt_audit.cli.export, ckpt_audit.lifecycle.prune, ckpt_audit.lifecycle.retention, "
-            "ckpt_audit.lifecycle.survivors, ckpt_audit.lifecycle.export; bad = {'torch', 'textual'} & set(sys.modules); assert not bad, bad")
+    code = (
+        "import sys, ckpt_audit.cli.prune, ckpt_audit.cli.export, ckpt_audit.lifecycle.prune, ckpt_audit.lifecycle.retention, "
+        "ckpt_audit.lifecycle.survivors, ckpt_audit.lifecycle.export; bad = {'torch', 'textual'} & set(sys.modules); assert not bad, bad"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
@@ -161,7 +180,9 @@ def test_multi_node_leftover_is_reclaimed_even_without_rules(tree, tmp_path):
     proc = cli_run(["prune", str(root), "--yes", "--json"], tmp_path / "c.db")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert [(d["step"], d["status"], d["reasons"]) for d in doc["plan"]["delete"]] == [(2, "incomplete", ["incomplete"])]
+    assert [(d["step"], d["status"], d["reasons"]) for d in doc["plan"]["delete"]] == [
+        (2, "incomplete", ["incomplete"])
+    ]
     assert steps_left(run) == [4, 6, 8]
 
 
@@ -176,8 +197,9 @@ def test_real_trainer_tree_keep_best_by_logged_loss_then_keep_last(copy_run, ver
         loss[int(rec["step"])] = float(rec["loss"])
     best = min((s for s in steps if s in loss), key=lambda s: (loss[s], -s))
 
-    proc = cli_run(["prune", str(root), "--keep-best", "1", "--metric", "loss", "--dry-run", "--json"],
-                   tmp_path / "c.db")
+    proc = cli_run(
+        ["prune", str(root), "--keep-best", "1", "--metric", "loss", "--dry-run", "--json"], tmp_path / "c.db"
+    )
     assert proc.returncode == 0, proc.stderr
     keep = {d["step"]: d["reasons"] for d in json.loads(proc.stdout)["plan"]["keep"]}
     assert "keep-best" in keep[best]

@@ -23,8 +23,14 @@ from harness.checkpoint import load_file  # noqa: E402 - the trainer's own weigh
 
 
 def cli(catalog: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ckpt_audit", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL, env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)})
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
+    )
 
 
 def refused_with(proc: subprocess.CompletedProcess, code: int, needle: str) -> None:
@@ -66,17 +72,20 @@ def _statuses(catalog: Path, run: Path, step: Path) -> list[tuple[str, str, int,
 # ---------------------------------------------------------------------------------------------------- --to
 
 
-def test_to_inside_a_run_no_catalog_knows_is_refused_and_nothing_is_written(verl_run, verl_run_w3, copy_run,
-                                                                           tmp_path):
+def test_to_inside_a_run_no_catalog_knows_is_refused_and_nothing_is_written(verl_run, verl_run_w3, copy_run, tmp_path):
     run = copy_run(verl_run)
     other = tmp_path / "elsewhere" / "exp"  # a run no catalog and no root knows
     shutil.copytree(verl_run_w3, other, symlinks=True)
     before = sorted(p.name for p in other.iterdir())
-    refused_with(cli(tmp_path / "c.db", "export", run / "global_step_6", "--to", other / "hf"), 2,
-                 f"is inside the run {other}")
+    refused_with(
+        cli(tmp_path / "c.db", "export", run / "global_step_6", "--to", other / "hf"), 2, f"is inside the run {other}"
+    )
     inside_step = other / "global_step_4" / "actor" / "huggingface" / "merged"
-    refused_with(cli(tmp_path / "c.db", "export", run / "global_step_6", "--to", inside_step), 2,
-                 f"is inside the checkpoint {other / 'global_step_4'}")
+    refused_with(
+        cli(tmp_path / "c.db", "export", run / "global_step_6", "--to", inside_step),
+        2,
+        f"is inside the checkpoint {other / 'global_step_4'}",
+    )
     assert sorted(p.name for p in other.iterdir()) == before and not inside_step.exists()
 
 
@@ -86,8 +95,11 @@ def test_force_onto_a_fresh_empty_step_dir_of_another_run_is_refused(verl_run, v
     shutil.copytree(verl_run_w3, other, symlinks=True)
     saving = other / "global_step_8"  # verl made the directory; the ranks are about to write into it
     saving.mkdir()
-    refused_with(cli(tmp_path / "c.db", "export", run / "global_step_6", "--to", saving, "--force"), 2,
-                 f"is the checkpoint {saving}")
+    refused_with(
+        cli(tmp_path / "c.db", "export", run / "global_step_6", "--to", saving, "--force"),
+        2,
+        f"is the checkpoint {saving}",
+    )
     assert saving.is_dir() and list(saving.iterdir()) == []
 
 

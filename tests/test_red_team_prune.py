@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_prune_attacks import HOUR_NS, needs_setpriv, planned, prune, steps_left
 
 

@@ -14,8 +14,13 @@ from pathlib import Path
 
 
 def scan_json(root: Path, catalog: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "ckpt_audit", "scan", "--json", str(root)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", "scan", "--json", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
+    )
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 

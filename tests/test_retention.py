@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from ckpt_audit.models import Checkpoint, Run, ShardFile, FileKind, Status
 from ckpt_audit.lifecycle.retention import (
     KeepBest,
     KeepEvery,
@@ -16,26 +15,42 @@ from ckpt_audit.lifecycle.retention import (
     PlanItem,
     Policy,
     PrunePlan,
-    Reason as R,
     Refusal,
     plan_prune,
     read_metric,
 )
+from ckpt_audit.lifecycle.retention import (
+    Reason as R,
+)
+from ckpt_audit.models import Checkpoint, FileKind, Run, ShardFile, Status
 from ckpt_audit.units import format_duration, parse_duration
 
 RUN = "/ck/proj/exp"
 S = 1_000_000_000
 NOW = 1_800_000_000 * S
-C, I, X, H, U, P = (Status.COMPLETE, Status.INCOMPLETE, Status.CORRUPT, Status.HUSK, Status.UNCOMMITTED,
-                    Status.IN_PROGRESS)
+C, I, X, H, U, P = (
+    Status.COMPLETE,
+    Status.INCOMPLETE,
+    Status.CORRUPT,
+    Status.HUSK,
+    Status.UNCOMMITTED,
+    Status.IN_PROGRESS,
+)
 
 
 def ck(step: int, status: Status = C, *, run: str = RUN, age_s: int | None = None, size: int = 100) -> Checkpoint:
     """A checkpoint saved `age_s` seconds before NOW (default: one hour per step before step 1000)."""
     age = (1000 - step) * 3600 if age_s is None else age_s
     path = f"{run}/global_step_{step}"
-    shard = ShardFile(path=f"{path}/actor/model_world_size_1_rank_0.pt", kind=FileKind.MODEL, size_bytes=size,
-                      mtime_ns=NOW - age * S, inode=step, rank=0, world_size=1)
+    shard = ShardFile(
+        path=f"{path}/actor/model_world_size_1_rank_0.pt",
+        kind=FileKind.MODEL,
+        size_bytes=size,
+        mtime_ns=NOW - age * S,
+        inode=step,
+        rank=0,
+        world_size=1,
+    )
     return Checkpoint(run_path=run, step=step, path=path, status=status, files=(shard,), mtime_ns=NOW - age * S)
 
 
@@ -67,12 +82,14 @@ def test_rules_compose_as_a_union():
     cs = [ck(s) for s in (100, 200, 300, 400, 500, 600)]
     c100, c200, c300, c400, c500, c600 = cs
     metrics = {RUN: {100: 0.9, 200: 0.2, 300: 0.5, 400: 0.1, 500: 0.7, 600: float("nan")}}
-    policy = Policy(rules=(
-        KeepLast(n=1),
-        KeepEvery(k=300),
-        KeepWithin(duration_ns=parse_duration("450h")),  # steps saved within 450 h of NOW: 600 and 800+
-        KeepBest(n=2, metric="loss", mode="min", values=metrics),
-    ))
+    policy = Policy(
+        rules=(
+            KeepLast(n=1),
+            KeepEvery(k=300),
+            KeepWithin(duration_ns=parse_duration("450h")),  # steps saved within 450 h of NOW: 600 and 800+
+            KeepBest(n=2, metric="loss", mode="min", values=metrics),
+        )
+    )
     plan = plan_prune([run_of(*cs, tracker=600)], policy, now_ns=NOW)
     assert plan == PrunePlan(
         policy=policy,
@@ -119,7 +136,9 @@ def test_selection_overrides_rules_but_not_invariants():
     c1, c2, c3 = ck(1), ck(2), ck(3)
     policy = Policy(rules=(KeepLast(n=3),))
     plan = plan_prune(
-        [run_of(c1, c2, c3, tracker=3)], policy, now_ns=NOW,
+        [run_of(c1, c2, c3, tracker=3)],
+        policy,
+        now_ns=NOW,
         select=frozenset({c2.path, c3.path, f"{RUN}/global_step_99"}),
     )
     assert plan == PrunePlan(
@@ -185,7 +204,11 @@ def test_cannot_delete_pinned():
     c1, c2, x3 = ck(1), ck(2), ck(3, X)
     run = run_of(c1, c2, x3, tracker=2)
     plan = plan_prune([run], HOSTILE, now_ns=NOW, pins=frozenset({c1.path, x3.path}), select=everything(run))
-    assert plan.keep == (keep(c1, R.PINNED), keep(c2, R.NEWEST_COMPLETE, R.TRACKER_TARGET), keep(x3, R.PINNED, R.CORRUPT))
+    assert plan.keep == (
+        keep(c1, R.PINNED),
+        keep(c2, R.NEWEST_COMPLETE, R.TRACKER_TARGET),
+        keep(x3, R.PINNED, R.CORRUPT),
+    )
     assert plan.delete == ()
 
 
@@ -207,11 +230,21 @@ def test_random_runs_policies_and_selections_never_break_an_invariant():
             cks = tuple(ck(s, rng.choice(statuses), run=path, age_s=rng.randint(0, 20 * 86400)) for s in steps)
             tracker = rng.choice([None, *steps]) if steps else None
             runs.append(run_of(*cks, tracker=tracker, path=path))
-        rules = tuple(rng.sample([KeepLast(n=rng.randint(0, 3)), KeepEvery(k=rng.randint(0, 7)),
-                                  KeepWithin(duration_ns=rng.randint(0, 10 * 86400) * S),
-                                  KeepBest(n=rng.randint(0, 2), metric="loss",
-                                           values={r.path: {c.step: rng.random() for c in r.checkpoints}
-                                                   for r in runs})], rng.randint(0, 4)))
+        rules = tuple(
+            rng.sample(
+                [
+                    KeepLast(n=rng.randint(0, 3)),
+                    KeepEvery(k=rng.randint(0, 7)),
+                    KeepWithin(duration_ns=rng.randint(0, 10 * 86400) * S),
+                    KeepBest(
+                        n=rng.randint(0, 2),
+                        metric="loss",
+                        values={r.path: {c.step: rng.random() for c in r.checkpoints} for r in runs},
+                    ),
+                ],
+                rng.randint(0, 4),
+            )
+        )
         every = everything(*runs)
         pins = frozenset(p for p in every if rng.random() < 0.1)
         select = frozenset(p for p in every if rng.random() < 0.7)
@@ -238,20 +271,30 @@ def test_plan_serialises_to_json():
     assert doc["bytes_freed"] == 200
     assert [d["step"] for d in doc["delete"]] == [2, 1]
     assert doc["delete"][0]["reasons"] == ["incomplete"]
-    assert doc["keep"][0] == {"path": c3.path, "run": RUN, "step": 3, "status": "complete", "size_bytes": 100,
-                              "reasons": ["newest-complete", "tracker-target", "keep-last"], "protected": True}
+    assert doc["keep"][0] == {
+        "path": c3.path,
+        "run": RUN,
+        "step": 3,
+        "status": "complete",
+        "size_bytes": 100,
+        "reasons": ["newest-complete", "tracker-target", "keep-last"],
+        "protected": True,
+    }
 
 
 def test_read_metric_takes_last_record_per_step_and_skips_junk(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\nnot json\n{"step": 3}\n'
-                    '{"step": 2, "loss": 1.25}\n')
+    path.write_text(
+        '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\nnot json\n{"step": 3}\n{"step": 2, "loss": 1.25}\n'
+    )
     runs = [Run(path=RUN, layout="verl-fsdp", metrics_path=str(path)), Run(path="/none", layout="verl-fsdp")]
     assert read_metric(runs, "loss") == {RUN: {1: 2.0, 2: 1.25}}
 
 
-@pytest.mark.parametrize(("text", "ns"), [("90m", 5400 * S), ("36h", 36 * 3600 * S), ("7d", 7 * 86400 * S),
-                                          ("2w", 14 * 86400 * S), ("45", 45 * S)])
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [("90m", 5400 * S), ("36h", 36 * 3600 * S), ("7d", 7 * 86400 * S), ("2w", 14 * 86400 * S), ("45", 45 * S)],
+)
 def test_durations(text, ns):
     assert parse_duration(text) == ns
     assert parse_duration(format_duration(ns)) == ns

@@ -146,8 +146,10 @@ def test_rehash_reports_hash_drift_under_unchanged_stat(run_copy, tmp_path):
     assert deep.files_reused == 0
 
 
-@pytest.mark.parametrize("content,code", [(None, "tracker-missing"), ("", "tracker-empty"), ("twelve", "tracker-invalid"),
-                                          ("999", "tracker-dangling")])
+@pytest.mark.parametrize(
+    "content,code",
+    [(None, "tracker-missing"), ("", "tracker-empty"), ("twelve", "tracker-invalid"), ("999", "tracker-dangling")],
+)
 def test_tracker_problems(run_copy, content, code):
     tracker = run_copy / "latest_checkpointed_iteration.txt"
     if content is None:
@@ -309,10 +311,13 @@ def _unprivileged() -> list[str] | None:
 def test_unreadable_file_becomes_a_finding(run_copy):
     victim = shard(steps_of(run_copy)[0], "model", 0)
     victim.chmod(0)
-    code = ("import json, sys; from ckpt_audit.scanner import scan; r = scan([sys.argv[1]], in_progress_window_s=0);"
-            "print(json.dumps(sorted({(f.code, f.path) for f in r.all_findings})))")
-    out = subprocess.run([*_unprivileged(), sys.executable, "-c", code, str(run_copy)],
-                         capture_output=True, text=True, timeout=60)
+    code = (
+        "import json, sys; from ckpt_audit.scanner import scan; r = scan([sys.argv[1]], in_progress_window_s=0);"
+        "print(json.dumps(sorted({(f.code, f.path) for f in r.all_findings})))"
+    )
+    out = subprocess.run(
+        [*_unprivileged(), sys.executable, "-c", code, str(run_copy)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert ["unreadable", str(victim)] in json.loads(out.stdout)
 
@@ -411,8 +416,10 @@ def test_every_code_the_scanner_can_emit_is_registered_and_asserted_here():
     sources = [pkg / "scanner.py", pkg / "layouts" / "verl_fsdp.py", *sorted((pkg / "rules").glob("[fst]*.py"))]
     emitted = {m for p in sources for m in re.findall(r'finding\(\s*"([a-z0-9-]+)"', p.read_text())}
     assert len(emitted) > 30 and emitted <= set(CODES)
-    here = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*scan*.py")) + Path(
-        __file__).with_name("test_catalog.py").read_text()
+    here = (
+        "".join(p.read_text() for p in Path(__file__).parent.glob("test_*scan*.py"))
+        + Path(__file__).with_name("test_catalog.py").read_text()
+    )
     assert sorted(c for c in emitted if f'"{c}"' not in here) == []
 
 
@@ -422,13 +429,16 @@ def test_root_without_runs_is_not_silently_clean(tmp_path):
     assert [f.code for f in r.findings] == ["no-runs"] and r.runs == ()
 
 
-@pytest.mark.parametrize("fixture,roles,world", [
-    ("verl_run_w3", [["actor"]], 3),
-    ("verl_run_hsdp", [["actor"]], 4),
-    ("verl_run_w1", [["actor"]], 1),
-    ("verl_run_critic", [["actor", "critic"]], 3),
-    ("verl_run_sft", [[""]], 2),
-])
+@pytest.mark.parametrize(
+    "fixture,roles,world",
+    [
+        ("verl_run_w3", [["actor"]], 3),
+        ("verl_run_hsdp", [["actor"]], 4),
+        ("verl_run_w1", [["actor"]], 1),
+        ("verl_run_critic", [["actor", "critic"]], 3),
+        ("verl_run_sft", [[""]], 2),
+    ],
+)
 def test_every_harness_layout_scans_complete_and_clean(request, fixture, roles, world):
     """Uneven chunks, HSDP meshes, W=1, critics and SFT trees from the reference trainer are all healthy."""
     run_dir = Path(request.getfixturevalue(fixture))

@@ -210,8 +210,9 @@ def _copy(src: Path, dst_root: Path) -> Path:
 
 
 def _scan(root: Path, catalog: Path, *args: str) -> dict:
-    res = CliRunner().invoke(cli, ["scan", "--json", "--in-progress-window", "0", "--catalog", str(catalog),
-                                   *args, str(root)])
+    res = CliRunner().invoke(
+        cli, ["scan", "--json", "--in-progress-window", "0", "--catalog", str(catalog), *args, str(root)]
+    )
     assert res.exit_code in (0, 1), res.output
     return json.loads(res.stdout)
 
@@ -306,8 +307,13 @@ def test_a_daily_scrub_rereads_every_byte_within_the_period_oldest_first(copy_ru
         shares = []
         found_on = None
         for day in range(1, 8):
-            r = scan([run], in_progress_window_s=0, now_ns=t0 + day * DAY_NS, scrub=policy,
-                     previous=read_previous(cat.db.conn))
+            r = scan(
+                [run],
+                in_progress_window_s=0,
+                now_ns=t0 + day * DAY_NS,
+                scrub=policy,
+                previous=read_previous(cat.db.conn),
+            )
             cat.record_scan(r)
             reread |= {p for p, f in r.file_facts.items() if f.verified_ns == t0 + day * DAY_NS}
             shares.append(r.bytes_scrubbed)
@@ -327,8 +333,9 @@ def test_verify_rereads_by_default_and_trust_cache_does_not(copy_run, verl_run, 
     _rot(victim)
 
     def verify(*args: str) -> dict:
-        res = CliRunner().invoke(cli, ["verify", "--json", "--in-progress-window", "0", "--catalog", str(catalog),
-                                       *args, str(run)])
+        res = CliRunner().invoke(
+            cli, ["verify", "--json", "--in-progress-window", "0", "--catalog", str(catalog), *args, str(run)]
+        )
         assert res.exit_code in (0, 1), res.output
         return json.loads(res.stdout)
 
@@ -368,8 +375,9 @@ def test_scrub_budget_caps_the_reread_and_reports_what_is_overdue(copy_run, verl
     with open_catalog(tmp_path / "c.db") as cat:
         cat.record_scan(scan([run], in_progress_window_s=0, now_ns=t0))
         prev = read_previous(cat.db.conn)
-    later = scan([run], in_progress_window_s=0, now_ns=t0 + 8 * DAY_NS, previous=prev,
-                 scrub=ScrubPolicy(budget_bytes=1))
+    later = scan(
+        [run], in_progress_window_s=0, now_ns=t0 + 8 * DAY_NS, previous=prev, scrub=ScrubPolicy(budget_bytes=1)
+    )
     assert later.files_scrubbed == 1  # the one file that crosses the budget
     [overdue] = [f for f in later.findings if f.code == "scrub-overdue"]
     assert overdue.severity.label == "warning" and overdue.message.startswith(f"{later.files_reused} file(s)")
@@ -390,8 +398,11 @@ def test_verified_times_reach_the_catalog_ls_show_and_json(copy_run, verl_run, t
     assert detail["checkpoint"]["verified_ns"] == min(f["verified_ns"] for f in detail["checkpoint"]["files"])
     scrubbed = _scan(run, catalog, "--scrub-period", "0s")
     with sqlite3.connect(catalog) as db:
-        assert db.execute("SELECT bytes_scrubbed FROM scans WHERE id = ?", [scrubbed["scan_id"]]).fetchone()[0] == (
-            scrubbed["bytes_scrubbed"]) > 0
+        assert (
+            db.execute("SELECT bytes_scrubbed FROM scans WHERE id = ?", [scrubbed["scan_id"]]).fetchone()[0]
+            == (scrubbed["bytes_scrubbed"])
+            > 0
+        )
         db.execute("UPDATE files SET verified_ns = NULL WHERE path = ?", [ck["components"][0]["files"][0]["path"]])
     show = runner.invoke(cli, ["show", ck["path"], "--catalog", str(catalog)]).output
     assert "verified never" in show.splitlines()[0]
@@ -424,6 +435,8 @@ def test_plan_takes_the_pro_rata_share_oldest_first():
 def test_plan_takes_everything_due_and_reports_what_the_budget_leaves():
     files = _cached(("a", 10, 0), ("b", 10, 0), ("c", 10, 0), ("d", 10, 9))
     assert plan_scrub(files, now_ns=10 * DAY_NS, policy=ScrubPolicy(), budget_bytes=None) == ScrubPlan(
-        paths=frozenset({"a", "b", "c"}), bytes=30)
+        paths=frozenset({"a", "b", "c"}), bytes=30
+    )
     assert plan_scrub(files, now_ns=10 * DAY_NS, policy=ScrubPolicy(), budget_bytes=15) == ScrubPlan(
-        paths=frozenset({"a", "b"}), bytes=20, overdue_files=1, overdue_bytes=10)
+        paths=frozenset({"a", "b"}), bytes=20, overdue_files=1, overdue_bytes=10
+    )

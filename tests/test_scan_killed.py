@@ -20,13 +20,22 @@ COMMIT_OP = 5  # record_scan's counted steps: scans row, runs+checkpoints, files
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ckpt_audit.cli", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_audit.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def tree_digest(root: Path) -> dict[str, tuple[str, int]]:
-    return {str(p): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def catalog_state(cat: Path) -> tuple:
@@ -34,7 +43,9 @@ def catalog_state(cat: Path) -> tuple:
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         scans = conn.execute("SELECT COUNT(*) FROM scans").fetchone()[0]
-        ckpts = tuple(conn.execute("SELECT step, status, last_scan_id FROM checkpoints WHERE present = 1 ORDER BY step"))
+        ckpts = tuple(
+            conn.execute("SELECT step, status, last_scan_id FROM checkpoints WHERE present = 1 ORDER BY step")
+        )
         runs = tuple(conn.execute("SELECT n_checkpoints, latest_complete_step, last_scan_id FROM runs"))
         findings = conn.execute("SELECT COUNT(*) FROM findings f JOIN scans s ON s.id = f.scan_id").fetchone()[0]
     finally:
@@ -70,8 +81,7 @@ def test_a_scan_killed_at_any_statement_leaves_tree_and_catalog_whole(scanned_th
         assert state == old_state  # rolled back whole
     else:
         assert state[0] == old_state[0] + 1
-        assert [(step, status) for step, status, _ in state[1]] == [(2, "incomplete"), (4, "complete"),
-                                                                    (6, "complete")]
+        assert [(step, status) for step, status, _ in state[1]] == [(2, "incomplete"), (4, "complete"), (6, "complete")]
     listed = cli("ls", "--json", "--catalog", str(cat))
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["runs"][0]["n_checkpoints"] == 3

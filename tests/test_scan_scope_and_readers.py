@@ -16,7 +16,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from scan_trees import flip_payload_byte
 
 SETPRIV = shutil.which("setpriv")
@@ -25,8 +24,12 @@ UNPRIVILEGED = [] if os.geteuid() != 0 else [SETPRIV, "--bounding-set=-dac_overr
 
 def cli(*args: str, catalog: Path, unprivileged: bool = False) -> subprocess.CompletedProcess:
     prefix = UNPRIVILEGED if unprivileged else []
-    return subprocess.run([*prefix, sys.executable, "-m", "ckpt_audit.cli", *args, "--catalog", str(catalog)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "ckpt_audit.cli", *args, "--catalog", str(catalog)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def ls_run(run: Path, catalog: Path) -> dict:
@@ -135,8 +138,16 @@ def test_ls_and_show_read_a_catalog_they_cannot_write(locked_down):
 
 def test_continuity_reads_checkpoint_steps_from_a_catalog_it_cannot_write(locked_down):
     run, cat = locked_down
-    out = cli("continuity", str(run / "metrics.jsonl"), "--json", "--at-checkpoints", "--fail-on", "error",
-              catalog=cat, unprivileged=True)
+    out = cli(
+        "continuity",
+        str(run / "metrics.jsonl"),
+        "--json",
+        "--at-checkpoints",
+        "--fail-on",
+        "error",
+        catalog=cat,
+        unprivileged=True,
+    )
     assert out.returncode == 0, out.stderr
     # the checkpoint steps came from the catalog (6 is the last logged step: nothing after it to judge)
     assert [p["resume_step"] for p in json.loads(out.stdout)["resume_points"]] == [2, 4]
@@ -160,8 +171,13 @@ def test_tui_browses_a_catalog_it_cannot_write(locked_down):
 
         asyncio.run(main())
     """)
-    out = subprocess.run([*UNPRIVILEGED, sys.executable, "-c", script, str(cat)], capture_output=True, text=True,
-                         timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    out = subprocess.run(
+        [*UNPRIVILEGED, sys.executable, "-c", script, str(cat)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert out.returncode == 0, out.stderr
     error, runs, unrecorded = out.stdout.strip().splitlines()[-1].split("|")
     assert error == "None"

@@ -19,14 +19,15 @@ from click.testing import CliRunner
 from ckpt_audit import lock
 from ckpt_audit.catalog import open_catalog
 from ckpt_audit.catalog.lifecycle import LifecycleLog
-from ckpt_audit.codes import explain
 from ckpt_audit.cli import cli
-from ckpt_audit.models import format_size
+from ckpt_audit.codes import explain
 from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
+from ckpt_audit.models import format_size
 
 pytest.importorskip("textual")
 
 from textual.widgets import DataTable, Input  # noqa: E402
+from tui_pilot import confirm_delete, drive, open_run, settle, steps_on_disk, text_of, wait_armed  # noqa: E402
 
 from tui.app import AuditApp  # noqa: E402
 from tui.screens.checkpoints import CheckpointsScreen  # noqa: E402
@@ -35,7 +36,6 @@ from tui.screens.details import DetailsScreen  # noqa: E402
 from tui.screens.help import HelpScreen  # noqa: E402
 from tui.screens.prompt import ExportPrompt, NumberPrompt  # noqa: E402
 from tui.screens.runs import RunsScreen  # noqa: E402
-from tui_pilot import confirm_delete, drive, open_run, settle, steps_on_disk, text_of, wait_armed  # noqa: E402
 
 
 @pytest.fixture
@@ -64,7 +64,8 @@ def test_navigation_runs_checkpoints_details_help(tree, tmp_path):
         table = screen.query_one("#checkpoints", DataTable)
         assert table.row_count == len(scanned.checkpoints)
         assert [int(table.get_row_at(i)[1]) for i in range(table.row_count)] == sorted(
-            (c.step for c in scanned.checkpoints), reverse=True)
+            (c.step for c in scanned.checkpoints), reverse=True
+        )
 
         await pilot.press("down", "enter")
         await pilot.pause()
@@ -123,8 +124,10 @@ def test_filter_and_sort(tree, tmp_path):
         await pilot.press("s")  # next key: size, largest first
         await pilot.pause()
         sizes = [c.size_bytes for c in sorted(screen.run.checkpoints, key=lambda c: -c.size_bytes)]
-        shown = [next(c for c in screen.run.checkpoints if str(c.step) == table.get_row_at(i)[1]).size_bytes
-                 for i in range(table.row_count)]
+        shown = [
+            next(c for c in screen.run.checkpoints if str(c.step) == table.get_row_at(i)[1]).size_bytes
+            for i in range(table.row_count)
+        ]
         assert shown == sizes
 
     drive(app, script)
@@ -214,8 +217,11 @@ def test_selection_recomputes_plan_and_protected_refuses(tree, tmp_path):
         await pilot.pause()
         assert app.screen is screen
         expected = plan_prune([run], Policy(rules=(KeepLast(n=1),)), now_ns=screen.plan.now_ns)
-        assert {i.path for i in screen.plan.delete} == {i.path for i in expected.delete} == {
-            c.path for c in run.checkpoints if c.path != newest.path}
+        assert (
+            {i.path for i in screen.plan.delete}
+            == {i.path for i in expected.delete}
+            == {c.path for c in run.checkpoints if c.path != newest.path}
+        )
         assert screen.plan.bytes_freed == expected.bytes_freed
 
         # Unmarking one the policy deletes keeps it by hand (a pin for this session).
@@ -341,8 +347,12 @@ def test_catalog_mode_and_locked_catalog(tree, tmp_path):
 def test_cli_tui_rejects_missing_root_and_imports_textual_lazily(tmp_path):
     result = CliRunner().invoke(cli, ["tui", str(tmp_path / "nope")], standalone_mode=False)
     assert result.exit_code != 0
-    proc = subprocess.run([sys.executable, "-m", "ckpt_audit.cli", "tui", str(tmp_path / "nope")],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit.cli", "tui", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 3
     assert proc.stderr.strip().count("\n") == 0 and "not a directory" in proc.stderr
     code = "import sys, ckpt_audit.cli.tui; assert 'textual' not in sys.modules"

@@ -12,13 +12,25 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_audit.models import Status, format_size
 from ckpt_audit.lifecycle.retention import EXPLAIN, Reason
+from ckpt_audit.models import Status, format_size
 
 pytest.importorskip("textual")
 
 from textual.screen import ModalScreen  # noqa: E402
 from textual.widgets import DataTable, Input, Label  # noqa: E402
+from tui_pilot import (  # noqa: E402
+    confirm_delete,
+    drive,
+    open_run,
+    read_late,
+    settle,
+    steps_on_disk,
+    text_of,
+    type_ahead,
+    typed,
+    wait_armed,
+)
 
 from tui import cells  # noqa: E402
 from tui.app import AuditApp  # noqa: E402
@@ -28,9 +40,6 @@ from tui.screens.confirm import ConfirmPrune  # noqa: E402
 from tui.screens.details import DetailsScreen  # noqa: E402
 from tui.screens.help import HelpScreen  # noqa: E402
 from tui.screens.runs import RunsScreen  # noqa: E402
-from tui_pilot import (  # noqa: E402
-    confirm_delete, drive, open_run, read_late, settle, steps_on_disk, text_of, type_ahead, typed, wait_armed,
-)
 
 # What a cat, a sleeve or a user typing into the wrong place sends: every key that once deleted or exported
 # (d y, x ... Enter), a preset (e), and Enters. No Y, Tab or q: those are the deliberate acts (and quit).
@@ -141,7 +150,8 @@ def test_keys_typed_before_the_confirmation_appeared_delete_nothing(tree, tmp_pa
         await read_late(pilot, early)  # still too early, now that it is armed
         assert app.screen is dialog and dialog.ignored == 14 and steps_on_disk(run_dir) == before
         assert "14 key(s) typed before this dialog was ready were ignored" in str(
-            dialog.query_one("#confirm-how").content)
+            dialog.query_one("#confirm-how").content
+        )
         assert app.focused is dialog.query_one("#cancel")
         await pilot.press("escape")
         await settle(pilot)
@@ -175,8 +185,7 @@ def test_stray_keys_on_every_screen_delete_and_export_nothing(tree, tmp_path):
         await type_ahead(pilot, *BURST)
         assert_focus_honest(app)
         assert steps_on_disk(run_dir) == before, f"a burst on {where} deleted"
-        assert written_outside(tmp_path, run_dir) == outside and app.last_export is None, \
-            f"a burst on {where} exported"
+        assert written_outside(tmp_path, run_dir) == outside and app.last_export is None, f"a burst on {where} exported"
 
     async def script(pilot):
         await burst(pilot, "the runs view")  # its Enter opens the run: the rest lands on the checkpoints
@@ -275,8 +284,13 @@ def test_cancel_deletes_nothing(tree, tmp_path):
     async def script(pilot):
         screen = await open_run(pilot)
         await mark_one(pilot, screen)
-        for keys, wait in ((("escape",), False), (("n",), False), (("escape",), True), (("n",), True),
-                           (("enter",), True)):
+        for keys, wait in (
+            (("escape",), False),
+            (("n",), False),
+            (("escape",), True),
+            (("n",), True),
+            (("enter",), True),
+        ):
             await pilot.press("d")
             await pilot.pause()
             dialog = app.screen

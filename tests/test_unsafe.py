@@ -67,8 +67,13 @@ def _plant(step: Path, kind: str, container: str, marker: Path) -> Path:
 
 
 def _cli(*args: str, catalog: Path) -> tuple[int, dict, str]:
-    proc = subprocess.run([*CLI, *args, "--json", "--catalog", str(catalog)], capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [*CLI, *args, "--json", "--catalog", str(catalog)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
@@ -85,12 +90,19 @@ def _latest(run: Path) -> Path:
     return max(run.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
 
 
-@pytest.mark.parametrize(("kind", "container"), [
-    ("extra_state", "zip"), ("extra_state", "legacy"),
-    ("data", "zip"), ("data", "legacy"), ("data", "raw"),
-    ("model", "zip"), ("model", "legacy"),
-    ("optim", "raw"),
-])
+@pytest.mark.parametrize(
+    ("kind", "container"),
+    [
+        ("extra_state", "zip"),
+        ("extra_state", "legacy"),
+        ("data", "zip"),
+        ("data", "legacy"),
+        ("data", "raw"),
+        ("model", "zip"),
+        ("model", "legacy"),
+        ("optim", "raw"),
+    ],
+)
 def test_code_on_resume_makes_the_checkpoint_unsafe(copy_run, verl_run, tmp_path, kind, container):
     run = copy_run(verl_run)
     step = _latest(run)
@@ -176,7 +188,11 @@ def test_truncated_legacy_shard_is_corrupt(copy_run, verl_run, tmp_path):
 
 def test_no_text_suggests_loading_without_weights_only():
     repo = Path(__file__).resolve().parent.parent
-    texts = [repo / "README.md", *(repo / "docs").glob("*.md"), *(repo / "ckpt_audit").rglob("*.py"),
-             *(repo / "tui").rglob("*.py")]
+    texts = [
+        repo / "README.md",
+        *(repo / "docs").glob("*.md"),
+        *(repo / "ckpt_audit").rglob("*.py"),
+        *(repo / "tui").rglob("*.py"),
+    ]
     hits = [str(p) for p in texts if "weights_only=False" in p.read_text(encoding="utf-8")]
     assert hits == []

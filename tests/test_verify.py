@@ -195,8 +195,13 @@ def test_world_size_one_plain_tensors(tmp_path):
     a.mkdir(parents=True)
     torch.save(model.state_dict(), a / "model_world_size_1_rank_0.pt")
     torch.save(opt.state_dict(), a / "optim_world_size_1_rank_0.pt")
-    torch.save({"lr_scheduler": sched.state_dict(), "rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(),
-                "random": random.getstate()}}, a / "extra_state_world_size_1_rank_0.pt")
+    torch.save(
+        {
+            "lr_scheduler": sched.state_dict(),
+            "rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
+        },
+        a / "extra_state_world_size_1_rank_0.pt",
+    )
     (a / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}, indent=4))
     torch.save({"_num_yielded": 1, "_sampler_iter_state": None}, a.parent / "data.pt")
     (a.parent.parent / "latest_checkpointed_iteration.txt").write_text("1")
@@ -255,7 +260,9 @@ def test_param_groups_differ(run):
 
 
 def test_lr_scheduler_differs_across_ranks(run):
-    rewrite(shard(run, "extra_state", 1), lambda e: e["lr_scheduler"].update(last_epoch=e["lr_scheduler"]["last_epoch"] + 2))
+    rewrite(
+        shard(run, "extra_state", 1), lambda e: e["lr_scheduler"].update(last_epoch=e["lr_scheduler"]["last_epoch"] + 2)
+    )
     one(run, "lr-scheduler-differs", rank=1)
 
 
@@ -309,8 +316,14 @@ def test_unsafe_pickle_is_never_executed(run, tmp_path):
     env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
     root = str(run.parent.parent)
     step = str(latest(run))
-    for args in (["scan", root], ["verify", root], ["verify", "--json", step], ["ls"], ["show", step],
-                 ["export", step, "--to", str(tmp_path / "out")]):
+    for args in (
+        ["scan", root],
+        ["verify", root],
+        ["verify", "--json", step],
+        ["ls"],
+        ["show", step],
+        ["export", step, "--to", str(tmp_path / "out")],
+    ):
         proc = subprocess.run(CLI + args, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode in (0, 1, 3), (args, proc.stderr[-500:])
         assert "Traceback" not in proc.stderr, (args, proc.stderr[-800:])
@@ -420,8 +433,10 @@ def test_safetensors_truncated_and_bad_header(megatron):
 def test_safetensors_offsets_disagree_with_shape():
     from ckpt_audit.deep.safetensors_check import check_header
 
-    header = {"a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
-              "b": {"dtype": "BF16", "shape": [4], "data_offsets": [24, 30]}}
+    header = {
+        "a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+        "b": {"dtype": "BF16", "shape": [4], "data_offsets": [24, 30]},
+    }
     found = check_header("x.safetensors", header, data_size=30)
     assert [(f.code, f.tensor) for f in found] == [("safetensors-offsets", "b")]
     assert check_header("x.safetensors", {"a": header["a"]}, data_size=24) == ()
@@ -432,8 +447,7 @@ def test_safetensors_offsets_disagree_with_shape():
 
 def test_cli_verify_exit_codes_and_json(run, megatron, tmp_path):
     env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
-    ok = subprocess.run(CLI + ["verify", "--json", str(megatron)], env=env, capture_output=True, text=True,
-                        timeout=300)
+    ok = subprocess.run(CLI + ["verify", "--json", str(megatron)], env=env, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-500:]
     doc = json.loads(ok.stdout)
     assert doc["schema_version"] == 1 and doc["command"] == "verify" and doc["deep"] is True
@@ -470,8 +484,13 @@ def test_scan_deep_finds_what_verify_finds(run, tmp_path):
     assert deep.exit_code == 1, deep.output
     doc = json.loads(deep.output)
     assert doc["command"] == "scan" and doc["deep"] is True
-    codes = {f["code"] for r in doc["runs"] for c in r["checkpoints"] for comp in c["components"]
-             for f in comp["findings"] + c["findings"]}
+    codes = {
+        f["code"]
+        for r in doc["runs"]
+        for c in r["checkpoints"]
+        for comp in c["components"]
+        for f in comp["findings"] + c["findings"]
+    }
     assert "optimizer-step-differs" in codes
 
 

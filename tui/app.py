@@ -37,7 +37,9 @@ class AuditApp(App[None]):
         self.last_error: str | None = None
         self.catalog_roots: tuple[str, ...] = ()
         self.last_prune = None
-        self.last_survivors = None  # the survivor check of the last prune (ckpt_audit.lifecycle.survivors.SurvivorCheck)
+        self.last_survivors = (
+            None  # the survivor check of the last prune (ckpt_audit.lifecycle.survivors.SurvivorCheck)
+        )
         self.last_export = None
         self.last_verify: ScanResult | None = None
 
@@ -107,8 +109,12 @@ class AuditApp(App[None]):
             return self._failed("reading the catalog", exc)
         if not self.catalog_roots:
             self.call_from_thread(self._hide)
-            return self.call_from_thread(self.notify, "the catalog knows no runs: start with `ckpt-audit tui ROOT`",
-                                         severity="warning", timeout=10)
+            return self.call_from_thread(
+                self.notify,
+                "the catalog knows no runs: start with `ckpt-audit tui ROOT`",
+                severity="warning",
+                timeout=10,
+            )
         self._scan()
 
     @work(thread=True, group="io", exit_on_error=False)
@@ -118,8 +124,9 @@ class AuditApp(App[None]):
     def _scan(self, done: str = "") -> None:
         roots = self.scan_targets()
         if not roots:
-            return self.call_from_thread(self.notify, "nothing to scan: start with `ckpt-audit tui ROOT`",
-                                         severity="warning")
+            return self.call_from_thread(
+                self.notify, "nothing to scan: start with `ckpt-audit tui ROOT`", severity="warning"
+            )
         self._busy("scanning")
         try:
             snap = scan_roots(roots, self.catalog_path, progress=self._progress("scanning"))
@@ -168,9 +175,11 @@ class AuditApp(App[None]):
                 result = execute(check.plan, catalog=self._log(cat), progress=progress, reread=check.outcomes())
         except Exception as exc:  # noqa: BLE001 - lock.Locked included: a cron run is busy, try again later
             return self._failed("pruning", exc)
-        summary = (f"deleted {result.count(Action.DELETED)}, skipped {result.count(Action.SKIPPED)}, "
-                   f"failed {result.count(Action.FAILED)}; freed {format_size(result.bytes_freed)}, "
-                   f"re-read {format_size(result.bytes_reread)}")
+        summary = (
+            f"deleted {result.count(Action.DELETED)}, skipped {result.count(Action.SKIPPED)}, "
+            f"failed {result.count(Action.FAILED)}; freed {format_size(result.bytes_freed)}, "
+            f"re-read {format_size(result.bytes_reread)}"
+        )
         self.last_prune = result
         # What is on disk now is the truth: rescan rather than edit the snapshot by hand.
         self._scan(done=summary)
@@ -178,11 +187,13 @@ class AuditApp(App[None]):
     def _stale_plan(self, check) -> None:
         """A survivor failed its re-read: nothing is deleted; show the runs as they are now, with a new plan."""
         fresh = {r.path: r for r in check.runs}
-        snap = replace(self.snapshot, runs=tuple(fresh.get(r.path, r) for r in self.snapshot.runs),
-                       loaded_ns=time.time_ns())
+        snap = replace(
+            self.snapshot, runs=tuple(fresh.get(r.path, r) for r in self.snapshot.runs), loaded_ns=time.time_ns()
+        )
         failed = ", ".join(f"step {r.checkpoint.step} is {r.status}" for r in check.failed)
-        self.call_from_thread(self._set_snapshot, snap, f"nothing deleted: re-read before pruning: {failed}; "
-                                                        "review the new plan")
+        self.call_from_thread(
+            self._set_snapshot, snap, f"nothing deleted: re-read before pruning: {failed}; review the new plan"
+        )
 
     @work(thread=True, group="io", exit_on_error=False)
     def _export_job(self, ckpt: Checkpoint, to: str, dtype: str | None) -> None:
@@ -192,14 +203,22 @@ class AuditApp(App[None]):
         tick = self._progress("exporting")
         try:
             with locked_catalog(self.catalog_path) as cat:
-                result = export_checkpoint(ckpt.path, to, dtype=dtype, catalog=self._log(cat),
-                                           protected_roots=self.scan_targets(),
-                                           progress=lambda done, total, _name: tick(done, total))
+                result = export_checkpoint(
+                    ckpt.path,
+                    to,
+                    dtype=dtype,
+                    catalog=self._log(cat),
+                    protected_roots=self.scan_targets(),
+                    progress=lambda done, total, _name: tick(done, total),
+                )
         except Exception as exc:  # noqa: BLE001 - ExportError carries a one-line reason
             return self._failed("exporting", exc)
         self.last_export = result
-        self.call_from_thread(self._done, f"exported step {ckpt.step} to {result.out_dir} "
-                                          f"({result.tensors} tensors, {format_size(result.total_bytes)})")
+        self.call_from_thread(
+            self._done,
+            f"exported step {ckpt.step} to {result.out_dir} "
+            f"({result.tensors} tensors, {format_size(result.total_bytes)})",
+        )
 
     # ------------------------------------------------------------------------------------------ plumbing
 
@@ -226,11 +245,14 @@ class AuditApp(App[None]):
     def _merge_verified(self, result: ScanResult) -> None:
         """Put verified checkpoints (with their deep findings) in place of the scanned ones."""
         fresh = {c.path: c for r in result.runs for c in r.checkpoints}
-        runs = tuple(replace(r, checkpoints=tuple(fresh.get(c.path, c) for c in r.checkpoints))
-                     for r in self.snapshot.runs)
+        runs = tuple(
+            replace(r, checkpoints=tuple(fresh.get(c.path, c) for c in r.checkpoints)) for r in self.snapshot.runs
+        )
         bad = sum(1 for c in fresh.values() for f in c.all_findings if f.severity is Severity.ERROR)
-        self._set_snapshot(replace(self.snapshot, runs=runs, loaded_ns=time.time_ns()),
-                           f"verified: {bad} error finding(s) in {len(fresh)} checkpoint(s)")
+        self._set_snapshot(
+            replace(self.snapshot, runs=runs, loaded_ns=time.time_ns()),
+            f"verified: {bad} error finding(s) in {len(fresh)} checkpoint(s)",
+        )
 
     def _progress(self, label: str):
         last = 0

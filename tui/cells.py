@@ -17,8 +17,16 @@ BADGE: dict[Status, tuple[str, str]] = {
     Status.UNKNOWN: ("? unknown", "bold black on yellow"),  # not a verdict: part of it could not be read
 }
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
-SHORT = {Status.COMPLETE: "✓", Status.INCOMPLETE: "◐", Status.CORRUPT: "✗", Status.UNCOMMITTED: "…",
-         Status.HUSK: "○", Status.IN_PROGRESS: "⟳", Status.UNSAFE: "!", Status.UNKNOWN: "?"}
+SHORT = {
+    Status.COMPLETE: "✓",
+    Status.INCOMPLETE: "◐",
+    Status.CORRUPT: "✗",
+    Status.UNCOMMITTED: "…",
+    Status.HUSK: "○",
+    Status.IN_PROGRESS: "⟳",
+    Status.UNSAFE: "!",
+    Status.UNKNOWN: "?",
+}
 # What each status means for the person deciding what to delete (help screen, details view).
 MEANING: dict[Status, str] = {
     Status.COMPLETE: "every shard present and intact: resumable",
@@ -27,10 +35,9 @@ MEANING: dict[Status, str] = {
     Status.UNCOMMITTED: "newer than the tracker: resume does not load it",
     Status.HUSK: "nothing resumable left in it",
     Status.IN_PROGRESS: "being written now: judged on a later scan, never deleted",
-    Status.UNSAFE: "a pickle in it reaches code outside the allowlist: resuming would run it; kept until you "
-                   "select it",
+    Status.UNSAFE: "a pickle in it reaches code outside the allowlist: resuming would run it; kept until you select it",
     Status.UNKNOWN: "something inside could not be read (permissions, I/O, a link out of the root): no evidence "
-                    "it is disposable, so it is never deleted",
+    "it is disposable, so it is never deleted",
 }
 
 

@@ -54,9 +54,15 @@ def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Pro
     result = scan(list(roots), previous=_previous(catalog_path), progress=progress)
     unrecorded = record(result, catalog_path)
     done = result.finished_ns or time.time_ns()
-    return Snapshot(runs=result.runs, scanned_ns={r.path: done for r in result.runs}, loaded_ns=done,
-                    files_hashed=result.files_hashed, files_reused=result.files_reused, unrecorded=unrecorded,
-                    verified_ns={p: f.verified_ns for p, f in result.file_facts.items()})
+    return Snapshot(
+        runs=result.runs,
+        scanned_ns={r.path: done for r in result.runs},
+        loaded_ns=done,
+        files_hashed=result.files_hashed,
+        files_reused=result.files_reused,
+        unrecorded=unrecorded,
+        verified_ns={p: f.verified_ns for p, f in result.file_facts.items()},
+    )
 
 
 def verify_paths(paths: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> ScanResult:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-
 from dataclasses import asdict, fields
 
 from ckpt_audit.codes import CODES
@@ -60,7 +59,8 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
     try:
         rows = conn.execute(
             "SELECT path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, verified_ns"
-            " FROM files WHERE present = 1").fetchall()
+            " FROM files WHERE present = 1"
+        ).fetchall()
     except sqlite3.OperationalError:
         return {}  # a fresh catalog without tables yet
     except sqlite3.DatabaseError as exc:
@@ -73,8 +73,14 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
         found = findings_from_json(ff, path)
         pt, pt_whole = pt_from_json(pt_doc)
         out[path] = FileFacts(
-            path=path, size_bytes=size, mtime_ns=mtime, inode=inode, hash=h,
-            crc_ok=None if crc is None else bool(crc), findings=found, pt=pt,
+            path=path,
+            size_bytes=size,
+            mtime_ns=mtime,
+            inode=inode,
+            hash=h,
+            crc_ok=None if crc is None else bool(crc),
+            findings=found,
+            pt=pt,
             # a row missing a fact the readers now record cannot vouch for the file: read it again
             verified_ns=verified if pt_whole else None,
         )
@@ -95,8 +101,14 @@ def _finding(doc: dict | list, path: str) -> Finding:
         code, message = doc[0], doc[1]
         sev = CODES[code].severity if code in CODES else Severity.ERROR
         return Finding(severity=sev, code=code, path=path, message=message)
-    return Finding(severity=Severity[doc["severity"].upper()], code=doc["code"], path=doc.get("path", path),
-                   message=doc["message"], rank=doc.get("rank"), tensor=doc.get("tensor"))
+    return Finding(
+        severity=Severity[doc["severity"].upper()],
+        code=doc["code"],
+        path=doc.get("path", path),
+        message=doc["message"],
+        rank=doc.get("rank"),
+        tensor=doc.get("tensor"),
+    )
 
 
 _PT_FIELDS = frozenset(f.name for f in fields(PtFacts))
@@ -115,11 +127,21 @@ def pt_from_json(doc: str | None) -> tuple[PtFacts | None, bool]:
     return pt, set(d) >= _PT_FIELDS
 
 
-def as_shard_files(facts: dict[str, FileFacts], kinds: dict[str, tuple[str, int | None, int | None]]) -> dict[str, ShardFile]:
+def as_shard_files(
+    facts: dict[str, FileFacts], kinds: dict[str, tuple[str, int | None, int | None]]
+) -> dict[str, ShardFile]:
     return {
         p: ShardFile(
-            path=p, kind=FileKind(kinds[p][0]), rank=kinds[p][1], world_size=kinds[p][2], size_bytes=f.size_bytes,
-            mtime_ns=f.mtime_ns, inode=f.inode, hash=f.hash, crc_ok=f.crc_ok,
+            path=p,
+            kind=FileKind(kinds[p][0]),
+            rank=kinds[p][1],
+            world_size=kinds[p][2],
+            size_bytes=f.size_bytes,
+            mtime_ns=f.mtime_ns,
+            inode=f.inode,
+            hash=f.hash,
+            crc_ok=f.crc_ok,
         )
-        for p, f in facts.items() if p in kinds
+        for p, f in facts.items()
+        if p in kinds
     }

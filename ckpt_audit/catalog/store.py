@@ -16,8 +16,14 @@ from typing import TYPE_CHECKING
 import sqlite_utils
 
 from ckpt_audit import __version__
-from ckpt_audit.catalog.manifest import (CatalogError, as_shard_files, findings_from_json, findings_to_json, pt_to_json,
-                                         read_previous)
+from ckpt_audit.catalog.manifest import (
+    CatalogError,
+    as_shard_files,
+    findings_from_json,
+    findings_to_json,
+    pt_to_json,
+    read_previous,
+)
 from ckpt_audit.catalog.migrations import MIGRATIONS
 from ckpt_audit.killpoints import CATALOG_KILL_AFTER_ENV, OpCounter
 from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
@@ -64,8 +70,10 @@ def read_catalog(path: str | os.PathLike[str]) -> Catalog:
         raise CatalogError(f"catalog {path} cannot be read: {exc}") from None
     if pending:
         conn.close()
-        raise CatalogError(f"catalog {path} was written by an older ckpt-audit: the next `ckpt-audit scan` "
-                           "(by a user who can write it) upgrades it")
+        raise CatalogError(
+            f"catalog {path} was written by an older ckpt-audit: the next `ckpt-audit scan` "
+            "(by a user who can write it) upgrades it"
+        )
     return Catalog(db, path, writable=False)
 
 
@@ -102,22 +110,30 @@ class Catalog:
         """
         every = result.all_findings
         conn = self.db.conn
-        ops = OpCounter.from_env(CATALOG_KILL_AFTER_ENV)  # the kill -9 matrix stops the process between any two statements
+        ops = OpCounter.from_env(
+            CATALOG_KILL_AFTER_ENV
+        )  # the kill -9 matrix stops the process between any two statements
         with self.db.atomic():
-            scan_id = self.db["scans"].insert({
-                "started_ns": result.started_ns,
-                "finished_ns": result.finished_ns,
-                "roots": json.dumps(list(result.roots)),
-                "tool_version": __version__,
-                "deep": int(result.deep),
-                "rehash": int(rehash),
-                "files_hashed": result.files_hashed,
-                "files_reused": result.files_reused,
-                "bytes_hashed": result.bytes_hashed,
-                "bytes_scrubbed": result.bytes_scrubbed,
-                "errors": sum(1 for f in every if f.severity is Severity.ERROR),
-                "warnings": sum(1 for f in every if f.severity is Severity.WARNING),
-            }).last_pk
+            scan_id = (
+                self.db["scans"]
+                .insert(
+                    {
+                        "started_ns": result.started_ns,
+                        "finished_ns": result.finished_ns,
+                        "roots": json.dumps(list(result.roots)),
+                        "tool_version": __version__,
+                        "deep": int(result.deep),
+                        "rehash": int(rehash),
+                        "files_hashed": result.files_hashed,
+                        "files_reused": result.files_reused,
+                        "bytes_hashed": result.bytes_hashed,
+                        "bytes_scrubbed": result.bytes_scrubbed,
+                        "errors": sum(1 for f in every if f.severity is Severity.ERROR),
+                        "warnings": sum(1 for f in every if f.severity is Severity.WARNING),
+                    }
+                )
+                .last_pk
+            )
             ops.tick()
             old_hash = dict(conn.execute("SELECT path, hash FROM files WHERE present = 1"))
             reused = result.reused_paths
@@ -143,12 +159,16 @@ class Catalog:
             ops.tick()
             cols = _FILE_COLS + ", last_scan_id, present"
             conn.executemany(
-                f"INSERT OR REPLACE INTO files ({cols}) VALUES ({', '.join('?' * (_N_FILE_COLS + 1))}, 1)", file_rows)
+                f"INSERT OR REPLACE INTO files ({cols}) VALUES ({', '.join('?' * (_N_FILE_COLS + 1))}, 1)", file_rows
+            )
             conn.executemany(
-                "INSERT INTO hash_history (path, scan_id, hash, size_bytes, mtime_ns) VALUES (?, ?, ?, ?, ?)", history)
+                "INSERT INTO hash_history (path, scan_id, hash, size_bytes, mtime_ns) VALUES (?, ?, ?, ?, ?)", history
+            )
             conn.executemany(
                 "INSERT INTO findings (scan_id, severity, code, path, message, rank, tensor, run_path, checkpoint_path)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", finding_rows)
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                finding_rows,
+            )
             ops.tick()
             for root in result.roots:  # what the roots no longer hold is kept, marked absent
                 below = root.rstrip("/") + "/"
@@ -156,8 +176,10 @@ class Catalog:
                 conn.executemany("UPDATE files SET present = 0 WHERE path = ?", gone)
                 under = "(path = ? OR substr(path, 1, ?) = ?)"
                 for table in ("checkpoints", "runs"):
-                    conn.execute(f"UPDATE {table} SET present = 0 WHERE last_scan_id != ? AND present = 1 AND {under}",
-                                 [scan_id, root, len(below), below])
+                    conn.execute(
+                        f"UPDATE {table} SET present = 0 WHERE last_scan_id != ? AND present = 1 AND {under}",
+                        [scan_id, root, len(below), below],
+                    )
             refresh_run_summaries(conn, [r.path for r in result.runs])
             ops.tick()
         ops.tick()  # committed
@@ -183,19 +205,29 @@ class Catalog:
                         continue
                     new = [f for f in r.findings if f.path == path]
                     old = [f for f in findings_from_json(row[1], path) if f.code not in {n.code for n in new}]
-                    conn.execute("UPDATE files SET hash = ?, crc_ok = ?, file_findings = ?, verified_ns = ?"
-                                 " WHERE path = ?", [got.hash, None if got.crc_ok is None else int(got.crc_ok),
-                                                     findings_to_json(tuple(old + new)), r.read_ns, path])
+                    conn.execute(
+                        "UPDATE files SET hash = ?, crc_ok = ?, file_findings = ?, verified_ns = ? WHERE path = ?",
+                        [
+                            got.hash,
+                            None if got.crc_ok is None else int(got.crc_ok),
+                            findings_to_json(tuple(old + new)),
+                            r.read_ns,
+                            path,
+                        ],
+                    )
                     if got.hash != row[0]:
-                        conn.execute("INSERT INTO hash_history (path, scan_id, hash, size_bytes, mtime_ns)"
-                                     " VALUES (?, ?, ?, ?, ?)", [path, scan_id[0], got.hash, got.size_bytes,
-                                                                 got.mtime_ns])
+                        conn.execute(
+                            "INSERT INTO hash_history (path, scan_id, hash, size_bytes, mtime_ns)"
+                            " VALUES (?, ?, ?, ?, ?)",
+                            [path, scan_id[0], got.hash, got.size_bytes, got.mtime_ns],
+                        )
                 if not r.ok:
                     conn.execute("UPDATE checkpoints SET status = ? WHERE path = ?", [r.status.value, ckpt.path])
                     conn.executemany(
                         "INSERT INTO findings (scan_id, severity, code, path, message, rank, tensor, run_path,"
                         " checkpoint_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        [_finding_row(f, scan_id[0], ckpt.run_path, ckpt.path) for f in r.findings])
+                        [_finding_row(f, scan_id[0], ckpt.run_path, ckpt.path) for f in r.findings],
+                    )
                     refresh_run_summaries(conn, [ckpt.run_path])
 
     # -- reading ----------------------------------------------------------------------------------------------
@@ -204,8 +236,12 @@ class Catalog:
         return read_previous(self.db.conn)
 
     def previous_manifest(self) -> dict[str, ShardFile]:
-        kinds = {p: (k, r, w) for p, k, r, w in self.db.execute(
-            "SELECT path, kind, rank, world_size FROM files WHERE present = 1").fetchall()}
+        kinds = {
+            p: (k, r, w)
+            for p, k, r, w in self.db.execute(
+                "SELECT path, kind, rank, world_size FROM files WHERE present = 1"
+            ).fetchall()
+        }
         return as_shard_files(self.previous_facts(), kinds)
 
     def _rows(self, sql: str, params: list | tuple = ()) -> list[dict]:
@@ -223,10 +259,12 @@ class Catalog:
         """Runs: path, name, layout, tracker_step, n_checkpoints, latest_complete_step, size_bytes, statuses."""
         rows = self._rows(
             "SELECT path, name, layout, tracker_step, metrics_path, n_checkpoints, latest_complete_step, size_bytes,"
-            " last_scan_id, present FROM runs" + ("" if include_absent else " WHERE present = 1") + " ORDER BY path")
+            " last_scan_id, present FROM runs" + ("" if include_absent else " WHERE present = 1") + " ORDER BY path"
+        )
         counts: dict[str, dict[str, int]] = {}
         for run_path, status, n in self.db.execute(
-                "SELECT run_path, status, COUNT(*) FROM checkpoints WHERE present = 1 GROUP BY run_path, status"):
+            "SELECT run_path, status, COUNT(*) FROM checkpoints WHERE present = 1 GROUP BY run_path, status"
+        ):
             counts.setdefault(run_path, {})[status] = n
         for r in rows:
             r["statuses"] = counts.get(r["path"], {})
@@ -237,8 +275,11 @@ class Catalog:
         mtime_ns, errors, warnings — from the checkpoint_status view — and verified_ns (its files' oldest last
         verification by content; None when one never was)."""
         where, params = ("WHERE run_path = ?", [run_path]) if run_path is not None else ("", [])
-        return self._rows(f"SELECT *, {_OLDEST_VERIFIED.format(ckpt='checkpoint_status.path')} AS verified_ns"
-                          f" FROM checkpoint_status {where} ORDER BY run_path, step", params)
+        return self._rows(
+            f"SELECT *, {_OLDEST_VERIFIED.format(ckpt='checkpoint_status.path')} AS verified_ns"
+            f" FROM checkpoint_status {where} ORDER BY run_path, step",
+            params,
+        )
 
     def latest_complete(self) -> list[dict]:
         return self._rows("SELECT * FROM latest_complete_checkpoint ORDER BY run_path")
@@ -254,19 +295,25 @@ class Catalog:
         ckpt["verified_ns"] = self.db.execute(f"SELECT {_OLDEST_VERIFIED.format(ckpt='?')}", [path]).fetchone()[0]
         ckpt["files"] = self._rows(
             "SELECT path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash, crc_ok, verified_ns, present"
-            " FROM files WHERE checkpoint_path = ? ORDER BY path", [path])
+            " FROM files WHERE checkpoint_path = ? ORDER BY path",
+            [path],
+        )
         for f in ckpt["files"]:
             f["crc_ok"] = None if f["crc_ok"] is None else bool(f["crc_ok"])
         ckpt["findings"] = self._rows(
             "SELECT severity, code, path, message, rank, tensor FROM findings"
-            " WHERE checkpoint_path = ? AND scan_id = ? ORDER BY id", [path, ckpt["last_scan_id"]])
+            " WHERE checkpoint_path = ? AND scan_id = ? ORDER BY id",
+            [path, ckpt["last_scan_id"]],
+        )
         return ckpt
 
     def file_history(self, path: str) -> list[dict]:
         """Each recorded hash of one file: scan_id, started_ns, hash, size_bytes, mtime_ns (oldest first)."""
         return self._rows(
             "SELECT h.scan_id, s.started_ns, h.hash, h.size_bytes, h.mtime_ns FROM hash_history h"
-            " JOIN scans s ON s.id = h.scan_id WHERE h.path = ? ORDER BY h.scan_id", [path])
+            " JOIN scans s ON s.id = h.scan_id WHERE h.path = ? ORDER BY h.scan_id",
+            [path],
+        )
 
     def findings(self, scan_id: int | None = None) -> list[dict]:
         if scan_id is None:
@@ -293,8 +340,10 @@ def refresh_run_summaries(conn: sqlite3.Connection, run_paths: list[str]) -> Non
 
 # a checkpoint was last verified by content when its least recently verified present file was; never (NULL) if one
 # of them never was
-_OLDEST_VERIFIED = ("(SELECT CASE WHEN COUNT(*) = 0 OR COUNT(verified_ns) < COUNT(*) THEN NULL ELSE MIN(verified_ns) END"
-                    " FROM files WHERE checkpoint_path = {ckpt} AND present = 1)")
+_OLDEST_VERIFIED = (
+    "(SELECT CASE WHEN COUNT(*) = 0 OR COUNT(verified_ns) < COUNT(*) THEN NULL ELSE MIN(verified_ns) END"
+    " FROM files WHERE checkpoint_path = {ckpt} AND present = 1)"
+)
 
 
 def _files_with_role(ckpt: Checkpoint) -> Iterator[tuple[str | None, ShardFile]]:
@@ -308,10 +357,16 @@ def _files_with_role(ckpt: Checkpoint) -> Iterator[tuple[str | None, ShardFile]]
 def _run_row(run: Run, scan_id: int) -> dict:
     latest = run.latest_complete
     return {
-        "path": run.path, "name": run.name, "layout": run.layout, "tracker_step": run.tracker_step,
-        "metrics_path": run.metrics_path, "n_checkpoints": len(run.checkpoints),
-        "latest_complete_step": latest.step if latest else None, "size_bytes": run.size_bytes,
-        "last_scan_id": scan_id, "present": 1,
+        "path": run.path,
+        "name": run.name,
+        "layout": run.layout,
+        "tracker_step": run.tracker_step,
+        "metrics_path": run.metrics_path,
+        "n_checkpoints": len(run.checkpoints),
+        "latest_complete_step": latest.step if latest else None,
+        "size_bytes": run.size_bytes,
+        "last_scan_id": scan_id,
+        "present": 1,
     }
 
 
@@ -321,15 +376,24 @@ def _component_doc(c: Component) -> dict:
 
 def _checkpoint_row(ckpt: Checkpoint, scan_id: int) -> dict:
     return {
-        "path": ckpt.path, "run_path": ckpt.run_path, "step": ckpt.step, "status": ckpt.status.value,
-        "world_size": ckpt.world_size, "size_bytes": ckpt.size_bytes, "n_files": len(ckpt.all_files),
-        "mtime_ns": ckpt.mtime_ns, "components": json.dumps([_component_doc(c) for c in ckpt.components]),
-        "last_scan_id": scan_id, "present": 1,
+        "path": ckpt.path,
+        "run_path": ckpt.run_path,
+        "step": ckpt.step,
+        "status": ckpt.status.value,
+        "world_size": ckpt.world_size,
+        "size_bytes": ckpt.size_bytes,
+        "n_files": len(ckpt.all_files),
+        "mtime_ns": ckpt.mtime_ns,
+        "components": json.dumps([_component_doc(c) for c in ckpt.components]),
+        "last_scan_id": scan_id,
+        "present": 1,
     }
 
 
-_FILE_COLS = ("path, run_path, checkpoint_path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash,"
-              " crc_ok, file_findings, pt_facts, verified_ns")
+_FILE_COLS = (
+    "path, run_path, checkpoint_path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash,"
+    " crc_ok, file_findings, pt_facts, verified_ns"
+)
 _N_FILE_COLS = _FILE_COLS.count(",") + 1
 
 
@@ -338,9 +402,21 @@ def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, fac
     not a hand-kept list of codes, so a later scan that reuses the row forgets nothing; a file whose facts are
     unknown here is recorded as never verified, so the next scan reads it again."""
     return (
-        f.path, run_path, ckpt_path, role, f.kind.value, f.rank, f.world_size, f.size_bytes, f.mtime_ns, f.inode,
-        f.hash, None if f.crc_ok is None else int(f.crc_ok), findings_to_json(fact.findings) if fact else "[]",
-        pt_to_json(fact.pt) if fact else None, fact.verified_ns if fact else None,
+        f.path,
+        run_path,
+        ckpt_path,
+        role,
+        f.kind.value,
+        f.rank,
+        f.world_size,
+        f.size_bytes,
+        f.mtime_ns,
+        f.inode,
+        f.hash,
+        None if f.crc_ok is None else int(f.crc_ok),
+        findings_to_json(fact.findings) if fact else "[]",
+        pt_to_json(fact.pt) if fact else None,
+        fact.verified_ns if fact else None,
     )
 
 

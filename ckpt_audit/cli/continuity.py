@@ -15,33 +15,101 @@ FAIL_ON = ("info", "warning", "error")
 
 @click.command("continuity")
 @click.argument("metrics", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--metric", default=None, metavar="NAME",
-              help="Metric to watch (default: loss, else the first *loss metric). Reward metrics work too.")
-@click.option("--resume-at", "resume_at", type=click.IntRange(0), multiple=True, metavar="STEP",
-              help="A checkpoint step the run resumed from (repeatable), for logs that show no trace of it.")
-@click.option("--catalog", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Catalog to take the run's checkpoint steps from (resume targets, resumed-from-older).")
-@click.option("--run", "run_path", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The run directory in the catalog (default: the run whose metrics file this is, or its folder).")
-@click.option("--at-checkpoints", is_flag=True,
-              help="With --catalog: also judge the metric at every checkpoint step (appended logs leave no trace).")
-@click.option("--window", type=click.IntRange(3), default=20, show_default=True,
-              help="Points before each resume that define its trend and noise.")
-@click.option("--threshold", type=click.FloatRange(0, min_open=True), default=6.0, show_default=True,
-              help="A jump counts when the first points after a resume leave the trend by this many noise units.")
-@click.option("--after", type=click.IntRange(1), default=3, show_default=True,
-              help="Points after the resume whose median is compared (1: any single spike counts).")
-@click.option("--time-gap", type=click.FloatRange(0), default=60.0, show_default=True, metavar="SECONDS",
-              help="A pause in the log's timestamps longer than this (and 20x the usual interval) marks a restart.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write an SVG of the metric around each resume, with window and threshold band.")
+@click.option(
+    "--metric",
+    default=None,
+    metavar="NAME",
+    help="Metric to watch (default: loss, else the first *loss metric). Reward metrics work too.",
+)
+@click.option(
+    "--resume-at",
+    "resume_at",
+    type=click.IntRange(0),
+    multiple=True,
+    metavar="STEP",
+    help="A checkpoint step the run resumed from (repeatable), for logs that show no trace of it.",
+)
+@click.option(
+    "--catalog",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Catalog to take the run's checkpoint steps from (resume targets, resumed-from-older).",
+)
+@click.option(
+    "--run",
+    "run_path",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The run directory in the catalog (default: the run whose metrics file this is, or its folder).",
+)
+@click.option(
+    "--at-checkpoints",
+    is_flag=True,
+    help="With --catalog: also judge the metric at every checkpoint step (appended logs leave no trace).",
+)
+@click.option(
+    "--window",
+    type=click.IntRange(3),
+    default=20,
+    show_default=True,
+    help="Points before each resume that define its trend and noise.",
+)
+@click.option(
+    "--threshold",
+    type=click.FloatRange(0, min_open=True),
+    default=6.0,
+    show_default=True,
+    help="A jump counts when the first points after a resume leave the trend by this many noise units.",
+)
+@click.option(
+    "--after",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Points after the resume whose median is compared (1: any single spike counts).",
+)
+@click.option(
+    "--time-gap",
+    type=click.FloatRange(0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A pause in the log's timestamps longer than this (and 20x the usual interval) marks a restart.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write an SVG of the metric around each resume, with window and threshold band.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (with schema_version) to stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing when clean; else only the failing findings.")
-@click.option("--fail-on", type=click.Choice(FAIL_ON), default="warning", show_default=True,
-              help="Exit 1 when a finding at or above this severity is present.")
+@click.option(
+    "--fail-on",
+    type=click.Choice(FAIL_ON),
+    default="warning",
+    show_default=True,
+    help="Exit 1 when a finding at or above this severity is present.",
+)
 @click.pass_context
-def continuity_command(ctx: click.Context, metrics, metric, resume_at, catalog, run_path, at_checkpoints, window,
-                       threshold, after, time_gap, plot_path, as_json, quiet, fail_on) -> None:
+def continuity_command(
+    ctx: click.Context,
+    metrics,
+    metric,
+    resume_at,
+    catalog,
+    run_path,
+    at_checkpoints,
+    window,
+    threshold,
+    after,
+    time_gap,
+    plot_path,
+    as_json,
+    quiet,
+    fail_on,
+) -> None:
     """Judge the watched metric at every resume in METRICS... (JSON lines, CSV, TensorBoard events).
 
     Finds the resumes (step counter reset or repeated, a new file per attempt, a pause in the timestamps, the
@@ -70,9 +138,17 @@ def continuity_command(ctx: click.Context, metrics, metric, resume_at, catalog, 
     try:
         log = read_metrics(metrics)
         checkpoints = _catalog_checkpoints(catalog, run_path, metrics) if catalog is not None else ()
-        result = audit_log(log, metric=metric, resume_at=resume_at, checkpoints=checkpoints, window=window,
-                           threshold=threshold, after=after, time_gap_s=time_gap,
-                           judge_checkpoints=at_checkpoints)
+        result = audit_log(
+            log,
+            metric=metric,
+            resume_at=resume_at,
+            checkpoints=checkpoints,
+            window=window,
+            threshold=threshold,
+            after=after,
+            time_gap_s=time_gap,
+            judge_checkpoints=at_checkpoints,
+        )
     except MetricsError as exc:
         raise CommandError(str(exc)) from None
     if plot_path is not None:
@@ -103,8 +179,8 @@ def write_plot(path: Path, result) -> None:
 
 def _catalog_checkpoints(catalog: Path, run_path: Path | None, metrics) -> tuple:
     from ckpt_audit.catalog import CatalogError, read_catalog
-    from ckpt_audit.continuity.resume_points import CheckpointRef
     from ckpt_audit.continuity.metrics import MetricsError
+    from ckpt_audit.continuity.resume_points import CheckpointRef
 
     if not catalog.is_file():
         raise MetricsError(f"catalog {catalog} does not exist (run ckpt-audit scan first)")
@@ -116,19 +192,23 @@ def _catalog_checkpoints(catalog: Path, run_path: Path | None, metrics) -> tuple
                 run = next((r for r in runs if os.path.realpath(r["path"]) == wanted), None)
             else:
                 files = {os.path.realpath(p) for p in metrics}
-                run = next((r for r in runs if r["metrics_path"] and os.path.realpath(r["metrics_path"]) in files),
-                           None)
+                run = next(
+                    (r for r in runs if r["metrics_path"] and os.path.realpath(r["metrics_path"]) in files), None
+                )
                 if run is None:
                     dirs = {os.path.dirname(f) for f in files}
                     run = next((r for r in runs if os.path.realpath(r["path"]) in dirs), None)
             if run is None:
-                raise MetricsError(f"no run in catalog {catalog} for {run_path or ', '.join(map(str, metrics))}; "
-                                   "name it with --run")
+                raise MetricsError(
+                    f"no run in catalog {catalog} for {run_path or ', '.join(map(str, metrics))}; name it with --run"
+                )
             rows = cat.checkpoints(run["path"])
     except CatalogError as exc:
         raise MetricsError(str(exc)) from None
-    return tuple(CheckpointRef(step=int(r["step"]), complete=r["status"] == "complete", mtime_ns=int(r["mtime_ns"] or 0))
-                 for r in rows)
+    return tuple(
+        CheckpointRef(step=int(r["step"]), complete=r["status"] == "complete", mtime_ns=int(r["mtime_ns"] or 0))
+        for r in rows
+    )
 
 
 def _around(line: str, cut: int) -> str:
@@ -144,16 +224,20 @@ def _render(result, plot_path):
     from ckpt_audit.continuity.sparkline import sparkline
 
     s = result.series
-    yield (f"{', '.join(result.paths)}: {result.metric}, {len(s)} points, steps {min(s.steps)}-{max(s.steps)}, "
-           f"{len(result.points)} resume point(s)")
+    yield (
+        f"{', '.join(result.paths)}: {result.metric}, {len(s)} points, steps {min(s.steps)}-{max(s.steps)}, "
+        f"{len(result.points)} resume point(s)"
+    )
     for pr in result.points:
         p, j = pr.point, pr.judgement
         lo, hi = max(0, p.index - result.window), min(len(s), p.index + result.window // 2)
         verdict = "no verdict" if not j.sufficient else ("JUMP" if j.jumped else "ok")
         score = f"{j.score:+.1f}" if j.sufficient else "-"
-        yield (f"  resume from step {p.resume_step} (first logged {p.first_step}; {'+'.join(p.sources)}"
-               f"{', inferred' if p.inferred else ''}): {verdict}  score {score} / {result.threshold:g}  "
-               f"{_around(sparkline(s.values[lo:hi]), p.index - lo)}")
+        yield (
+            f"  resume from step {p.resume_step} (first logged {p.first_step}; {'+'.join(p.sources)}"
+            f"{', inferred' if p.inferred else ''}): {verdict}  score {score} / {result.threshold:g}  "
+            f"{_around(sparkline(s.values[lo:hi]), p.index - lo)}"
+        )
     if result.findings:
         yield "findings:"
         for f in result.findings:
@@ -177,8 +261,10 @@ def _document(result, *, exit_code: int, plot) -> dict:
         "last_step": max(s.steps),
         "window": result.window,
         "threshold": result.threshold,
-        "resume_points": [{**pr.point.to_dict(), "judgement": pr.judgement.to_dict(),
-                           "findings": [f.code for f in pr.findings]} for pr in result.points],
+        "resume_points": [
+            {**pr.point.to_dict(), "judgement": pr.judgement.to_dict(), "findings": [f.code for f in pr.findings]}
+            for pr in result.points
+        ],
         "findings": [f.to_dict() for f in result.findings],
         "summary": counts,
         "plot": os.fspath(plot) if plot is not None else None,

@@ -40,15 +40,25 @@ def build_demo_tree(directory: Path, *, world_size: int = 2, steps: int = 6, sav
     if not (run / "latest_checkpointed_iteration.txt").exists():
         from harness.tree import write_tree  # torch, lazily: only the demo trains
 
-        run = Path(write_tree(directory / "ckpts", project="demo", experiment="exp", world_size=world_size,
-                              steps=steps, save_every=save_every))
+        run = Path(
+            write_tree(
+                directory / "ckpts",
+                project="demo",
+                experiment="exp",
+                world_size=world_size,
+                steps=steps,
+                save_every=save_every,
+            )
+        )
         first = min((p for p in run.iterdir() if p.name.startswith("global_step_")), key=lambda p: int(p.name[12:]))
         break_checkpoint(first)
     return run
 
 
 @click.command("demo")
-@click.argument("directory", required=False, default="ckpt-audit-demo", type=click.Path(file_okay=False, path_type=Path))
+@click.argument(
+    "directory", required=False, default="ckpt-audit-demo", type=click.Path(file_okay=False, path_type=Path)
+)
 @click.option("--world-size", type=click.IntRange(1, 8), default=2, show_default=True, help="Trainer processes (gloo).")
 @click.pass_context
 def demo_command(ctx: click.Context, directory: Path, world_size: int) -> None:

@@ -13,25 +13,47 @@ from ckpt_audit.exitcodes import ExitCode
 
 @click.command("export")
 @click.argument("step_dir", type=click.Path(path_type=Path))
-@click.option("--to", "to", required=True, type=click.Path(path_type=Path),
-              help="Output directory: new, or (with --force) an earlier export or an empty directory; never in a "
-                   "checkpoint, run or scanned root.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
-              help="Cast floating tensors (default: the checkpoint's own dtype).")
-@click.option("--force", is_flag=True, help="Replace an earlier export (or an empty directory) at --to, atomically, "
-                                            "once the new export is complete. Anything else is refused.")
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Output directory: new, or (with --force) an earlier export or an empty directory; never in a "
+    "checkpoint, run or scanned root.",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16", "fp32"]),
+    default=None,
+    help="Cast floating tensors (default: the checkpoint's own dtype).",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an earlier export (or an empty directory) at --to, atomically, "
+    "once the new export is complete. Anything else is refused.",
+)
 @click.option("--role", default="actor", show_default=True, help="Which role of the checkpoint (actor, critic).")
-@click.option("--max-shard-size", default="5GB", show_default=True, metavar="SIZE",
-              help="Split the safetensors past this size, with model.safetensors.index.json.")
+@click.option(
+    "--max-shard-size",
+    default="5GB",
+    show_default=True,
+    metavar="SIZE",
+    help="Split the safetensors past this size, with model.safetensors.index.json.",
+)
 @click.option("--no-verify", is_flag=True, help="Skip reading the export back and comparing it with the shards.")
-@click.option("--allow-corrupt", is_flag=True,
-              help="Export a source that fails its check (CRC, hash against the catalog, or a corrupt/unsafe/unknown "
-                   "verdict) anyway; recorded as an override, and the export is not called verified.")
+@click.option(
+    "--allow-corrupt",
+    is_flag=True,
+    help="Export a source that fails its check (CRC, hash against the catalog, or a corrupt/unsafe/unknown "
+    "verdict) anyway; recorded as an override, and the export is not called verified.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout.")
 @catalog_option
 @click.pass_context
-def export_command(ctx, step_dir, to, dtype, force, role, max_shard_size, no_verify, allow_corrupt, as_json,
-                   catalog) -> None:
+def export_command(
+    ctx, step_dir, to, dtype, force, role, max_shard_size, no_verify, allow_corrupt, as_json, catalog
+) -> None:
     """Merge a checkpoint's FSDP shards into a HuggingFace model directory.
 
     Handles Shard(0)/Shard(1) DTensors, uneven and empty shards, HSDP (one replica is read), world size 1
@@ -71,9 +93,18 @@ def export_command(ctx, step_dir, to, dtype, force, role, max_shard_size, no_ver
     try:
         probe(cat_path)
         with open_catalog(cat_path) as cat:
-            result = export_checkpoint(step_dir, to, dtype=dtype, force=force, role=role, max_shard_size=shard_bytes,
-                                       verify=not no_verify, catalog=LifecycleLog(cat.db),
-                                       allow_corrupt=allow_corrupt, progress=bar.update)
+            result = export_checkpoint(
+                step_dir,
+                to,
+                dtype=dtype,
+                force=force,
+                role=role,
+                max_shard_size=shard_bytes,
+                verify=not no_verify,
+                catalog=LifecycleLog(cat.db),
+                allow_corrupt=allow_corrupt,
+                progress=bar.update,
+            )
     except ExportRefused as exc:
         bar.close()
         click.echo(f"ckpt-audit: error: {exc}", err=True)
@@ -90,8 +121,10 @@ def export_command(ctx, step_dir, to, dtype, force, role, max_shard_size, no_ver
     else:
         from ckpt_audit.models import format_size
 
-        click.echo(f"exported {result.tensors} tensors ({format_size(result.total_bytes)}, {result.dtype}) from "
-                   f"{result.role_dir} to {result.out_dir}; {_checked(result)}")
+        click.echo(
+            f"exported {result.tensors} tensors ({format_size(result.total_bytes)}, {result.dtype}) from "
+            f"{result.role_dir} to {result.out_dir}; {_checked(result)}"
+        )
         for f in result.files:
             click.echo(f"  {f.hash}  {format_size(f.size_bytes):>10}  {f.path}")
     ctx.exit(int(ExitCode.OK))
@@ -99,10 +132,12 @@ def export_command(ctx, step_dir, to, dtype, force, role, max_shard_size, no_ver
 
 def _checked(result) -> str:
     """What "verified" rests on, in words (the JSON says it as read_back, source_check and override)."""
-    source = {"manifest": "source re-read and equal to the catalog's manifest",
-              "crc-only": "source re-read, checked by CRC only (not in the catalog, or changed since its last "
-                          "scan: scan it first)",
-              "none": "source NOT checked (no catalog manifest and no CRCs to check)"}[result.source_check]
+    source = {
+        "manifest": "source re-read and equal to the catalog's manifest",
+        "crc-only": "source re-read, checked by CRC only (not in the catalog, or changed since its last "
+        "scan: scan it first)",
+        "none": "source NOT checked (no catalog manifest and no CRCs to check)",
+    }[result.source_check]
     if result.override:
         source = f"source FAILED its check, exported with --{result.override}"
     back = "read back equal to the shards" if result.read_back else "not read back (--no-verify)"

@@ -15,23 +15,59 @@ from ckpt_audit.exitcodes import ExitCode
 
 @click.command("prune")
 @click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--keep-last", type=click.IntRange(0), metavar="N", help="Keep the last N complete checkpoints of each run.")
-@click.option("--keep-every", type=click.IntRange(1), metavar="K", help="Keep checkpoints whose step is a multiple of K.")
-@click.option("--keep-within", type=DURATION, metavar="DURATION", help="Keep checkpoints newer than this (90m, 36h, 7d, 2w).")
-@click.option("--keep-best", type=click.IntRange(0), metavar="N", help="Keep the best N by --metric from the run's metrics JSONL.")
+@click.option(
+    "--keep-last", type=click.IntRange(0), metavar="N", help="Keep the last N complete checkpoints of each run."
+)
+@click.option(
+    "--keep-every", type=click.IntRange(1), metavar="K", help="Keep checkpoints whose step is a multiple of K."
+)
+@click.option(
+    "--keep-within", type=DURATION, metavar="DURATION", help="Keep checkpoints newer than this (90m, 36h, 7d, 2w)."
+)
+@click.option(
+    "--keep-best", type=click.IntRange(0), metavar="N", help="Keep the best N by --metric from the run's metrics JSONL."
+)
 @click.option("--metric", default="loss", show_default=True, help="Metric for --keep-best.")
-@click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True, help="Best is lowest or highest.")
-@click.option("--pin", "pins", multiple=True, type=click.Path(path_type=Path), metavar="STEP_DIR",
-              help="Never delete this checkpoint (repeatable).")
-@click.option("--stale-after", type=DURATION, default="1h", show_default=True, metavar="DURATION",
-              help="An uncommitted checkpoint older than this is abandoned and removed.")
+@click.option(
+    "--mode", type=click.Choice(["min", "max"]), default="min", show_default=True, help="Best is lowest or highest."
+)
+@click.option(
+    "--pin",
+    "pins",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    metavar="STEP_DIR",
+    help="Never delete this checkpoint (repeatable).",
+)
+@click.option(
+    "--stale-after",
+    type=DURATION,
+    default="1h",
+    show_default=True,
+    metavar="DURATION",
+    help="An uncommitted checkpoint older than this is abandoned and removed.",
+)
 @click.option("--dry-run", is_flag=True, help="Show the plan and exit 0 without deleting or asking.")
 @click.option("-y", "--yes", is_flag=True, help="Delete without asking (cron).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (plan and outcome) to stdout.")
 @catalog_option
 @click.pass_context
-def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, metric, mode, pins, stale_after, dry_run,
-                  yes, as_json, catalog) -> None:
+def prune_command(
+    ctx,
+    roots,
+    keep_last,
+    keep_every,
+    keep_within,
+    keep_best,
+    metric,
+    mode,
+    pins,
+    stale_after,
+    dry_run,
+    yes,
+    as_json,
+    catalog,
+) -> None:
     """Delete checkpoints no keep rule wants, never the last good one.
 
     A checkpoint is kept if ANY rule keeps it. Incomplete, corrupt, husk and abandoned uncommitted directories
@@ -61,8 +97,16 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
     """
     from ckpt_audit import scanner
     from ckpt_audit.lifecycle.prune import find_trash
-    from ckpt_audit.lifecycle.retention import (KeepBest, KeepEvery, KeepLast, KeepWithin, Policy, metric_problem, plan_prune,
-                                      read_metric)
+    from ckpt_audit.lifecycle.retention import (
+        KeepBest,
+        KeepEvery,
+        KeepLast,
+        KeepWithin,
+        Policy,
+        metric_problem,
+        plan_prune,
+        read_metric,
+    )
     from ckpt_audit.lifecycle.survivors import verify_plan
 
     with locked_catalog(ctx, roots, catalog) as (real_roots, cat_path, previous):
@@ -103,11 +147,15 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
             if not sys.stdin.isatty():
                 if as_json:
                     emit_json(_document(check, trash, None, real_roots))
-                click.echo("ckpt-audit: refusing to prompt: stdin is not a terminal; re-run with --yes to "
-                           "delete, or --dry-run to only show the plan", err=True)
+                click.echo(
+                    "ckpt-audit: refusing to prompt: stdin is not a terminal; re-run with --yes to "
+                    "delete, or --dry-run to only show the plan",
+                    err=True,
+                )
                 ctx.exit(int(ExitCode.USAGE))
-            if not click.confirm(f"Delete {len(plan.delete)} checkpoint(s) and {len(trash)} leftover(s)?",
-                                 default=False, err=True):
+            if not click.confirm(
+                f"Delete {len(plan.delete)} checkpoint(s) and {len(trash)} leftover(s)?", default=False, err=True
+            ):
                 click.echo("nothing deleted", err=True)
                 ctx.exit(int(ExitCode.OK))
 
@@ -118,22 +166,29 @@ def prune_command(ctx, roots, keep_last, keep_every, keep_within, keep_best, met
         with open_catalog(cat_path) as cat:
             cat.record_scan(result)
             cat.record_rereads(check.rereads)  # what the survivor check read, failures included, is kept
-            outcome = execute(plan, catalog=LifecycleLog(cat.db), reclaim_dirs=trash_dirs,
-                              progress=None if as_json else _progress, reread=check.outcomes())
+            outcome = execute(
+                plan,
+                catalog=LifecycleLog(cat.db),
+                reclaim_dirs=trash_dirs,
+                progress=None if as_json else _progress,
+                reread=check.outcomes(),
+            )
     _finish(ctx, as_json, check, trash, outcome, roots=real_roots)
 
 
 def _finish(ctx, as_json, check, trash, outcome, *, roots) -> None:
-    from ckpt_audit.models import format_size
     from ckpt_audit.lifecycle.prune import Action
+    from ckpt_audit.models import format_size
 
     if as_json:
         emit_json(_document(check, trash, outcome, roots))
     elif outcome is not None:
-        click.echo(f"deleted {outcome.count(Action.DELETED)}, reclaimed {outcome.count(Action.RECLAIMED)}, "
-                   f"skipped {outcome.count(Action.SKIPPED)}, failed {outcome.count(Action.FAILED)}; "
-                   f"freed {format_size(outcome.bytes_freed)}, re-read {format_size(check.bytes_reread)} "
-                   f"(execution {outcome.exec_id})")
+        click.echo(
+            f"deleted {outcome.count(Action.DELETED)}, reclaimed {outcome.count(Action.RECLAIMED)}, "
+            f"skipped {outcome.count(Action.SKIPPED)}, failed {outcome.count(Action.FAILED)}; "
+            f"freed {format_size(outcome.bytes_freed)}, re-read {format_size(check.bytes_reread)} "
+            f"(execution {outcome.exec_id})"
+        )
     if outcome is not None and not outcome.ok:
         ctx.exit(int(ExitCode.ERROR))
     ctx.exit(int(ExitCode.FINDINGS if check.failed else ExitCode.OK))
@@ -152,8 +207,8 @@ def _document(check, trash, outcome, roots) -> dict:
 
 
 def _render_plan(plan, trash, check) -> None:
-    from ckpt_audit.models import format_size
     from ckpt_audit.lifecycle.retention import EXPLAIN
+    from ckpt_audit.models import format_size
 
     click.echo(f"policy: {plan.policy.describe()}")
     rows = [("DELETE", i) for i in plan.delete] + [("keep", i) for i in plan.keep]
@@ -161,8 +216,10 @@ def _render_plan(plan, trash, check) -> None:
     for what, item in rows:
         name = "/".join(item.run_path.rstrip("/").split("/")[-2:])
         why = ", ".join(str(r) for r in item.reasons)
-        click.echo(f"  {what:<6} {name:<32} step {item.step:>8}  {str(item.checkpoint.status):<11} "
-                   f"{format_size(item.size_bytes):>10}  {why}")
+        click.echo(
+            f"  {what:<6} {name:<32} step {item.step:>8}  {str(item.checkpoint.status):<11} "
+            f"{format_size(item.size_bytes):>10}  {why}"
+        )
     for r in plan.refused:
         click.echo(f"  refused {r.path}: {', '.join(EXPLAIN[x] for x in r.reasons)}")
     for t in trash:
@@ -172,9 +229,11 @@ def _render_plan(plan, trash, check) -> None:
         click.echo(f"  FAILED re-read: step {r.checkpoint.step} of {r.checkpoint.run_path} is now {r.status}")
         for f in r.findings:
             click.echo(f"    {f.code}: {f.path}: {f.message}")
-    click.echo(f"frees {format_size(plan.bytes_freed)} in {len(plan.delete)} checkpoint(s); keeps "
-               f"{format_size(plan.bytes_kept)} in {len(plan.keep)}"
-               + (f"; {len(trash)} leftover trash dir(s)" if trash else ""))
+    click.echo(
+        f"frees {format_size(plan.bytes_freed)} in {len(plan.delete)} checkpoint(s); keeps "
+        f"{format_size(plan.bytes_kept)} in {len(plan.keep)}"
+        + (f"; {len(trash)} leftover trash dir(s)" if trash else "")
+    )
 
 
 def _progress(outcome) -> None:

@@ -12,36 +12,97 @@ from ckpt_audit.exitcodes import ExitCode
 
 
 @click.command("resume-test")
-@click.option("-w", "--world-size", type=click.IntRange(1, 64), default=2, show_default=True,
-              help="Ranks for the straight run and the first half.")
-@click.option("--steps", type=click.IntRange(2, 10_000), default=None,
-              help="S: total steps (default 8; 24 with --resume-world-size, so the restart falls past the warmup).")
-@click.option("--resume-step", type=click.IntRange(1, 10_000), default=None,
-              help="k: save and restart after this step (default S//2+1, mid-epoch).")
-@click.option("--resume-world-size", type=click.IntRange(1, 64), default=None,
-              help="Ranks after the restart (re-shards on load); loss, lr and grad_norm are then judged as "
-                   "`continuity` judges real logs, and within --tolerance of the straight run.")
+@click.option(
+    "-w",
+    "--world-size",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="Ranks for the straight run and the first half.",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(2, 10_000),
+    default=None,
+    help="S: total steps (default 8; 24 with --resume-world-size, so the restart falls past the warmup).",
+)
+@click.option(
+    "--resume-step",
+    type=click.IntRange(1, 10_000),
+    default=None,
+    help="k: save and restart after this step (default S//2+1, mid-epoch).",
+)
+@click.option(
+    "--resume-world-size",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Ranks after the restart (re-shards on load); loss, lr and grad_norm are then judged as "
+    "`continuity` judges real logs, and within --tolerance of the straight run.",
+)
 @click.option("--hsdp", is_flag=True, help='2-replica HSDP ("ddp", "fsdp") mesh; world sizes must be even.')
-@click.option("--model-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A local transformers config.json of any causal-LM architecture (default: a tiny Qwen2).")
+@click.option(
+    "--model-config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A local transformers config.json of any causal-LM architecture (default: a tiny Qwen2).",
+)
 @click.option("--layers", type=click.IntRange(1, 64), default=2, show_default=True, help="Decoder layers.")
 @click.option("--hidden", type=click.IntRange(8, 4096), default=32, show_default=True, help="Hidden size.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--tolerance", type=click.FloatRange(0, 1), default=0.02, show_default=True,
-              help="W->W' only: max relative per-step loss deviation after the restart.")
-@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Keep the produced checkpoint trees in this (empty or new) directory.")
-@click.option("--timeout", "timeout_s", type=click.IntRange(10, 86_400), default=900, show_default=True,
-              help="Seconds before every rank is killed.")
-@click.option("--drop", multiple=True, hidden=True,
-              type=click.Choice(["optimizer", "scheduler", "rng", "data"]),
-              help="Sabotage: do not restore this piece of state on resume (the test must then fail).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="With --resume-world-size: write an SVG of the resumed loss around the restart (the "
-                   "continuity judgement's window and threshold drawn), e.g. as a CI artefact.")
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(0, 1),
+    default=0.02,
+    show_default=True,
+    help="W->W' only: max relative per-step loss deviation after the restart.",
+)
+@click.option(
+    "--keep",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep the produced checkpoint trees in this (empty or new) directory.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.IntRange(10, 86_400),
+    default=900,
+    show_default=True,
+    help="Seconds before every rank is killed.",
+)
+@click.option(
+    "--drop",
+    multiple=True,
+    hidden=True,
+    type=click.Choice(["optimizer", "scheduler", "rng", "data"]),
+    help="Sabotage: do not restore this piece of state on resume (the test must then fail).",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --resume-world-size: write an SVG of the resumed loss around the restart (the "
+    "continuity judgement's window and threshold drawn), e.g. as a CI artefact.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def resume_test_command(world_size, steps, resume_step, resume_world_size, hsdp, model_config, layers, hidden, seed,
-                        tolerance, keep, timeout_s, drop, plot_path, as_json) -> None:
+def resume_test_command(
+    world_size,
+    steps,
+    resume_step,
+    resume_world_size,
+    hsdp,
+    model_config,
+    layers,
+    hidden,
+    seed,
+    tolerance,
+    keep,
+    timeout_s,
+    drop,
+    plot_path,
+    as_json,
+) -> None:
     """Run S steps straight, then k steps + save + full restart + S-k steps, and compare everything.
 
     Both runs use the reference FSDP2 trainer (real processes, gloo on CPU, NCCL on CUDA) and write verl
@@ -67,10 +128,21 @@ def resume_test_command(world_size, steps, resume_step, resume_world_size, hsdp,
     if plot_path is not None and not os.access(plot_path.parent, os.W_OK):  # fail before minutes of training
         raise CommandError(f"cannot write {plot_path}: {plot_path.parent} is not a writable directory")
     steps = steps or default_steps(world_size, resume_world_size)
-    spec = ResumeTestSpec(world_size=world_size, steps=steps, resume_step=resume_step,
-                          resume_world_size=resume_world_size, hsdp=hsdp, drop=tuple(drop),
-                          model_config=str(model_config) if model_config else None, layers=layers, hidden=hidden,
-                          seed=seed, tolerance=tolerance, keep=keep, timeout_s=timeout_s)
+    spec = ResumeTestSpec(
+        world_size=world_size,
+        steps=steps,
+        resume_step=resume_step,
+        resume_world_size=resume_world_size,
+        hsdp=hsdp,
+        drop=tuple(drop),
+        model_config=str(model_config) if model_config else None,
+        layers=layers,
+        hidden=hidden,
+        seed=seed,
+        tolerance=tolerance,
+        keep=keep,
+        timeout_s=timeout_s,
+    )
     try:
         report = run_resume_test(spec, progress=lambda msg: click.echo(msg, err=True))
     except (HarnessError, ValueError, OSError) as exc:

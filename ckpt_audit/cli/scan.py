@@ -8,39 +8,78 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import DURATION, SIZE, CommandError, catalog_option, emit_json, locked_catalog, resolve_catalog
+from ckpt_audit.cli.common import (
+    DURATION,
+    SIZE,
+    CommandError,
+    catalog_option,
+    emit_json,
+    locked_catalog,
+    resolve_catalog,
+)
 from ckpt_audit.exitcodes import ExitCode
 
 
 def scan_options(f):
     """The options scan and verify share."""
-    for option in reversed([
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON document (with schema_version) to stdout."),
-        click.option("-q", "--quiet", is_flag=True, help="Print nothing when clean; else only the failing findings."),
-        click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default="error", show_default=True,
-                     help="Exit 1 when a finding at or above this severity is present."),
-        click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True, help="Reader threads."),
-        click.option("--rehash", is_flag=True,
-                     help="Re-read every file, and report content that changed under an unchanged stat (hash-drift)."),
-        click.option("--in-progress-window", type=click.FloatRange(0), default=300.0, show_default=True,
-                     metavar="SECONDS", help="An uncommitted checkpoint written this recently is in-progress, not broken."),
-        catalog_option,
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--json", "as_json", is_flag=True, help="Print one JSON document (with schema_version) to stdout."
+            ),
+            click.option(
+                "-q", "--quiet", is_flag=True, help="Print nothing when clean; else only the failing findings."
+            ),
+            click.option(
+                "--fail-on",
+                type=click.Choice(["info", "warning", "error"]),
+                default="error",
+                show_default=True,
+                help="Exit 1 when a finding at or above this severity is present.",
+            ),
+            click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True, help="Reader threads."),
+            click.option(
+                "--rehash",
+                is_flag=True,
+                help="Re-read every file, and report content that changed under an unchanged stat (hash-drift).",
+            ),
+            click.option(
+                "--in-progress-window",
+                type=click.FloatRange(0),
+                default=300.0,
+                show_default=True,
+                metavar="SECONDS",
+                help="An uncommitted checkpoint written this recently is in-progress, not broken.",
+            ),
+            catalog_option,
+        ]
+    ):
         f = option(f)
     return f
 
 
 def scrub_options(f):
     """scan's scrub: re-read a rolling share of the files the stat cache would reuse (ckpt_audit/scrub.py)."""
-    for option in reversed([
-        click.option("--scrub-period", type=DURATION, default="7d", show_default=True,
-                     help="Re-read every cached byte by content at least once per this period (e.g. 7d, 12h; 0s: "
-                          "every scan)."),
-        click.option("--scrub-budget", type=SIZE, default=None,
-                     help="At most this many bytes re-read by the scrub per scan (e.g. 50GiB); default: no cap. "
-                          "Files left overdue are reported (scrub-overdue)."),
-        click.option("--no-scrub", is_flag=True, help="Reuse every cached file (trust the stat cache this run)."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--scrub-period",
+                type=DURATION,
+                default="7d",
+                show_default=True,
+                help="Re-read every cached byte by content at least once per this period (e.g. 7d, 12h; 0s: "
+                "every scan).",
+            ),
+            click.option(
+                "--scrub-budget",
+                type=SIZE,
+                default=None,
+                help="At most this many bytes re-read by the scrub per scan (e.g. 50GiB); default: no cap. "
+                "Files left overdue are reported (scrub-overdue).",
+            ),
+            click.option("--no-scrub", is_flag=True, help="Reuse every cached file (trust the stat cache this run)."),
+        ]
+    ):
         f = option(f)
     return f
 
@@ -77,8 +116,20 @@ def scan_command(ctx: click.Context, roots, deep, scrub_period, scrub_budget, no
     run_scan(ctx, roots, deep=deep, scrub=scrub, **options)
 
 
-def run_scan(ctx: click.Context, paths, *, deep: bool, as_json: bool, quiet: bool, fail_on: str, workers: int,
-             rehash: bool, in_progress_window: float, catalog: Path | None, scrub=None) -> None:
+def run_scan(
+    ctx: click.Context,
+    paths,
+    *,
+    deep: bool,
+    as_json: bool,
+    quiet: bool,
+    fail_on: str,
+    workers: int,
+    rehash: bool,
+    in_progress_window: float,
+    catalog: Path | None,
+    scrub=None,
+) -> None:
     """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`.
     `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead)."""
     from ckpt_audit import report, scanner
@@ -89,11 +140,25 @@ def run_scan(ctx: click.Context, paths, *, deep: bool, as_json: bool, quiet: boo
             if deep:
                 from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
 
-                result = verify(paths, workers=workers, rehash=rehash, previous=previous, progress=progress,
-                                in_progress_window_s=in_progress_window, scrub=scrub)
+                result = verify(
+                    paths,
+                    workers=workers,
+                    rehash=rehash,
+                    previous=previous,
+                    progress=progress,
+                    in_progress_window_s=in_progress_window,
+                    scrub=scrub,
+                )
             else:
-                result = scanner.scan(real, workers=workers, rehash=rehash, previous=previous,
-                                      progress=progress, in_progress_window_s=in_progress_window, scrub=scrub)
+                result = scanner.scan(
+                    real,
+                    workers=workers,
+                    rehash=rehash,
+                    previous=previous,
+                    progress=progress,
+                    in_progress_window_s=in_progress_window,
+                    scrub=scrub,
+                )
         from ckpt_audit.catalog import open_catalog
 
         with open_catalog(cat_path) as cat:
@@ -167,8 +232,10 @@ def ls_command(run, as_json, catalog) -> None:
             click.echo(f"{'run':<40} {'ckpts':>5} {'latest ok':>9} {'tracker':>7} {'size':>10}  statuses")
             for r in runs:
                 st = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
-                click.echo(f"{r['name']:<40} {r['n_checkpoints']:>5} {_dash(r['latest_complete_step']):>9} "
-                           f"{_dash(r['tracker_step']):>7} {format_size(r['size_bytes']):>10}  {st}")
+                click.echo(
+                    f"{r['name']:<40} {r['n_checkpoints']:>5} {_dash(r['latest_complete_step']):>9} "
+                    f"{_dash(r['tracker_step']):>7} {format_size(r['size_bytes']):>10}  {st}"
+                )
             return
         match = [r for r in runs if r["path"] == os.path.abspath(run).rstrip("/") or r["name"] == run.strip("/")]
         if not match:
@@ -178,11 +245,15 @@ def ls_command(run, as_json, catalog) -> None:
             emit_json({"command": "ls", "run": match[0], "checkpoints": rows})
             return
         click.echo(f"{match[0]['name']}  ({match[0]['path']})")
-        click.echo(f"{'step':>8}  {'status':<12} {'W':>3} {'size':>10} {'age':>5} {'errors':>6} {'warnings':>8} "
-                   f"{'verified':>8}")
+        click.echo(
+            f"{'step':>8}  {'status':<12} {'W':>3} {'size':>10} {'age':>5} {'errors':>6} {'warnings':>8} "
+            f"{'verified':>8}"
+        )
         for c in rows:
-            click.echo(f"{c['step']:>8}  {c['status']:<12} {_dash(c['world_size']):>3} {format_size(c['size_bytes']):>10} "
-                       f"{age_str(c['mtime_ns']):>5} {c['errors']:>6} {c['warnings']:>8} {verified_ago(c['verified_ns']):>8}")
+            click.echo(
+                f"{c['step']:>8}  {c['status']:<12} {_dash(c['world_size']):>3} {format_size(c['size_bytes']):>10} "
+                f"{age_str(c['mtime_ns']):>5} {c['errors']:>6} {c['warnings']:>8} {verified_ago(c['verified_ns']):>8}"
+            )
 
 
 @click.command("show")
@@ -206,12 +277,16 @@ def show_command(path, as_json, catalog) -> None:
             if as_json:
                 emit_json({"command": "show", "checkpoint": detail})
                 return
-            click.echo(f"{detail['path']}  step {detail['step']}  {detail['status']}  W {_dash(detail['world_size'])}"
-                       f"  {format_size(detail['size_bytes'])}  verified {verified_ago(detail['verified_ns'])}")
+            click.echo(
+                f"{detail['path']}  step {detail['step']}  {detail['status']}  W {_dash(detail['world_size'])}"
+                f"  {format_size(detail['size_bytes'])}  verified {verified_ago(detail['verified_ns'])}"
+            )
             for f in detail["files"]:
                 crc = {True: "crc ok", False: "CRC BAD", None: ""}[f["crc_ok"]]
-                click.echo(f"  {f['kind']:<12} {_dash(f['rank']):>4} {format_size(f['size_bytes']):>10} "
-                           f"{(f['hash'] or 'unreadable')[:16]:<16} {crc:<7} {verified_ago(f['verified_ns']):>5} {f['path']}")
+                click.echo(
+                    f"  {f['kind']:<12} {_dash(f['rank']):>4} {format_size(f['size_bytes']):>10} "
+                    f"{(f['hash'] or 'unreadable')[:16]:<16} {crc:<7} {verified_ago(f['verified_ns']):>5} {f['path']}"
+                )
             for x in detail["findings"]:
                 click.echo(f"  {x['severity']:<7} {x['code']:<24} {x['path']}: {x['message']}")
             return

@@ -20,15 +20,35 @@ from ckpt_audit.cli.common import CommandError, emit_json
 @click.option("--critic", is_flag=True, help="Also train a critic: PPO layout with actor/ and critic/.")
 @click.option("--sft", is_flag=True, help="verl's SFT layout: shards directly in global_step_N/.")
 @click.option("--resume", is_flag=True, help="Continue from the run's tracker (verl resume_mode=auto).")
-@click.option("--model-config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A local transformers config.json of any causal-LM architecture (default: a tiny Qwen2).")
+@click.option(
+    "--model-config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A local transformers config.json of any causal-LM architecture (default: a tiny Qwen2).",
+)
 @click.option("--layers", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--hidden", type=click.IntRange(8, 4096), default=32, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--timeout", "timeout_s", type=click.IntRange(10, 86_400), default=900, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def train_command(root, project, experiment, world_size, steps, save_every, hsdp, critic, sft, resume, model_config,
-                  layers, hidden, seed, timeout_s, as_json) -> None:
+def train_command(
+    root,
+    project,
+    experiment,
+    world_size,
+    steps,
+    save_every,
+    hsdp,
+    critic,
+    sft,
+    resume,
+    model_config,
+    layers,
+    hidden,
+    seed,
+    timeout_s,
+    as_json,
+) -> None:
     """Train the reference FSDP2 model and write checkpoints exactly as verl does under ROOT/PROJECT/EXPERIMENT.
 
     Real processes (gloo on CPU, NCCL on CUDA), a tiny causal LM from a transformers config, AdamW with warmup,
@@ -48,10 +68,23 @@ def train_command(root, project, experiment, world_size, steps, save_every, hsdp
     if not resume and (run_dir / "latest_checkpointed_iteration.txt").exists():
         raise CommandError(f"{run_dir} already holds checkpoints; pass --resume to continue it, or another ROOT")
     try:
-        write_tree(root, project=project, experiment=experiment, world_size=world_size, steps=steps,
-                   save_every=save_every, hsdp=hsdp, critic=critic, sft=sft, seed=seed, timeout_s=timeout_s,
-                   model_config=str(model_config) if model_config else None, layers=layers, hidden=hidden,
-                   resume="auto" if resume else None)
+        write_tree(
+            root,
+            project=project,
+            experiment=experiment,
+            world_size=world_size,
+            steps=steps,
+            save_every=save_every,
+            hsdp=hsdp,
+            critic=critic,
+            sft=sft,
+            seed=seed,
+            timeout_s=timeout_s,
+            model_config=str(model_config) if model_config else None,
+            layers=layers,
+            hidden=hidden,
+            resume="auto" if resume else None,
+        )
     except HarnessError as exc:
         from ckpt_audit.cli.resume_test import _one_line
 
@@ -61,9 +94,12 @@ def train_command(root, project, experiment, world_size, steps, save_every, hsdp
     rows = metrics_of(run_dir)
     checkpoints = sorted(int(p.name[12:]) for p in run_dir.glob("global_step_*") if p.name[12:].isdigit())
     if as_json:
-        emit_json({"run": str(run_dir), "world_size": world_size, "steps": steps, "checkpoints": checkpoints,
-                   "metrics": rows})
+        emit_json(
+            {"run": str(run_dir), "world_size": world_size, "steps": steps, "checkpoints": checkpoints, "metrics": rows}
+        )
     else:
         last = rows[-1] if rows else {}
-        click.echo(f"{run_dir}: {len(checkpoints)} checkpoints (steps {', '.join(map(str, checkpoints))}), "
-                   f"final loss {last.get('loss', float('nan')):.4f}")
+        click.echo(
+            f"{run_dir}: {len(checkpoints)} checkpoints (steps {', '.join(map(str, checkpoints))}), "
+            f"final loss {last.get('loss', float('nan')):.4f}"
+        )

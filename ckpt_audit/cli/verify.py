@@ -12,9 +12,12 @@ from ckpt_audit.cli.scan import run_scan, scan_options
 @click.command("verify")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @scan_options
-@click.option("--trust-cache", is_flag=True,
-              help="Reuse the recorded hash and CRC verdict of files whose stat is unchanged instead of re-reading "
-                   "them (faster; blind to bit rot under an unchanged stat).")
+@click.option(
+    "--trust-cache",
+    is_flag=True,
+    help="Reuse the recorded hash and CRC verdict of files whose stat is unchanged instead of re-reading "
+    "them (faster; blind to bit rot under an unchanged stat).",
+)
 @click.pass_context
 def verify_command(ctx: click.Context, paths, trust_cache, rehash, **options) -> None:
     """Deep-check checkpoints under PATH... (step directories, runs or roots) and record them in the catalog.

@@ -46,11 +46,19 @@ class Judgement:
 
     def to_dict(self) -> dict:
         return {
-            "metric": self.metric, "resume_step": self.resume_step, "n_before": self.n_before,
-            "n_after": self.n_after, "window": [self.window_first_step, self.window_last_step],
-            "slope": _num(self.slope), "expected": _num(self.intercept), "noise": _num(self.noise),
-            "after_residual": _num(self.after_residual), "score": _num(self.score),
-            "threshold": self.threshold, "jumped": self.jumped, "sufficient": self.sufficient,
+            "metric": self.metric,
+            "resume_step": self.resume_step,
+            "n_before": self.n_before,
+            "n_after": self.n_after,
+            "window": [self.window_first_step, self.window_last_step],
+            "slope": _num(self.slope),
+            "expected": _num(self.intercept),
+            "noise": _num(self.noise),
+            "after_residual": _num(self.after_residual),
+            "score": _num(self.score),
+            "threshold": self.threshold,
+            "jumped": self.jumped,
+            "sufficient": self.sufficient,
         }
 
 
@@ -70,9 +78,15 @@ def crossing_index(steps: Sequence[int], resume_step: int) -> int | None:
     return found
 
 
-def judge_resume(series: Series | Sequence[tuple[int, float]], resume_step: int, *, window: int = DEFAULT_WINDOW,
-                 threshold: float = DEFAULT_THRESHOLD, after: int = DEFAULT_AFTER,
-                 index: int | None = None) -> Judgement:
+def judge_resume(
+    series: Series | Sequence[tuple[int, float]],
+    resume_step: int,
+    *,
+    window: int = DEFAULT_WINDOW,
+    threshold: float = DEFAULT_THRESHOLD,
+    after: int = DEFAULT_AFTER,
+    index: int | None = None,
+) -> Judgement:
     """Judge the metric at a resume from checkpoint `resume_step` (the first new step is normally resume_step+1).
 
     `series`: a Series, or (step, value) pairs in log order. `index`: the first point after the resume when the
@@ -107,13 +121,28 @@ def judge_resume(series: Series | Sequence[tuple[int, float]], resume_step: int,
         if len(post) == after:
             break
     nonfinite_after = any(not math.isfinite(values[i]) for i in range(index, min(index + after, len(values))))
-    base = dict(metric=series.metric, resume_step=resume_step, index=index, n_before=len(tail), n_after=len(post),
-                window_first_step=tail[0][0] if tail else None, window_last_step=tail[-1][0] if tail else None,
-                threshold=threshold)
+    base = dict(
+        metric=series.metric,
+        resume_step=resume_step,
+        index=index,
+        n_before=len(tail),
+        n_after=len(post),
+        window_first_step=tail[0][0] if tail else None,
+        window_last_step=tail[-1][0] if tail else None,
+        threshold=threshold,
+    )
     if len(tail) < MIN_POINTS or (not post and not nonfinite_after):
-        return Judgement(**base, slope=0.0, intercept=tail[-1][1] if tail else math.nan, noise=math.nan,
-                         after_residual=math.nan, score=math.nan, jumped=False, sufficient=False)
-    slopes = [(v2 - v1) / (s2 - s1) for k, (s1, v1) in enumerate(tail) for s2, v2 in tail[k + 1:] if s2 > s1]
+        return Judgement(
+            **base,
+            slope=0.0,
+            intercept=tail[-1][1] if tail else math.nan,
+            noise=math.nan,
+            after_residual=math.nan,
+            score=math.nan,
+            jumped=False,
+            sufficient=False,
+        )
+    slopes = [(v2 - v1) / (s2 - s1) for k, (s1, v1) in enumerate(tail) for s2, v2 in tail[k + 1 :] if s2 > s1]
     slope = statistics.median(slopes) if slopes else 0.0
     intercept = statistics.median(v - slope * (s - resume_step) for s, v in tail)
     resid = [v - (intercept + slope * (s - resume_step)) for s, v in tail]
@@ -127,5 +156,13 @@ def judge_resume(series: Series | Sequence[tuple[int, float]], resume_step: int,
     else:
         residual = statistics.median(v - (intercept + slope * (s - resume_step)) for s, v in post) - centre
         score = residual / noise
-    return Judgement(**base, slope=slope, intercept=intercept + centre, noise=noise, after_residual=residual,
-                     score=score, jumped=abs(score) > threshold, sufficient=True)
+    return Judgement(
+        **base,
+        slope=slope,
+        intercept=intercept + centre,
+        noise=noise,
+        after_residual=residual,
+        score=score,
+        jumped=abs(score) > threshold,
+        sufficient=True,
+    )

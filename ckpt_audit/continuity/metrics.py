@@ -54,8 +54,9 @@ class MetricLog:
         names = self.metric_names
         if name is not None:
             if name not in names:
-                raise MetricsError(f"metric {name!r} is not in {', '.join(self.paths)} "
-                                   f"(logged: {', '.join(names[:12]) or 'nothing'})")
+                raise MetricsError(
+                    f"metric {name!r} is not in {', '.join(self.paths)} (logged: {', '.join(names[:12]) or 'nothing'})"
+                )
             return name
         for cand in DEFAULT_METRICS:
             if cand in names:
@@ -63,13 +64,20 @@ class MetricLog:
         losses = [n for n in names if n.endswith("loss")]
         if losses:
             return losses[0]
-        raise MetricsError(f"no loss metric in {', '.join(self.paths)}; choose one with --metric "
-                           f"(logged: {', '.join(names[:12]) or 'nothing'})")
+        raise MetricsError(
+            f"no loss metric in {', '.join(self.paths)}; choose one with --metric "
+            f"(logged: {', '.join(names[:12]) or 'nothing'})"
+        )
 
     def series(self, metric: str) -> Series:
         pts = [(i, r.step, r.values[metric], r.time) for i, r in enumerate(self.records) if metric in r.values]
-        return Series(metric=metric, steps=tuple(p[1] for p in pts), values=tuple(p[2] for p in pts),
-                      times=tuple(p[3] for p in pts), positions=tuple(p[0] for p in pts))
+        return Series(
+            metric=metric,
+            steps=tuple(p[1] for p in pts),
+            values=tuple(p[2] for p in pts),
+            times=tuple(p[3] for p in pts),
+            positions=tuple(p[0] for p in pts),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,8 +93,13 @@ class Series:
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[int, float]], *, metric: str = "loss") -> Series:
         pts = list(pairs)
-        return cls(metric=metric, steps=tuple(int(s) for s, _ in pts), values=tuple(float(v) for _, v in pts),
-                   times=(None,) * len(pts), positions=tuple(range(len(pts))))
+        return cls(
+            metric=metric,
+            steps=tuple(int(s) for s, _ in pts),
+            values=tuple(float(v) for _, v in pts),
+            times=(None,) * len(pts),
+            positions=tuple(range(len(pts))),
+        )
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -135,8 +148,13 @@ def _merge_split_steps(records: list[Record]) -> list[Record]:
     for r in records:
         prev = out[-1] if out else None
         if prev is not None and prev.step == r.step and not (prev.values.keys() & r.values.keys()):
-            out[-1] = Record(step=prev.step, values={**prev.values, **r.values}, time=prev.time or r.time,
-                             source=prev.source, line=prev.line)
+            out[-1] = Record(
+                step=prev.step,
+                values={**prev.values, **r.values},
+                time=prev.time or r.time,
+                source=prev.source,
+                line=prev.line,
+            )
         else:
             out.append(r)
     return out
@@ -271,8 +289,10 @@ def _read_tfevents(path: str) -> tuple[list[Record], list[tuple[str, int, str]]]
         from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
         from tensorboard.compat.proto.event_pb2 import Event
     except ImportError:
-        raise MetricsError(f"{path}: reading TensorBoard event files needs the optional 'tensorboard' package "
-                           "(pip install 'ckpt-audit[tensorboard]')") from None
+        raise MetricsError(
+            f"{path}: reading TensorBoard event files needs the optional 'tensorboard' package "
+            "(pip install 'ckpt-audit[tensorboard]')"
+        ) from None
     records: list[Record] = []
     events = whole = 0
     try:
@@ -284,15 +304,25 @@ def _read_tfevents(path: str) -> tuple[list[Record], list[tuple[str, int, str]]]
             event = Event.FromString(raw)
             values = {v.tag: x for v in event.summary.value if (x := _scalar(v)) is not None}
             if values:
-                records.append(Record(step=int(event.step), values=values, time=float(event.wall_time),
-                                      source=path, line=events))
+                records.append(
+                    Record(step=int(event.step), values=values, time=float(event.wall_time), source=path, line=events)
+                )
     except Exception as exc:  # a damaged event file: one line, not a protobuf traceback
         raise MetricsError(f"{path}: unreadable TensorBoard event file: {exc}") from None
     # TensorBoard's loader stops quietly at a cut (or damaged) record: what it did not reach is worth a finding,
     # like a cut line
-    bad = [(path, events + 1, f"event file cut after {whole} of {size} bytes (a crash mid-write, a writer still "
-                              "writing, or a damaged record); the rest is not read")
-           ] if whole < size else []
+    bad = (
+        [
+            (
+                path,
+                events + 1,
+                f"event file cut after {whole} of {size} bytes (a crash mid-write, a writer still "
+                "writing, or a damaged record); the rest is not read",
+            )
+        ]
+        if whole < size
+        else []
+    )
     return records, bad
 
 

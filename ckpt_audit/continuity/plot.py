@@ -69,18 +69,26 @@ def _panel(out: list[str], s: Series, pr: PointResult, result: ContinuityResult,
     p = pr.point
     verdict = "no verdict" if not j.sufficient else ("JUMP" if j.jumped else "ok")
     score = f"score {j.score:+.1f} (threshold {j.threshold:g})" if j.sufficient else f"{j.n_before} points before"
-    out.append(f'<text x="{PAD_L}" y="{top + 20:.1f}" class="title">{escape(result.metric)}: resume from step '
-               f'{p.resume_step} ({escape("+".join(p.sources))}) — {verdict}, {escape(score)}</text>')
+    out.append(
+        f'<text x="{PAD_L}" y="{top + 20:.1f}" class="title">{escape(result.metric)}: resume from step '
+        f"{p.resume_step} ({escape('+'.join(p.sources))}) — {verdict}, {escape(score)}</text>"
+    )
     out.append(f'<rect x="{PAD_L}" y="{top + PAD_T}" width="{pw}" height="{ph}" class="frame"/>')
     if j.window_first_step is not None and j.window_last_step is not None:
-        out.append(f'<rect x="{X(j.window_first_step):.1f}" y="{top + PAD_T}" '
-                   f'width="{max(X(j.window_last_step) - X(j.window_first_step), 1):.1f}" height="{ph}" class="window"/>')
+        out.append(
+            f'<rect x="{X(j.window_first_step):.1f}" y="{top + PAD_T}" '
+            f'width="{max(X(j.window_last_step) - X(j.window_first_step), 1):.1f}" height="{ph}" class="window"/>'
+        )
     if band:
         (xa, la, ha), (xb, lb, hb) = band
-        out.append(f'<polygon points="{X(xa):.1f},{Y(ha):.1f} {X(xb):.1f},{Y(hb):.1f} {X(xb):.1f},{Y(lb):.1f} '
-                   f'{X(xa):.1f},{Y(la):.1f}" class="band"/>')
-        out.append(f'<line x1="{X(xa):.1f}" y1="{Y(j.expected(xa)):.1f}" x2="{X(xb):.1f}" '
-                   f'y2="{Y(j.expected(xb)):.1f}" class="trend"/>')
+        out.append(
+            f'<polygon points="{X(xa):.1f},{Y(ha):.1f} {X(xb):.1f},{Y(hb):.1f} {X(xb):.1f},{Y(lb):.1f} '
+            f'{X(xa):.1f},{Y(la):.1f}" class="band"/>'
+        )
+        out.append(
+            f'<line x1="{X(xa):.1f}" y1="{Y(j.expected(xa)):.1f}" x2="{X(xb):.1f}" '
+            f'y2="{Y(j.expected(xb)):.1f}" class="trend"/>'
+        )
     rx = X(p.resume_step + 0.5)
     out.append(f'<line x1="{rx:.1f}" y1="{top + PAD_T}" x2="{rx:.1f}" y2="{top + PAD_T + ph}" class="resume"/>')
     for cls, seq in (("before", before), ("thrown", thrown), ("after", after)):
@@ -92,7 +100,9 @@ def _panel(out: list[str], s: Series, pr: PointResult, result: ContinuityResult,
     for v in (y0 + margin, (y0 + y1) / 2, y1 - margin):
         out.append(f'<text x="{PAD_L - 6}" y="{Y(v) + 4:.1f}" class="tick" text-anchor="end">{v:.4g}</text>')
     for st in sorted({x0, p.resume_step, x1}):
-        out.append(f'<text x="{X(st):.1f}" y="{top + PAD_T + ph + 16:.1f}" class="tick" text-anchor="middle">{st}</text>')
+        out.append(
+            f'<text x="{X(st):.1f}" y="{top + PAD_T + ph + 16:.1f}" class="tick" text-anchor="middle">{st}</text>'
+        )
     out.append(f'<text x="{PAD_L + pw}" y="{top + PAD_T + ph + 30:.1f}" class="tick" text-anchor="end">step</text>')
 
 
@@ -115,15 +125,22 @@ def render_svg(result: ContinuityResult) -> str:
     """The SVG document: a panel per resume point, or one note when the log shows no resume."""
     n = max(1, len(result.points))
     h = n * PANEL_H + 24
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}">',
-           f"<style>{STYLE}</style>", f'<rect width="{W}" height="{h}" fill="#fafafa"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}">',
+        f"<style>{STYLE}</style>",
+        f'<rect width="{W}" height="{h}" fill="#fafafa"/>',
+    ]
     if not result.points:
-        out.append(f'<text x="{PAD_L}" y="40" class="title">{escape(result.metric)}: no resume point in '
-                   f'{escape(", ".join(result.paths))}</text>')
+        out.append(
+            f'<text x="{PAD_L}" y="40" class="title">{escape(result.metric)}: no resume point in '
+            f"{escape(', '.join(result.paths))}</text>"
+        )
     for k, pr in enumerate(result.points):
         _panel(out, result.series, pr, result, k * PANEL_H)
-    legend = ("grey: before the resume (shaded: judged window) · dashed: thrown away · blue: after · "
-              "red: trend ± threshold × noise")
+    legend = (
+        "grey: before the resume (shaded: judged window) · dashed: thrown away · blue: after · "
+        "red: trend ± threshold × noise"
+    )
     out.append(f'<text x="{PAD_L}" y="{h - 8}" class="tick">{escape(legend)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

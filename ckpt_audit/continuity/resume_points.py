@@ -38,8 +38,13 @@ class ResumePoint:
     inferred: bool  # resume_step was guessed as first_step - 1 (no catalog or hand-given step matched)
 
     def to_dict(self) -> dict:
-        return {"resume_step": self.resume_step, "first_step": self.first_step, "prev_step": self.prev_step,
-                "sources": list(self.sources), "inferred": self.inferred}
+        return {
+            "resume_step": self.resume_step,
+            "first_step": self.first_step,
+            "prev_step": self.prev_step,
+            "sources": list(self.sources),
+            "inferred": self.inferred,
+        }
 
 
 def stride(steps: Sequence[int]) -> int:
@@ -48,8 +53,9 @@ def stride(steps: Sequence[int]) -> int:
     return max(1, int(statistics.median(diffs))) if diffs else 1
 
 
-def boundaries(series: Series, *, file_starts: Sequence[int] = (), time_gap_s: float = DEFAULT_TIME_GAP_S
-               ) -> dict[int, list[str]]:
+def boundaries(
+    series: Series, *, file_starts: Sequence[int] = (), time_gap_s: float = DEFAULT_TIME_GAP_S
+) -> dict[int, list[str]]:
     """Series index -> why a new attempt may begin there. `file_starts` are record indexes (MetricLog.file_starts)."""
     out: dict[int, list[str]] = {}
     steps, pos, times = series.steps, series.positions, series.times
@@ -82,9 +88,15 @@ def _pick(first: int, known: set[int]) -> int | None:
     return max(below) if below else None
 
 
-def resume_points(series: Series, *, file_starts: Sequence[int] = (), checkpoints: Iterable[CheckpointRef] = (),
-                  manual: Iterable[int] = (), time_gap_s: float = DEFAULT_TIME_GAP_S,
-                  judge_checkpoints: bool = False) -> tuple[ResumePoint, ...]:
+def resume_points(
+    series: Series,
+    *,
+    file_starts: Sequence[int] = (),
+    checkpoints: Iterable[CheckpointRef] = (),
+    manual: Iterable[int] = (),
+    time_gap_s: float = DEFAULT_TIME_GAP_S,
+    judge_checkpoints: bool = False,
+) -> tuple[ResumePoint, ...]:
     """Every resume point of the series, in log order.
 
     A plain repeated step (same file, no pause, no checkpoint there) is a double log, not a resume; the caller
@@ -103,24 +115,33 @@ def resume_points(series: Series, *, file_starts: Sequence[int] = (), checkpoint
         if matches:
             r = min(matches, key=lambda r: abs(first - 1 - r))
             hand.remove(r)
-            found[i] = ResumePoint(index=i, resume_step=r, first_step=first, prev_step=prev,
-                                   sources=(*why, "manual"), inferred=False)
+            found[i] = ResumePoint(
+                index=i, resume_step=r, first_step=first, prev_step=prev, sources=(*why, "manual"), inferred=False
+            )
             continue
         if why == ["step-repeat"] and not ({first, first - 1} & known):
             continue  # logged twice in a row, nothing suggests a restart
         r = _pick(first, known)
         if r is not None:
-            found[i] = ResumePoint(index=i, resume_step=r, first_step=first, prev_step=prev,
-                                   sources=(*why, "catalog"), inferred=False)
+            found[i] = ResumePoint(
+                index=i, resume_step=r, first_step=first, prev_step=prev, sources=(*why, "catalog"), inferred=False
+            )
         else:
-            found[i] = ResumePoint(index=i, resume_step=first - 1, first_step=first, prev_step=prev,
-                                   sources=tuple(why), inferred=True)
+            found[i] = ResumePoint(
+                index=i, resume_step=first - 1, first_step=first, prev_step=prev, sources=tuple(why), inferred=True
+            )
     for r in hand:  # hand-given steps that no boundary explains: a continuous log, judged where it crosses r
         i = crossing_index(steps, r)
         if i is None or i in found:
             continue
-        found[i] = ResumePoint(index=i, resume_step=r, first_step=steps[i], prev_step=steps[i - 1] if i else None,
-                               sources=("manual",), inferred=False)
+        found[i] = ResumePoint(
+            index=i,
+            resume_step=r,
+            first_step=steps[i],
+            prev_step=steps[i - 1] if i else None,
+            sources=("manual",),
+            inferred=False,
+        )
     if judge_checkpoints and steps:
         judged = {p.resume_step for p in found.values()}
         for k in sorted(known - judged):
@@ -129,6 +150,12 @@ def resume_points(series: Series, *, file_starts: Sequence[int] = (), checkpoint
             i = crossing_index(steps, k)
             if i is None or i in found or i == 0:
                 continue
-            found[i] = ResumePoint(index=i, resume_step=k, first_step=steps[i], prev_step=steps[i - 1],
-                                   sources=("checkpoint",), inferred=False)
+            found[i] = ResumePoint(
+                index=i,
+                resume_step=k,
+                first_step=steps[i],
+                prev_step=steps[i - 1],
+                sources=("checkpoint",),
+                inferred=False,
+            )
     return tuple(found[i] for i in sorted(found))

@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_audit.readers import pickles
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA
 from ckpt_audit.models import Finding
+from ckpt_audit.readers import pickles
 
 MAX_METADATA_BYTES = 1 << 30
 MAX_PAIRWISE = 4096  # chunks per tensor compared pairwise when they are not a 1-D split
@@ -56,8 +56,10 @@ def read_metadata(path: str) -> DcpMetadata:
         q = item.qualname if pickles.is_record(item) else ""
         if q.endswith("TensorStorageMetadata"):
             size = tuple(_field(item, "size") or ())
-            chunks = tuple(Chunk(offsets=tuple(_field(c, "offsets")), sizes=tuple(_field(c, "sizes")))
-                           for c in _field(item, "chunks") or ())
+            chunks = tuple(
+                Chunk(offsets=tuple(_field(c, "offsets")), sizes=tuple(_field(c, "sizes")))
+                for c in _field(item, "chunks") or ()
+            )
             props = _field(item, "properties")
             dtype = None
             if pickles.is_record(props) and isinstance(props.state, tuple) and props.state:
@@ -72,7 +74,10 @@ def read_metadata(path: str) -> DcpMetadata:
         fqn = _field(idx, "fqn")
         off = _field(idx, "offset")
         storage[(str(fqn), tuple(off) if off is not None else None)] = (
-            str(_field(info, "relative_path")), int(_field(info, "offset")), int(_field(info, "length")))
+            str(_field(info, "relative_path")),
+            int(_field(info, "offset")),
+            int(_field(info, "length")),
+        )
     return DcpMetadata(tensors=tensors, byte_items=frozenset(byte_items), storage=storage)
 
 
@@ -113,27 +118,56 @@ def check_metadata(dcp_dir: str, meta: DcpMetadata, file_sizes: Mapping[str, int
     for (fqn, _off), (rel, start, length) in sorted(meta.storage.items(), key=lambda kv: (kv[1][0], kv[1][1])):
         if rel not in file_sizes:
             if rel not in missing_reported:
-                out.append(finding("dcp-file-missing", f"{dcp_dir}/{rel}", f".metadata stores {fqn} (and maybe "
-                                   f"more) in {rel}, which does not exist", rank=_rank(rel), tensor=fqn))
+                out.append(
+                    finding(
+                        "dcp-file-missing",
+                        f"{dcp_dir}/{rel}",
+                        f".metadata stores {fqn} (and maybe more) in {rel}, which does not exist",
+                        rank=_rank(rel),
+                        tensor=fqn,
+                    )
+                )
                 missing_reported.add(rel)
         elif start < 0 or length < 0 or start + length > file_sizes[rel]:
-            out.append(finding("dcp-range-outside-file", f"{dcp_dir}/{rel}", f"{fqn}: bytes [{start}, "
-                               f"{start + length}) but the file holds {file_sizes[rel]}", rank=_rank(rel), tensor=fqn))
+            out.append(
+                finding(
+                    "dcp-range-outside-file",
+                    f"{dcp_dir}/{rel}",
+                    f"{fqn}: bytes [{start}, {start + length}) but the file holds {file_sizes[rel]}",
+                    rank=_rank(rel),
+                    tensor=fqn,
+                )
+            )
     for fqn, (size, chunks, _dtype) in sorted(meta.tensors.items()):
         out.extend(check_tiling(dcp_dir, fqn, size, chunks))
         for c in chunks:
             if (fqn, c.offsets) not in meta.storage:
-                out.append(finding("dcp-chunk-unstored", f"{dcp_dir}/{METADATA}", f"{fqn}: chunk at "
-                                   f"{list(c.offsets)} has no storage entry", tensor=fqn))
+                out.append(
+                    finding(
+                        "dcp-chunk-unstored",
+                        f"{dcp_dir}/{METADATA}",
+                        f"{fqn}: chunk at {list(c.offsets)} has no storage entry",
+                        tensor=fqn,
+                    )
+                )
     for fqn in sorted(meta.byte_items):
         if not any(k[0] == fqn for k in meta.storage):
-            out.append(finding("dcp-chunk-unstored", f"{dcp_dir}/{METADATA}", f"{fqn}: object has no storage entry",
-                               tensor=fqn))
+            out.append(
+                finding(
+                    "dcp-chunk-unstored", f"{dcp_dir}/{METADATA}", f"{fqn}: object has no storage entry", tensor=fqn
+                )
+            )
     used = {rel for rel, _, _ in meta.storage.values()}
     for name in sorted(file_sizes):
         if DISTCP_RE.fullmatch(name) and name not in used:
-            out.append(finding("dcp-unreferenced-file", f"{dcp_dir}/{name}", "no .metadata entry points into this "
-                               "file (a leftover of another save?)", rank=_rank(name)))
+            out.append(
+                finding(
+                    "dcp-unreferenced-file",
+                    f"{dcp_dir}/{name}",
+                    "no .metadata entry points into this file (a leftover of another save?)",
+                    rank=_rank(name),
+                )
+            )
     return tuple(out)
 
 
@@ -151,10 +185,19 @@ def check_tiling(where: str, fqn: str, size: Sequence[int], chunks: Sequence[Chu
     out = []
     vol = 0
     for c in chunks:
-        if len(c.offsets) != len(size) or len(c.sizes) != len(size) or any(
-                o < 0 or n < 0 or o + n > s for o, n, s in zip(c.offsets, c.sizes, size)):
-            out.append(finding("dcp-chunk-overlap", path, f"{fqn}: chunk at {list(c.offsets)} of {list(c.sizes)} "
-                               f"lies outside the tensor {list(size)}", tensor=fqn))
+        if (
+            len(c.offsets) != len(size)
+            or len(c.sizes) != len(size)
+            or any(o < 0 or n < 0 or o + n > s for o, n, s in zip(c.offsets, c.sizes, size))
+        ):
+            out.append(
+                finding(
+                    "dcp-chunk-overlap",
+                    path,
+                    f"{fqn}: chunk at {list(c.offsets)} of {list(c.sizes)} lies outside the tensor {list(size)}",
+                    tensor=fqn,
+                )
+            )
             return out
         n = 1
         for s in c.sizes:
@@ -163,11 +206,23 @@ def check_tiling(where: str, fqn: str, size: Sequence[int], chunks: Sequence[Chu
     overlap = _overlap(chunks, len(size))
     if overlap is not None:
         a, b = overlap
-        out.append(finding("dcp-chunk-overlap", path, f"{fqn}: chunks at {list(a.offsets)} and {list(b.offsets)} "
-                           "overlap", tensor=fqn))
+        out.append(
+            finding(
+                "dcp-chunk-overlap",
+                path,
+                f"{fqn}: chunks at {list(a.offsets)} and {list(b.offsets)} overlap",
+                tensor=fqn,
+            )
+        )
     elif vol < total:
-        out.append(finding("dcp-chunk-gap", path, f"{fqn}: chunks cover {vol} of {total} elements of "
-                           f"{list(size)}: part of the tensor is stored nowhere", tensor=fqn))
+        out.append(
+            finding(
+                "dcp-chunk-gap",
+                path,
+                f"{fqn}: chunks cover {vol} of {total} elements of {list(size)}: part of the tensor is stored nowhere",
+                tensor=fqn,
+            )
+        )
     return out
 
 
@@ -177,7 +232,7 @@ def _overlap(chunks: Sequence[Chunk], ndim: int) -> tuple[Chunk, Chunk] | None:
         return None
     # the usual case: a split along one dim, every other extent equal -> sort and sweep
     for d in range(ndim):
-        others = {(c.offsets[:d] + c.offsets[d + 1:], c.sizes[:d] + c.sizes[d + 1:]) for c in live}
+        others = {(c.offsets[:d] + c.offsets[d + 1 :], c.sizes[:d] + c.sizes[d + 1 :]) for c in live}
         if len(others) == 1:
             live.sort(key=lambda c: c.offsets[d])
             for a, b in zip(live, live[1:]):
@@ -187,7 +242,7 @@ def _overlap(chunks: Sequence[Chunk], ndim: int) -> tuple[Chunk, Chunk] | None:
     if len(live) > MAX_PAIRWISE:
         return None
     for i, a in enumerate(live):
-        for b in live[i + 1:]:
+        for b in live[i + 1 :]:
             if all(ao < bo + bs and bo < ao + as_ for ao, as_, bo, bs in zip(a.offsets, a.sizes, b.offsets, b.sizes)):
                 return a, b
     return None

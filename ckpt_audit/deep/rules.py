@@ -90,10 +90,14 @@ def check_key_sets(ranks: Sequence[RankView]) -> list[Finding]:
         missing, extra = sorted(ref_keys - keys), sorted(keys - ref_keys)
         if missing or extra:
             key = (missing or extra)[0]
-            what = (f"lacks {len(missing)} key(s) rank {ref.rank} has" if missing else "") + (
-                "; " if missing and extra else "") + (f"has {len(extra)} key(s) rank {ref.rank} lacks" if extra else "")
-            out.append(finding("rank-keys-differ", r.model_path or "", f"{what} (first: {key})", rank=r.rank,
-                               tensor=key))
+            what = (
+                (f"lacks {len(missing)} key(s) rank {ref.rank} has" if missing else "")
+                + ("; " if missing and extra else "")
+                + (f"has {len(extra)} key(s) rank {ref.rank} lacks" if extra else "")
+            )
+            out.append(
+                finding("rank-keys-differ", r.model_path or "", f"{what} (first: {key})", rank=r.rank, tensor=key)
+            )
     return out
 
 
@@ -138,45 +142,106 @@ def check_dtensors(c: ComponentView, ranks: Sequence[RankView]) -> list[Finding]
         kinds = {v.is_dtensor for _, v in views}
         if len(kinds) > 1:
             odd = next(r for r, v in views if v.is_dtensor != first.is_dtensor)
-            out.append(finding("dtensor-mismatch", odd.model_path or "", f"{key} is "
-                               f"{'a DTensor' if not first.is_dtensor else 'a plain tensor'} on rank {first_r.rank} "
-                               f"but not on rank {odd.rank}", rank=odd.rank, tensor=key))
+            out.append(
+                finding(
+                    "dtensor-mismatch",
+                    odd.model_path or "",
+                    f"{key} is "
+                    f"{'a DTensor' if not first.is_dtensor else 'a plain tensor'} on rank {first_r.rank} "
+                    f"but not on rank {odd.rank}",
+                    rank=odd.rank,
+                    tensor=key,
+                )
+            )
             continue
         if not first.is_dtensor:
             for r, v in views[1:]:
                 if v.local_shape != first.local_shape and (c.world_size or 1) > 1:
-                    out.append(finding("global-shape-mismatch", r.model_path or "", f"{key}: plain tensor of shape "
-                                       f"{list(v.local_shape)} here, {list(first.local_shape)} on rank {first_r.rank}",
-                                       rank=r.rank, tensor=key))
+                    out.append(
+                        finding(
+                            "global-shape-mismatch",
+                            r.model_path or "",
+                            f"{key}: plain tensor of shape "
+                            f"{list(v.local_shape)} here, {list(first.local_shape)} on rank {first_r.rank}",
+                            rank=r.rank,
+                            tensor=key,
+                        )
+                    )
             continue
         for r, v in views:
             size = math.prod(v.mesh_shape) if v.mesh_shape else None
             if size is not None and c.config_world_size is not None and size != c.config_world_size:
-                out.append(finding("mesh-config-mismatch", r.model_path or "", f"{key}: DeviceMesh of {size} rank(s) "
-                                   f"{list(v.mesh_shape or ())}, fsdp_config.json says world_size "
-                                   f"{c.config_world_size}", rank=r.rank, tensor=key))
+                out.append(
+                    finding(
+                        "mesh-config-mismatch",
+                        r.model_path or "",
+                        f"{key}: DeviceMesh of {size} rank(s) "
+                        f"{list(v.mesh_shape or ())}, fsdp_config.json says world_size "
+                        f"{c.config_world_size}",
+                        rank=r.rank,
+                        tensor=key,
+                    )
+                )
             if v.mesh_names is not None and v.mesh_names not in KNOWN_MESH_NAMES:
-                out.append(finding("mesh-names-unknown", r.model_path or "", f"{key}: mesh dims {v.mesh_names} are "
-                                   "not verl's ('fsdp',) or ('ddp', 'fsdp')", rank=r.rank, tensor=key))
+                out.append(
+                    finding(
+                        "mesh-names-unknown",
+                        r.model_path or "",
+                        f"{key}: mesh dims {v.mesh_names} are not verl's ('fsdp',) or ('ddp', 'fsdp')",
+                        rank=r.rank,
+                        tensor=key,
+                    )
+                )
         for r, v in views[1:]:
             if v.placements != first.placements:
-                out.append(finding("placement-mismatch", r.model_path or "", f"{key}: placements {list(v.placements)}"
-                                   f" here, {list(first.placements)} on rank {first_r.rank}", rank=r.rank, tensor=key))
+                out.append(
+                    finding(
+                        "placement-mismatch",
+                        r.model_path or "",
+                        f"{key}: placements {list(v.placements)} here, {list(first.placements)} on rank {first_r.rank}",
+                        rank=r.rank,
+                        tensor=key,
+                    )
+                )
             elif (v.mesh_shape, v.mesh_ranks) != (first.mesh_shape, first.mesh_ranks):
-                out.append(finding("placement-mismatch", r.model_path or "", f"{key}: mesh {list(v.mesh_shape or ())} "
-                                   f"ranks {list(v.mesh_ranks or ())} here, {list(first.mesh_shape or ())} ranks "
-                                   f"{list(first.mesh_ranks or ())} on rank {first_r.rank}", rank=r.rank, tensor=key))
+                out.append(
+                    finding(
+                        "placement-mismatch",
+                        r.model_path or "",
+                        f"{key}: mesh {list(v.mesh_shape or ())} "
+                        f"ranks {list(v.mesh_ranks or ())} here, {list(first.mesh_shape or ())} ranks "
+                        f"{list(first.mesh_ranks or ())} on rank {first_r.rank}",
+                        rank=r.rank,
+                        tensor=key,
+                    )
+                )
             if v.global_shape != first.global_shape:
-                out.append(finding("global-shape-mismatch", r.model_path or "", f"{key}: global shape "
-                                   f"{list(v.global_shape or ())} here, {list(first.global_shape or ())} on rank "
-                                   f"{first_r.rank}", rank=r.rank, tensor=key))
+                out.append(
+                    finding(
+                        "global-shape-mismatch",
+                        r.model_path or "",
+                        f"{key}: global shape "
+                        f"{list(v.global_shape or ())} here, {list(first.global_shape or ())} on rank "
+                        f"{first_r.rank}",
+                        rank=r.rank,
+                        tensor=key,
+                    )
+                )
         for r, v in views:
             want = expected_local_shape(v, r.rank)
             if want is not None and want != v.local_shape:
-                out.append(finding("shard-shape-mismatch", r.model_path or "", f"{key}: local shape "
-                                   f"{list(v.local_shape)}, but {list(v.placements)} of global "
-                                   f"{list(v.global_shape or ())} on mesh {list(v.mesh_shape or ())} gives this rank "
-                                   f"{list(want)}", rank=r.rank, tensor=key))
+                out.append(
+                    finding(
+                        "shard-shape-mismatch",
+                        r.model_path or "",
+                        f"{key}: local shape "
+                        f"{list(v.local_shape)}, but {list(v.placements)} of global "
+                        f"{list(v.global_shape or ())} on mesh {list(v.mesh_shape or ())} gives this rank "
+                        f"{list(want)}",
+                        rank=r.rank,
+                        tensor=key,
+                    )
+                )
         out += _check_replicas(key, views)
     return out
 
@@ -206,8 +271,15 @@ def _check_replicas(key: str, views: Sequence[tuple[RankView, TensorView]]) -> l
             elif v.crc and t.crc:
                 same = v.crc == t.crc and v.storage_offset == t.storage_offset
         if not same:
-            out.append(finding("hsdp-replica-differs", r.model_path or "", f"{key}: this replica differs from rank "
-                               f"{twin}'s (same fsdp shard, replicated over ddp)", rank=r.rank, tensor=key))
+            out.append(
+                finding(
+                    "hsdp-replica-differs",
+                    r.model_path or "",
+                    f"{key}: this replica differs from rank {twin}'s (same fsdp shard, replicated over ddp)",
+                    rank=r.rank,
+                    tensor=key,
+                )
+            )
     return out
 
 
@@ -220,9 +292,15 @@ def check_tied(c: ComponentView, ranks: Sequence[RankView]) -> list[Finding]:
         for a, b in TIED_PAIRS:
             if (a in m) != (b in m):
                 gone = a if b in m else b
-                out.append(finding("tied-embedding-missing", r.model_path or "", f"config ties word embeddings but "
-                                   f"{gone} is absent (only {b if gone == a else a} is saved)", rank=r.rank,
-                                   tensor=gone))
+                out.append(
+                    finding(
+                        "tied-embedding-missing",
+                        r.model_path or "",
+                        f"config ties word embeddings but {gone} is absent (only {b if gone == a else a} is saved)",
+                        rank=r.rank,
+                        tensor=gone,
+                    )
+                )
     return out
 
 
@@ -255,13 +333,22 @@ def check_optimizer(ranks: Sequence[RankView]) -> list[Finding]:
         params = unique_params(r.model) if r.model is not None else None
         path = r.optim_path or ""
         if params is not None and len(indices) != len(params):
-            out.append(finding("optimizer-param-count", path, f"param_groups list {len(indices)} parameter(s), the "
-                               f"model shard has {len(params)}", rank=r.rank))
+            out.append(
+                finding(
+                    "optimizer-param-count",
+                    path,
+                    f"param_groups list {len(indices)} parameter(s), the model shard has {len(params)}",
+                    rank=r.rank,
+                )
+            )
             params = None
         stray = sorted(set(r.optim_state or {}) - set(indices))
         if stray:
-            out.append(finding("optimizer-param-count", path, f"state has entries {stray[:5]} no param group lists",
-                               rank=r.rank))
+            out.append(
+                finding(
+                    "optimizer-param-count", path, f"state has entries {stray[:5]} no param group lists", rank=r.rank
+                )
+            )
         rank_steps = set()
         first_key = None
         for pos, idx in enumerate(indices):
@@ -281,13 +368,28 @@ def check_optimizer(ranks: Sequence[RankView]) -> list[Finding]:
                 if not p.is_dtensor and not sv.is_dtensor and len(sv.local_shape) == 1 and len(p.local_shape) != 1:
                     continue  # FSDP1 flat-parameter state: not per original parameter
                 if (sv.local_shape, sv.shape, sv.placements) != (p.local_shape, p.shape, p.placements):
-                    out.append(finding("optimizer-state-mismatch", path, f"{sname} of {name}: local "
-                                       f"{list(sv.local_shape)} global {list(sv.shape)} {list(sv.placements)}, the "
-                                       f"parameter is local {list(p.local_shape)} global {list(p.shape)} "
-                                       f"{list(p.placements)}", rank=r.rank, tensor=name))
+                    out.append(
+                        finding(
+                            "optimizer-state-mismatch",
+                            path,
+                            f"{sname} of {name}: local "
+                            f"{list(sv.local_shape)} global {list(sv.shape)} {list(sv.placements)}, the "
+                            f"parameter is local {list(p.local_shape)} global {list(p.shape)} "
+                            f"{list(p.placements)}",
+                            rank=r.rank,
+                            tensor=name,
+                        )
+                    )
         if len(rank_steps) > 1:
-            out.append(finding("optimizer-step-differs", path, f"parameters disagree on step: {sorted(rank_steps)}",
-                               rank=r.rank, tensor=first_key))
+            out.append(
+                finding(
+                    "optimizer-step-differs",
+                    path,
+                    f"parameters disagree on step: {sorted(rank_steps)}",
+                    rank=r.rank,
+                    tensor=first_key,
+                )
+            )
         steps[r.rank] = (max(rank_steps) if rank_steps else None, first_key)
     if loaded:
         ref = loaded[0]
@@ -295,11 +397,24 @@ def check_optimizer(ranks: Sequence[RankView]) -> list[Finding]:
         for r in loaded[1:]:
             s, key = steps[r.rank]
             if s != ref_step:
-                out.append(finding("optimizer-step-differs", r.optim_path or "", f"step {s} here, {ref_step} on rank "
-                                   f"{ref.rank}", rank=r.rank, tensor=key))
+                out.append(
+                    finding(
+                        "optimizer-step-differs",
+                        r.optim_path or "",
+                        f"step {s} here, {ref_step} on rank {ref.rank}",
+                        rank=r.rank,
+                        tensor=key,
+                    )
+                )
             if _groups(r.param_groups) != _groups(ref.param_groups):
-                out.append(finding("param-groups-differ", r.optim_path or "", _groups_diff(r.param_groups,
-                                   ref.param_groups, ref.rank), rank=r.rank))
+                out.append(
+                    finding(
+                        "param-groups-differ",
+                        r.optim_path or "",
+                        _groups_diff(r.param_groups, ref.param_groups, ref.rank),
+                        rank=r.rank,
+                    )
+                )
     return out
 
 
@@ -336,13 +451,25 @@ def check_extra(c: ComponentView) -> list[Finding]:
     for r in loaded:
         path = r.extra_path or ""
         if "lr_scheduler" not in (r.extra_keys or ()):
-            out.append(finding("lr-scheduler-missing", path, "extra_state has no 'lr_scheduler' entry; verl's loader "
-                               "requires it", rank=r.rank))
+            out.append(
+                finding(
+                    "lr-scheduler-missing",
+                    path,
+                    "extra_state has no 'lr_scheduler' entry; verl's loader requires it",
+                    rank=r.rank,
+                )
+            )
         elif r.lr_scheduler is not None:
             epochs[r.rank] = r.lr_scheduler.get("last_epoch")
         if r.rng_keys is None:
-            out.append(finding("rng-missing", path, "extra_state has no 'rng' entry: a resume cannot restore the "
-                               "random streams", rank=r.rank))
+            out.append(
+                finding(
+                    "rng-missing",
+                    path,
+                    "extra_state has no 'rng' entry: a resume cannot restore the random streams",
+                    rank=r.rank,
+                )
+            )
         else:
             want = list(RNG_STREAMS)
             if any(v.device.startswith("cuda") for v in (r.model or {}).values()):
@@ -356,20 +483,45 @@ def check_extra(c: ComponentView) -> list[Finding]:
         by = {r.rank: r for r in loaded}
         for rank, e in sorted(epochs.items()):
             if e != ref:
-                out.append(finding("lr-scheduler-differs", by[rank].extra_path or "", f"last_epoch {e} here, {ref} on "
-                                   f"rank {ref_rank}", rank=rank))
+                out.append(
+                    finding(
+                        "lr-scheduler-differs",
+                        by[rank].extra_path or "",
+                        f"last_epoch {e} here, {ref} on rank {ref_rank}",
+                        rank=rank,
+                    )
+                )
         if isinstance(ref, int):
             path = by[ref_rank].extra_path or ""
             if ref > c.step:
-                out.append(finding("lr-scheduler-ahead", path, f"last_epoch {ref} is past the checkpoint's step "
-                                   f"{c.step}: the schedule stepped more often than training did", rank=ref_rank))
+                out.append(
+                    finding(
+                        "lr-scheduler-ahead",
+                        path,
+                        f"last_epoch {ref} is past the checkpoint's step "
+                        f"{c.step}: the schedule stepped more often than training did",
+                        rank=ref_rank,
+                    )
+                )
             elif ref < c.step:
-                out.append(finding("lr-scheduler-behind", path, f"last_epoch {ref} is behind the checkpoint's step "
-                                   f"{c.step} (expected only with critic_warmup)", rank=ref_rank))
+                out.append(
+                    finding(
+                        "lr-scheduler-behind",
+                        path,
+                        f"last_epoch {ref} is behind the checkpoint's step {c.step} (expected only with critic_warmup)",
+                        rank=ref_rank,
+                    )
+                )
             opt = optimizer_step(c.ranks)
             if opt is not None and opt < ref:
-                out.append(finding("optimizer-step-behind", path, f"optimizer step {opt:g} is behind the scheduler's "
-                                   f"last_epoch {ref}", rank=ref_rank))
+                out.append(
+                    finding(
+                        "optimizer-step-behind",
+                        path,
+                        f"optimizer step {opt:g} is behind the scheduler's last_epoch {ref}",
+                        rank=ref_rank,
+                    )
+                )
     return out
 
 
@@ -381,6 +533,11 @@ DATALOADER_KEYS = frozenset({"_snapshot", "_num_yielded", "_sampler_iter_state",
 def check_dataloader(path: str, value: Any) -> tuple[Finding, ...]:
     if not isinstance(value, dict) or not (set(map(str, value)) & DATALOADER_KEYS):
         shown = sorted(map(str, value))[:5] if isinstance(value, dict) else type(value).__name__
-        return (finding("dataloader-state-invalid", path, f"not a StatefulDataLoader state_dict (got {shown}): a "
-                        "resume restarts the epoch"),)
+        return (
+            finding(
+                "dataloader-state-invalid",
+                path,
+                f"not a StatefulDataLoader state_dict (got {shown}): a resume restarts the epoch",
+            ),
+        )
     return ()

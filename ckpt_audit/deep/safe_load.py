@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from ckpt_audit.readers import pickles
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
+from ckpt_audit.readers import pickles
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadResult:
@@ -45,23 +46,33 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
     refused = sorted(s.unsafe_globals)
     if refused:
         shown = ", ".join(refused[:5]) + (f" and {len(refused) - 5} more" if len(refused) > 5 else "")
-        return LoadResult(path=p, structure=s, findings=(
-            finding("unsafe-pickle", p, f"references {shown}: loading it would run code; not loaded"),))
+        return LoadResult(
+            path=p,
+            structure=s,
+            findings=(finding("unsafe-pickle", p, f"references {shown}: loading it would run code; not loaded"),),
+        )
     if s.container == "pickle":  # torch.load would take its first object for a magic number and refuse the file
-        return LoadResult(path=p, structure=s, findings=(
-            finding("not-loadable", p, "a raw pickle stream, not a torch.save file; not loaded"),))
+        return LoadResult(
+            path=p,
+            structure=s,
+            findings=(finding("not-loadable", p, "a raw pickle stream, not a torch.save file; not loaded"),),
+        )
     crcs = {}
     prefix = (s.prefix + "/") if s.prefix else ""
     for e in s.entries:
-        rec = e.name[len(prefix):] if e.name.startswith(prefix) else e.name
+        rec = e.name[len(prefix) :] if e.name.startswith(prefix) else e.name
         if rec.startswith("data/"):
             crcs[rec[5:]] = e.crc
     try:
         value = _torch_load(p, mmap=s.container == "zip")
     except Exception as exc:  # noqa: BLE001 - a damaged file must become a finding, never a traceback
         reason = _reason(exc)
-        return LoadResult(path=p, structure=s, findings=(
-            finding("not-loadable", p, f"torch.load(weights_only=True) fails: {reason}"),), entry_crc=crcs)
+        return LoadResult(
+            path=p,
+            structure=s,
+            findings=(finding("not-loadable", p, f"torch.load(weights_only=True) fails: {reason}"),),
+            entry_crc=crcs,
+        )
     return LoadResult(path=p, value=value, structure=s, loaded=True, entry_crc=crcs)
 
 

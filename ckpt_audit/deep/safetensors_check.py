@@ -17,8 +17,25 @@ from ckpt_audit.models import Finding
 
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
 DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,
-    "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4, "F6_E2M3": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
     "F6_E3M2": 6,
 }
 
@@ -62,8 +79,12 @@ def check_header(path: str, header: dict, *, data_size: int) -> tuple[Finding, .
         if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
             out.append(_bad(path, f"{name}: malformed shape {shape!r}", tensor=name))
             continue
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1]):
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]
+        ):
             out.append(_bad(path, f"{name}: malformed data_offsets {offsets!r}", tensor=name))
             continue
         numel = 1
@@ -71,20 +92,36 @@ def check_header(path: str, header: dict, *, data_size: int) -> tuple[Finding, .
             numel *= d
         want = (numel * DTYPE_BITS[dtype] + 7) // 8
         if offsets[1] - offsets[0] != want:
-            out.append(finding("safetensors-offsets", path, f"{name}: {dtype} x {shape} needs {want} bytes, "
-                               f"data_offsets {offsets} span {offsets[1] - offsets[0]}", tensor=name))
+            out.append(
+                finding(
+                    "safetensors-offsets",
+                    path,
+                    f"{name}: {dtype} x {shape} needs {want} bytes, "
+                    f"data_offsets {offsets} span {offsets[1] - offsets[0]}",
+                    tensor=name,
+                )
+            )
         spans.append((offsets[0], offsets[1], name))
     spans.sort()
     at = 0
     for b, e, name in spans:
         if b != at:
             kind = "a gap" if b > at else "an overlap"
-            out.append(finding("safetensors-offsets", path, f"{name}: starts at {b}, leaving {kind} after byte {at}",
-                               tensor=name))
+            out.append(
+                finding(
+                    "safetensors-offsets", path, f"{name}: starts at {b}, leaving {kind} after byte {at}", tensor=name
+                )
+            )
         at = max(at, e)
     if at != data_size:
-        out.append(finding("safetensors-offsets", path, f"tensors end at byte {at} of the data, the file holds "
-                           f"{data_size}: {'truncated' if at > data_size else 'trailing bytes'}"))
+        out.append(
+            finding(
+                "safetensors-offsets",
+                path,
+                f"tensors end at byte {at} of the data, the file holds "
+                f"{data_size}: {'truncated' if at > data_size else 'trailing bytes'}",
+            )
+        )
     return tuple(out)
 
 

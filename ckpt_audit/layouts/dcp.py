@@ -31,8 +31,19 @@ STEP_RE = re.compile(r"global_step_\d+")
 TRAILING_INT_RE = re.compile(r"(\d+)$")
 KNOWN_SHARDED_BACKENDS = frozenset({"torch_dist", "zarr"})
 KNOWN_COMMON_BACKENDS = frozenset({"torch"})
-NOT_A_ZIP_NOISE = frozenset({"bad-zip", "truncated", "not-a-zip", "zip-prefix-mismatch", "not-a-torch-archive",
-                             "bad-pickle", "storage-size-mismatch", "crc-mismatch", "unsafe-pickle"})
+NOT_A_ZIP_NOISE = frozenset(
+    {
+        "bad-zip",
+        "truncated",
+        "not-a-zip",
+        "zip-prefix-mismatch",
+        "not-a-torch-archive",
+        "bad-pickle",
+        "storage-size-mismatch",
+        "crc-mismatch",
+        "unsafe-pickle",
+    }
+)
 
 
 def classify(rel_parts: tuple[str, ...]) -> FileKind:
@@ -52,8 +63,16 @@ def classify(rel_parts: tuple[str, ...]) -> FileKind:
 
 
 def _shard_file(fact: FileFacts, kind: FileKind, rank: int | None) -> ShardFile:
-    return ShardFile(path=fact.path, kind=kind, size_bytes=fact.size_bytes, mtime_ns=fact.mtime_ns,
-                     inode=fact.inode, rank=rank, hash=fact.hash, crc_ok=fact.crc_ok)
+    return ShardFile(
+        path=fact.path,
+        kind=kind,
+        size_bytes=fact.size_bytes,
+        mtime_ns=fact.mtime_ns,
+        inode=fact.inode,
+        rank=rank,
+        hash=fact.hash,
+        crc_ok=fact.crc_ok,
+    )
 
 
 def dcp_files(comp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[list[ShardFile], list[Finding]]:
@@ -82,8 +101,13 @@ def check_dcp_dir(dcp_dir: str, tree: Tree) -> tuple[int | None, tuple[Finding, 
     ranks = {int(m.group(1)) for n in names if (m := DISTCP_RE.fullmatch(n))}
     out = []
     if METADATA not in names:
-        out.append(finding("dcp-metadata-missing", f"{dcp_dir}/{METADATA}", "no .metadata: DCP cannot load this "
-                           "checkpoint (the coordinator died before finishing the save)"))
+        out.append(
+            finding(
+                "dcp-metadata-missing",
+                f"{dcp_dir}/{METADATA}",
+                "no .metadata: DCP cannot load this checkpoint (the coordinator died before finishing the save)",
+            )
+        )
     if not ranks:
         out.append(finding("dcp-no-data", dcp_dir, "no __R_k.distcp data files"))
     return (max(ranks) + 1 if ranks else None), tuple(out)
@@ -91,8 +115,14 @@ def check_dcp_dir(dcp_dir: str, tree: Tree) -> tuple[int | None, tuple[Finding, 
 
 def check_megatron_metadata(path: str, text: str | None, present: bool) -> tuple[Finding, ...]:
     if not present:
-        return (finding("megatron-metadata-missing", path, "no dist_ckpt/metadata.json (Megatron writes it last): the "
-                        "save did not finish, or this node is not rank 0's (multi-node without a shared FS)"),)
+        return (
+            finding(
+                "megatron-metadata-missing",
+                path,
+                "no dist_ckpt/metadata.json (Megatron writes it last): the "
+                "save did not finish, or this node is not rank 0's (multi-node without a shared FS)",
+            ),
+        )
     try:
         doc = json.loads(text or "")
     except ValueError:
@@ -101,8 +131,14 @@ def check_megatron_metadata(path: str, text: str | None, present: bool) -> tuple
         return (finding("megatron-backend-unknown", path, "metadata.json is not a JSON object"),)
     sharded, common = doc.get("sharded_backend"), doc.get("common_backend", "torch")
     if sharded not in KNOWN_SHARDED_BACKENDS or common not in KNOWN_COMMON_BACKENDS:
-        return (finding("megatron-backend-unknown", path, f"sharded_backend {sharded!r}, common_backend {common!r}: "
-                        f"expected one of {sorted(KNOWN_SHARDED_BACKENDS)} / {sorted(KNOWN_COMMON_BACKENDS)}"),)
+        return (
+            finding(
+                "megatron-backend-unknown",
+                path,
+                f"sharded_backend {sharded!r}, common_backend {common!r}: "
+                f"expected one of {sorted(KNOWN_SHARDED_BACKENDS)} / {sorted(KNOWN_COMMON_BACKENDS)}",
+            ),
+        )
     return ()
 
 
@@ -129,16 +165,23 @@ class DcpLayout:
         fact = facts.get(meta)
         found.extend(check_megatron_metadata(meta, fact.text if fact else None, present=fact is not None))
         if "common.pt" not in tree.file_names(dist):
-            found.append(finding("megatron-common-missing", f"{dist}/common.pt", "no common.pt: rank 0's "
-                                 "non-sharded state (lr_scheduler, optimizer common) is gone"))
-        return Component(role=role, path=role_dir, layout=MEGATRON, world_size=ws, files=tuple(files),
-                         findings=tuple(found))
+            found.append(
+                finding(
+                    "megatron-common-missing",
+                    f"{dist}/common.pt",
+                    "no common.pt: rank 0's non-sharded state (lr_scheduler, optimizer common) is gone",
+                )
+            )
+        return Component(
+            role=role, path=role_dir, layout=MEGATRON, world_size=ws, files=tuple(files), findings=tuple(found)
+        )
 
     def _plain(self, role: str, ckpt_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Component:
         files, found = dcp_files(ckpt_dir, tree, facts)
         ws, more = check_dcp_dir(ckpt_dir, tree)
-        return Component(role=role, path=ckpt_dir, layout=DCP, world_size=ws, files=tuple(files),
-                         findings=tuple(found) + more)
+        return Component(
+            role=role, path=ckpt_dir, layout=DCP, world_size=ws, files=tuple(files), findings=tuple(found) + more
+        )
 
     # -- plain DCP runs -----------------------------------------------------------------------------------------
 
@@ -164,8 +207,14 @@ class DcpLayout:
             # directories included (see verl_fsdp); a run dir that is itself a checkpoint stops at its siblings
             below = frozenset(x for x in dirs if x != d)
             mtime = max([tree.newest_dir_mtime_ns(d, stop=below), *(f.mtime_ns for f in comp.files)])
-            ckpt = Checkpoint(run_path=run_dir, step=int(m.group(1)) if m else 0, path=d, status=Status.INCOMPLETE,
-                              components=(comp,), mtime_ns=mtime)
+            ckpt = Checkpoint(
+                run_path=run_dir,
+                step=int(m.group(1)) if m else 0,
+                path=d,
+                status=Status.INCOMPLETE,
+                components=(comp,),
+                mtime_ns=mtime,
+            )
             # DCP's coordinator writes .metadata last: its presence commits the checkpoint, as verl's tracker does
             committed = ckpt.step if METADATA in tree.file_names(d) else None
             checkpoints.append(status.judge(ckpt, tracker_step=committed, ctx=ctx))

@@ -1,12 +1,12 @@
 """verl's FSDP checkpoint trees (reference/verl-format.md §0-§1): PPO/GRPO, SFT and the older names.
 
-    <run>/latest_checkpointed_iteration.txt
-    <run>/global_step_N/{actor,critic}/model_world_size_W_rank_R.pt (+ optim_, extra_state_, fsdp_config.json,
-                                       huggingface/, lora_adapter/)
-    <run>/global_step_N/data.pt                      PPO: dataloader state, written after every role
-    <run>/global_step_N/model_world_size_W_rank_R.pt SFT: shards directly in the step directory (data_{dp}.pt too)
-    .../model_rank_R.pt                              v0.2-era names without the world size
-    <run>/global_steps_N/                            the docs' typo, never read by verl: flagged misnamed-step
+<run>/latest_checkpointed_iteration.txt
+<run>/global_step_N/{actor,critic}/model_world_size_W_rank_R.pt (+ optim_, extra_state_, fsdp_config.json,
+                                   huggingface/, lora_adapter/)
+<run>/global_step_N/data.pt                      PPO: dataloader state, written after every role
+<run>/global_step_N/model_world_size_W_rank_R.pt SFT: shards directly in the step directory (data_{dp}.pt too)
+.../model_rank_R.pt                              v0.2-era names without the world size
+<run>/global_steps_N/                            the docs' typo, never read by verl: flagged misnamed-step
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ class VerlFsdp:
         files: list[ShardFile] = []
         file_findings = []
         cut = len(role_dir) + 1
-        stop = frozenset(f"{role_dir}/{s}" for s in tree.subdirs(role_dir) if role == "" and _is_role(s, tree, role_dir))
+        stop = frozenset(
+            f"{role_dir}/{s}" for s in tree.subdirs(role_dir) if role == "" and _is_role(s, tree, role_dir)
+        )
         for path in tree.files_below(role_dir, stop=stop):
             fact = facts.get(path)
             if fact is None:
@@ -130,23 +132,34 @@ class VerlFsdp:
         if tracker_fact is not None:
             run_findings = tuple(tracker_fact.findings) + run_findings
         walked = tuple(f for f in ctx.unread if f.path == tracker_path)  # e.g. a link out of the root
-        run_findings += tracker.unread_tracker(tracker_path, text=tracker_fact.text if tracker_fact else None,
-                                               present=tracker_fact is not None, walked=walked,
-                                               read=tracker_fact.findings if tracker_fact else ())
+        run_findings += tracker.unread_tracker(
+            tracker_path,
+            text=tracker_fact.text if tracker_fact else None,
+            present=tracker_fact is not None,
+            walked=walked,
+            read=tracker_fact.findings if tracker_fact else (),
+        )
         checkpoints = []
         for sub in tree.subdirs(run_dir):
             step, misnamed = step_of(sub)
             if step is None:
                 continue
             if step > MAX_STEP:  # one absurd name must not stop the catalog from recording the rest
-                run_findings += (finding("step-out-of-range", f"{run_dir}/{sub}", f"step {step} is past 2^63-1; "
-                                         "not a checkpoint"),)
+                run_findings += (
+                    finding("step-out-of-range", f"{run_dir}/{sub}", f"step {step} is past 2^63-1; not a checkpoint"),
+                )
                 continue
             ckpt = self._checkpoint(run_dir, f"{run_dir}/{sub}", step, tree, facts, ctx)
             if misnamed:
-                ckpt = replace(ckpt, findings=ckpt.findings + (
-                    finding("misnamed-step", ckpt.path, f"{sub!r} is not named global_step_{step}; verl never reads it"),
-                ))
+                ckpt = replace(
+                    ckpt,
+                    findings=ckpt.findings
+                    + (
+                        finding(
+                            "misnamed-step", ckpt.path, f"{sub!r} is not named global_step_{step}; verl never reads it"
+                        ),
+                    ),
+                )
             checkpoints.append(ckpt)
         checkpoints.sort(key=lambda c: (c.step, c.path))
         judged = tuple(status.judge(c, tracker_step=tracker_step, ctx=ctx) for c in checkpoints)
@@ -189,8 +202,13 @@ class VerlFsdp:
             step_files.append(shard_file(fact, kind, None, None))
             step_findings.extend(fact.findings)
         # its age is its newest entry's, directories included: an empty global_step_N/ made a second ago is young
-        mtime = max([tree.newest_dir_mtime_ns(step_dir), *(f.mtime_ns for f in step_files),
-                     *(f.mtime_ns for c in components for f in c.files)])
+        mtime = max(
+            [
+                tree.newest_dir_mtime_ns(step_dir),
+                *(f.mtime_ns for f in step_files),
+                *(f.mtime_ns for c in components for f in c.files),
+            ]
+        )
         ckpt = Checkpoint(
             run_path=run_dir,
             step=step,

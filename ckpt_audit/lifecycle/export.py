@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.lifecycle.export_guard import (
     MARKER,
     Destination,
@@ -56,9 +57,8 @@ from ckpt_audit.lifecycle.export_guard import (
     refusal,
     step_and_run,
 )
-from ckpt_audit.killpoints import OpCounter
-from ckpt_audit.models import Finding
 from ckpt_audit.lifecycle.prune import _fsync_dir
+from ckpt_audit.models import Finding
 
 __all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "export_checkpoint"]
 
@@ -66,8 +66,17 @@ MODEL_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 WEIGHT_FILE_RE = re.compile(r"(\.safetensors|\.bin)$|^(model\.safetensors|pytorch_model\.bin)\.index\.json$")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 SAFETENSORS_DTYPE = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
-    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3",
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
     "float8_e5m2": "F8_E5M2",
 }
 DEFAULT_MAX_SHARD = 5 * 10**9
@@ -114,12 +123,23 @@ class ExportResult:
 
     def to_dict(self) -> dict:
         return {
-            "source": self.source, "role_dir": self.role_dir, "out_dir": self.out_dir,
-            "source_kind": self.source_kind, "world_size": self.world_size, "dtype": self.dtype,
-            "tensors": self.tensors, "total_bytes": self.total_bytes, "verified": self.verified,
-            "read_back": self.read_back, "source_check": self.source_check, "source_verified": self.source_verified,
-            "override": self.override, "source_findings": [f.to_dict() for f in self.source_findings],
-            "replaced": self.replaced, "lora_dir": self.lora_dir, "warnings": list(self.warnings),
+            "source": self.source,
+            "role_dir": self.role_dir,
+            "out_dir": self.out_dir,
+            "source_kind": self.source_kind,
+            "world_size": self.world_size,
+            "dtype": self.dtype,
+            "tensors": self.tensors,
+            "total_bytes": self.total_bytes,
+            "verified": self.verified,
+            "read_back": self.read_back,
+            "source_check": self.source_check,
+            "source_verified": self.source_verified,
+            "override": self.override,
+            "source_findings": [f.to_dict() for f in self.source_findings],
+            "replaced": self.replaced,
+            "lora_dir": self.lora_dir,
+            "warnings": list(self.warnings),
             "files": [{"path": f.path, "size_bytes": f.size_bytes, "hash": f.hash} for f in self.files],
         }
 
@@ -158,8 +178,9 @@ def export_checkpoint(
         places += catalog.known_places()
     dest = check_destination(to, protected=places, force=force)
     status, manifest, status_findings = catalog.export_source(str(src)) if catalog is not None else (None, {}, ())
-    check = check_source(_files_to_read(role_dir, hf_dir), manifest=manifest, status=status,
-                         status_findings=status_findings)
+    check = check_source(
+        _files_to_read(role_dir, hf_dir), manifest=manifest, status=status, status_findings=status_findings
+    )
     refused = refusal(check)
     if refused is not None and not allow_corrupt:
         raise refused
@@ -182,8 +203,19 @@ def export_checkpoint(
             raise ExportError(f"{role_dir}: Megatron dist_ckpt without HF weights in huggingface/ is not supported")
         else:
             raise ExportError(f"{role_dir}: no model shards (model_world_size_W_rank_R.pt) and no HF weights")
-        result = _export(source, src, tmp, out, target=target, max_shard_size=max_shard_size, verify=verify,
-                         progress=progress, hf_dir=hf_dir, torch=torch, ops=ops)
+        result = _export(
+            source,
+            src,
+            tmp,
+            out,
+            target=target,
+            max_shard_size=max_shard_size,
+            verify=verify,
+            progress=progress,
+            hf_dir=hf_dir,
+            torch=torch,
+            ops=ops,
+        )
         result = _with_source(result, check, dest, override="allow-corrupt" if refused is not None else "")
         _write_marker(tmp, result)
         ops.tick()  # complete and marked: right before the rename
@@ -220,9 +252,15 @@ def _with_source(result: ExportResult, check: SourceCheck, dest: Destination, *,
     warnings = [*result.warnings, *check.notes]
     if override:
         warnings += [f"--allow-corrupt: exported although {f.path}: {f.code}: {f.message}" for f in check.findings]
-    return replace(result, source_check=check.mode, source_files=tuple((f.path, f.hash) for f in check.files),
-                   override=override, source_findings=check.findings, replaced=dest.replaces,
-                   warnings=tuple(warnings))
+    return replace(
+        result,
+        source_check=check.mode,
+        source_files=tuple((f.path, f.hash) for f in check.files),
+        override=override,
+        source_findings=check.findings,
+        replaced=dest.replaces,
+        warnings=tuple(warnings),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- sources
@@ -278,8 +316,9 @@ class _ShardSource:
         files = by_w[self.world_size]
         missing = sorted(set(range(self.world_size)) - set(files))
         if missing:
-            raise ExportError(f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} "
-                              f"of {self.world_size}")
+            raise ExportError(
+                f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} of {self.world_size}"
+            )
         first = _load(files[0])
         mesh, names = _mesh_of(first, self.world_size)
         # HSDP: ranks along the leading (replicate) mesh dims hold copies; read the first replica only.
@@ -367,8 +406,9 @@ def _world_size(role_dir: Path, by_w: dict[int, dict[int, Path]]) -> int:
         w = None
     if w in by_w:
         return w
-    raise ExportError(f"{role_dir}: shard sets for several world sizes ({sorted(by_w)}) and no fsdp_config.json "
-                      "naming one of them")
+    raise ExportError(
+        f"{role_dir}: shard sets for several world sizes ({sorted(by_w)}) and no fsdp_config.json naming one of them"
+    )
 
 
 def _load(path: Path):
@@ -398,8 +438,9 @@ def _mesh_of(state: dict, world_size: int):
 # ---------------------------------------------------------------------------------------------------- export
 
 
-def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, verify, progress, hf_dir, torch,
-            ops: OpCounter):
+def _export(
+    source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, verify, progress, hf_dir, torch, ops: OpCounter
+):
     warnings = list(source.warnings)
     config = _read_config(hf_dir)
     tensors = source.tensors
@@ -418,8 +459,10 @@ def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, 
     if lora:
         for t in base:
             t.name = t.name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-        warnings.append(f"LoRA adapter ({len(lora)} tensors) exported to lora_adapter/ beside the model; it is "
-                        "NOT fused into the base weights")
+        warnings.append(
+            f"LoRA adapter ({len(lora)} tensors) exported to lora_adapter/ beside the model; it is "
+            "NOT fused into the base weights"
+        )
 
     out_dtype = target or _dominant_float(base, torch)
     total = len(base) + len(lora)
@@ -456,10 +499,18 @@ def _export(source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, 
             d = digest_file(str(p))
             files.append(ExportedFile(path=str(out / p.relative_to(tmp)), size_bytes=d.size_bytes, hash=d.hash))
     return ExportResult(
-        source=str(src), role_dir=str(hf_dir.parent), out_dir=str(out), source_kind=source.kind,
-        world_size=source.world_size, dtype=str(out_dtype).removeprefix("torch."), tensors=total,
-        total_bytes=sum(_nbytes(t, target, torch) for t in base + lora), files=tuple(files), lora_dir=lora_dir,
-        warnings=tuple(warnings), read_back=read_back,
+        source=str(src),
+        role_dir=str(hf_dir.parent),
+        out_dir=str(out),
+        source_kind=source.kind,
+        world_size=source.world_size,
+        dtype=str(out_dtype).removeprefix("torch."),
+        tensors=total,
+        total_bytes=sum(_nbytes(t, target, torch) for t in base + lora),
+        files=tuple(files),
+        lora_dir=lora_dir,
+        warnings=tuple(warnings),
+        read_back=read_back,
     )
 
 
@@ -481,8 +532,10 @@ def _write_model(tmp: Path, tensors: list[_Tensor], target, max_shard_size: int,
         name = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
         _write_file(tmp / name, group, target, tick, ranges, torch)
         weight_map.update({t.name: name for t in group})
-    index = {"metadata": {"total_size": sum(_nbytes(t, target, torch) for t in tensors)},
-             "weight_map": dict(sorted(weight_map.items()))}
+    index = {
+        "metadata": {"total_size": sum(_nbytes(t, target, torch) for t in tensors)},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
@@ -542,8 +595,10 @@ def _verify(tmp: Path, tensors: list[_Tensor], target, ranges, torch, ops: OpCou
         got = where[t.name].get_tensor(t.name)
         dtype = _out_dtype(t, target, torch)
         want = (t.pieces[0] if t.dim is None else torch.cat(list(t.pieces), dim=t.dim)).to(dtype)
-        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape) or not torch.equal(
-            _bytes_of(got, torch), _bytes_of(want, torch)
+        if (
+            got.dtype != want.dtype
+            or tuple(got.shape) != tuple(want.shape)
+            or not torch.equal(_bytes_of(got, torch), _bytes_of(want, torch))
         ):
             raise ExportError(f"export check failed: {t.name} differs from the concatenation of its shards")
         del got, want
@@ -610,8 +665,13 @@ def _copy_hf_files(hf: Path, tmp: Path, out_dtype, torch) -> None:
 def _write_marker(tmp: Path, result: ExportResult) -> None:
     """What makes this directory recognisable as an export (and so replaceable by a later --force)."""
     files = [(os.path.relpath(f.path, result.out_dir), f.size_bytes, f.hash) for f in result.files]
-    doc = marker_document(source=result.source, created_ns=time.time_ns(), source_check=result.source_check,
-                          override=result.override, files=files)
+    doc = marker_document(
+        source=result.source,
+        created_ns=time.time_ns(),
+        source_check=result.source_check,
+        override=result.override,
+        files=files,
+    )
     with open(tmp / MARKER, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(doc, indent=2) + "\n")
         fh.flush()

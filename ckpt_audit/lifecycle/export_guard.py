@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ckpt_audit.codes import finding
-from ckpt_audit.readers.hashing import digest_files
 from ckpt_audit.layouts.verl_fsdp import SHARD_RE, STEP_RE, TRACKER, enclosing_step_dir
 from ckpt_audit.models import Finding, Severity
+from ckpt_audit.readers.hashing import digest_files
 from ckpt_audit.rules.files import zip_finding
 
 MARKER = ".ckpt-audit-export.json"  # written into every export: what makes `--force` allowed to replace it
@@ -66,27 +66,39 @@ def check_destination(to: str | os.PathLike[str], *, protected: Iterable[tuple[s
     """
     path = os.path.abspath(to)
     real = os.path.realpath(path)
-    hits = [(relation, what, place) for what, place in protected
-            if (relation := _relation(real, os.path.realpath(place)) or _relation(path, place))]
+    hits = [
+        (relation, what, place)
+        for what, place in protected
+        if (relation := _relation(real, os.path.realpath(place)) or _relation(path, place))
+    ]
     if not hits:  # places no catalog knows (an unscanned run): recognised by what they hold
-        hits = [("is" if place == top else "is inside", what, place) for top in (real, path)
-                if (found := _enclosing_checkpoint_tree(top)) for what, place in (found,)]
+        hits = [
+            ("is" if place == top else "is inside", what, place)
+            for top in (real, path)
+            if (found := _enclosing_checkpoint_tree(top))
+            for what, place in (found,)
+        ]
     if hits:
         relation, what, place = min(hits, key=_most_telling)
-        raise ExportRefused(f"--to {path} {relation} the {what} {place}: refusing to write there (choose a "
-                            "directory outside every checkpoint, run and scanned root)", about="destination")
+        raise ExportRefused(
+            f"--to {path} {relation} the {what} {place}: refusing to write there (choose a "
+            "directory outside every checkpoint, run and scanned root)",
+            about="destination",
+        )
     if not os.path.lexists(path):
         return Destination(path=path, real=real, replaces="")
     if sign := _checkpoint_sign(real):
         raise ExportRefused(f"--to {path} holds checkpoint data ({sign}): refusing to replace it", about="destination")
     if not force:
-        raise ExportRefused(f"{path} exists (use --force to replace an earlier export or an empty directory)",
-                            about="destination")
+        raise ExportRefused(
+            f"{path} exists (use --force to replace an earlier export or an empty directory)", about="destination"
+        )
     if os.path.isdir(real) and not os.listdir(real):
         return Destination(path=path, real=real, replaces="empty-dir")
     if why_not := _not_an_export(real):
-        raise ExportRefused(f"--force replaces only an earlier export or an empty directory; {path} {why_not}",
-                            about="destination")
+        raise ExportRefused(
+            f"--force replaces only an earlier export or an empty directory; {path} {why_not}", about="destination"
+        )
     return Destination(path=path, real=real, replaces="export")
 
 
@@ -122,8 +134,7 @@ def _enclosing_checkpoint_tree(path: str) -> tuple[str, str] | None:
                 names = os.listdir(probe)
             except OSError:
                 names = []
-            if TRACKER in names or any(STEP_RE.fullmatch(n) and os.path.isdir(os.path.join(probe, n))
-                                       for n in names):
+            if TRACKER in names or any(STEP_RE.fullmatch(n) and os.path.isdir(os.path.join(probe, n)) for n in names):
                 return "run", probe
         parent = os.path.dirname(probe)
         if parent == probe:
@@ -170,12 +181,19 @@ def read_marker(top: str) -> dict | None:
     return doc if isinstance(doc, dict) and doc.get("kind") == MARKER_KIND else None
 
 
-def marker_document(*, source: str, created_ns: int, source_check: str, override: str,
-                    files: Iterable[tuple[str, int, str]]) -> dict:
+def marker_document(
+    *, source: str, created_ns: int, source_check: str, override: str, files: Iterable[tuple[str, int, str]]
+) -> dict:
     """The marker's content: `files` are (path relative to the export, size, xxh3-128)."""
-    return {"kind": MARKER_KIND, "version": 1, "source": source, "created_ns": created_ns,
-            "source_check": source_check, "override": override,
-            "files": {rel: {"size_bytes": size, "hash": h} for rel, size, h in files}}
+    return {
+        "kind": MARKER_KIND,
+        "version": 1,
+        "source": source,
+        "created_ns": created_ns,
+        "source_check": source_check,
+        "override": override,
+        "files": {rel: {"size_bytes": size, "hash": h} for rel, size, h in files},
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- source
@@ -210,8 +228,13 @@ class SourceCheck:
         return "none"
 
 
-def check_source(paths: Iterable[tuple[str, bool]], *, manifest: dict[str, dict], status: str | None,
-                 status_findings: Iterable[Finding] = ()) -> SourceCheck:
+def check_source(
+    paths: Iterable[tuple[str, bool]],
+    *,
+    manifest: dict[str, dict],
+    status: str | None,
+    status_findings: Iterable[Finding] = (),
+) -> SourceCheck:
     """Re-read `paths` ((path, holds weights) pairs) by content and compare with the catalog's `manifest`
     (path -> files row: hash, size_bytes, mtime_ns, inode). `status`/`status_findings`: the catalog's verdict."""
     weights = dict(paths)
@@ -226,24 +249,43 @@ def check_source(paths: Iterable[tuple[str, bool]], *, manifest: dict[str, dict]
         found += bad
         row = manifest.get(path)
         same_stat = row is not None and (row["size_bytes"], row["mtime_ns"], row["inode"]) == (
-            got.stat_size, got.mtime_ns, got.inode)
+            got.stat_size,
+            got.mtime_ns,
+            got.inode,
+        )
         if same_stat and row["hash"] and row["hash"] != got.hash:
-            found.append(finding("hash-drift", path, f"content differs from the catalog's manifest (xxh3 "
-                                                     f"{got.hash[:12]}.. vs {row['hash'][:12]}..) with size and "
-                                                     "mtime unchanged"))
+            found.append(
+                finding(
+                    "hash-drift",
+                    path,
+                    f"content differs from the catalog's manifest (xxh3 "
+                    f"{got.hash[:12]}.. vs {row['hash'][:12]}..) with size and "
+                    "mtime unchanged",
+                )
+            )
         if row is not None and not same_stat:
             notes.append(f"{path}: changed since the last scan; checked by CRC only")
         against = "manifest" if same_stat and row["hash"] == got.hash else ("crc" if got.crc_ok else "none")
-        files.append(SourceFile(path=path, hash=got.hash, size_bytes=got.size_bytes, mtime_ns=got.mtime_ns,
-                                inode=got.inode, weights=weights[path], against=against))
+        files.append(
+            SourceFile(
+                path=path,
+                hash=got.hash,
+                size_bytes=got.size_bytes,
+                mtime_ns=got.mtime_ns,
+                inode=got.inode,
+                weights=weights[path],
+                against=against,
+            )
+        )
     if status in REFUSED_STATUSES:
         errors = [f for f in status_findings if f.severity is Severity.ERROR] or list(status_findings)
         if errors:
             found += [f for f in errors if (f.path, f.code) not in {(g.path, g.code) for g in found}]
         else:
             notes.append(f"the catalog holds the checkpoint as {status}")
-    return SourceCheck(files=tuple(sorted(files, key=lambda f: f.path)), findings=tuple(found), status=status,
-                       notes=tuple(notes))
+    return SourceCheck(
+        files=tuple(sorted(files, key=lambda f: f.path)), findings=tuple(found), status=status, notes=tuple(notes)
+    )
 
 
 def _digest_problems(path: str, got) -> list[Finding]:
@@ -269,8 +311,12 @@ def refusal(check: SourceCheck) -> ExportRefused | None:
         head = f"{first.path}: {first.code}: {first.message}{more}"
     else:
         head = f"the catalog holds the checkpoint as {check.status}"
-    return ExportRefused(f"refusing to export an unverified source: {head}; re-scan if it was repaired, or pass "
-                         "--allow-corrupt to export it anyway (recorded)", about="source", findings=check.findings)
+    return ExportRefused(
+        f"refusing to export an unverified source: {head}; re-scan if it was repaired, or pass "
+        "--allow-corrupt to export it anyway (recorded)",
+        about="source",
+        findings=check.findings,
+    )
 
 
 def changed_since(check: SourceCheck) -> str | None:

@@ -54,8 +54,15 @@ class Outcome:
     reasons: tuple[str, ...] = ()  # the plan's reasons
 
     def to_dict(self) -> dict:
-        return {"path": self.path, "action": str(self.action), "detail": self.detail, "step": self.step,
-                "run": self.run_path, "size_bytes": self.size_bytes, "reasons": list(self.reasons)}
+        return {
+            "path": self.path,
+            "action": str(self.action),
+            "detail": self.detail,
+            "step": self.step,
+            "run": self.run_path,
+            "size_bytes": self.size_bytes,
+            "reasons": list(self.reasons),
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,9 +88,14 @@ class PruneResult:
         return not any(o.action is Action.FAILED for o in self.outcomes)
 
     def to_dict(self) -> dict:
-        return {"exec_id": self.exec_id, "started_ns": self.started_ns, "finished_ns": self.finished_ns,
-                "bytes_freed": self.bytes_freed, "bytes_reread": self.bytes_reread,
-                "outcomes": [o.to_dict() for o in self.outcomes]}
+        return {
+            "exec_id": self.exec_id,
+            "started_ns": self.started_ns,
+            "finished_ns": self.finished_ns,
+            "bytes_freed": self.bytes_freed,
+            "bytes_reread": self.bytes_reread,
+            "outcomes": [o.to_dict() for o in self.outcomes],
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,8 +171,12 @@ def find_trash(dirs: Iterable[str]) -> list[TrashDir]:
 
 
 def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: dict[str, str]) -> Outcome:
-    base = {"path": item.path, "step": item.step, "run_path": item.run_path,
-            "reasons": tuple(str(r) for r in item.reasons)}
+    base = {
+        "path": item.path,
+        "step": item.step,
+        "run_path": item.run_path,
+        "reasons": tuple(str(r) for r in item.reasons),
+    }
     inside = item.path.rstrip("/") + "/"
     if link := next((ln for target, ln in links.items() if target == item.path or target.startswith(inside)), None):
         return Outcome(action=Action.SKIPPED, detail=f"a kept checkpoint links into it: {link}", **base)
@@ -187,8 +203,12 @@ def _reclaim(trash: TrashDir, ops: OpCounter) -> Outcome:
         _remove_tree(trash.path, ops)
     except OSError as exc:
         return Outcome(path=trash.path, action=Action.FAILED, detail=f"{type(exc).__name__}: {exc.strerror or exc}")
-    return Outcome(path=trash.path, action=Action.RECLAIMED, size_bytes=size,
-                   detail=f"marked by execution {trash.exec_id} ({trash.original_name})")
+    return Outcome(
+        path=trash.path,
+        action=Action.RECLAIMED,
+        size_bytes=size,
+        detail=f"marked by execution {trash.exec_id} ({trash.original_name})",
+    )
 
 
 def changed_since_plan(item: PlanItem) -> str | None:

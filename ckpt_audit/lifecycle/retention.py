@@ -63,8 +63,17 @@ class Reason(StrEnum):
         return self in PROTECTED
 
 
-PROTECTED = frozenset({Reason.NEWEST_COMPLETE, Reason.TRACKER_TARGET, Reason.TRACKER_UNREAD, Reason.PINNED,
-                       Reason.IN_PROGRESS, Reason.UNREAD, Reason.AHEAD_OF_TRACKER})
+PROTECTED = frozenset(
+    {
+        Reason.NEWEST_COMPLETE,
+        Reason.TRACKER_TARGET,
+        Reason.TRACKER_UNREAD,
+        Reason.PINNED,
+        Reason.IN_PROGRESS,
+        Reason.UNREAD,
+        Reason.AHEAD_OF_TRACKER,
+    }
+)
 
 EXPLAIN: dict[Reason, str] = {
     Reason.NEWEST_COMPLETE: "newest complete checkpoint of its run (never deleted)",
@@ -285,9 +294,7 @@ def plan_prune(
     known = {c.path for r in runs for c in r.checkpoints}
     delete: list[tuple[tuple, PlanItem]] = []
     keep: list[PlanItem] = []
-    refused: list[Refusal] = [
-        Refusal(path=p, reasons=(Reason.UNKNOWN_PATH,)) for p in sorted((select | pins) - known)
-    ]
+    refused: list[Refusal] = [Refusal(path=p, reasons=(Reason.UNKNOWN_PATH,)) for p in sorted((select | pins) - known)]
 
     for run in sorted(runs, key=lambda r: r.path):
         for ckpt, reasons in _decide_run(run, policy, now_ns=now_ns, pins=pins):
@@ -430,11 +437,14 @@ def metric_problem(runs: Sequence[Run], metric: str, values: Mapping[str, Mappin
             return f"--keep-best: cannot read {run.metrics_path}"
         if not series:
             names = metric_names(run.metrics_path)
-            return (f"--metric {metric!r}: no record in {run.metrics_path} has it"
-                    + (f" (it logs: {', '.join(names)})" if names else ""))
+            return f"--metric {metric!r}: no record in {run.metrics_path} has it" + (
+                f" (it logs: {', '.join(names)})" if names else ""
+            )
         if not any(math.isfinite(series.get(c.step, math.nan)) for c in complete):
-            return (f"--metric {metric!r}: no complete checkpoint of {run.path} has a logged value "
-                    f"(steps {', '.join(str(c.step) for c in complete)})")
+            return (
+                f"--metric {metric!r}: no complete checkpoint of {run.path} has a logged value "
+                f"(steps {', '.join(str(c.step) for c in complete)})"
+            )
     return None
 
 

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ckpt_audit.readers import hashing
 from ckpt_audit.codes import finding
-from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
 from ckpt_audit.lifecycle.prune import Action, Outcome
 from ckpt_audit.lifecycle.retention import PrunePlan, Reason, plan_prune
+from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
+from ckpt_audit.readers import hashing
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
 
@@ -45,15 +45,32 @@ class Reread:
         return not self.findings
 
     def to_dict(self) -> dict:
-        return {"path": self.checkpoint.path, "run": self.checkpoint.run_path, "step": self.checkpoint.step,
-                "ok": self.ok, "status": str(self.status), "bytes_read": self.bytes_read, "files": self.files,
-                "findings": [f.to_dict() for f in self.findings]}
+        return {
+            "path": self.checkpoint.path,
+            "run": self.checkpoint.run_path,
+            "step": self.checkpoint.step,
+            "ok": self.ok,
+            "status": str(self.status),
+            "bytes_read": self.bytes_read,
+            "files": self.files,
+            "findings": [f.to_dict() for f in self.findings],
+        }
 
     def as_outcome(self) -> Outcome:
-        detail = "matches the scan" if self.ok else f"now {self.status}: " + "; ".join(
-            f"{f.code} {os.path.relpath(f.path, self.checkpoint.path)}" for f in self.findings[:3])
-        return Outcome(path=self.checkpoint.path, action=Action.REREAD, detail=detail, step=self.checkpoint.step,
-                       run_path=self.checkpoint.run_path, size_bytes=self.bytes_read)
+        detail = (
+            "matches the scan"
+            if self.ok
+            else f"now {self.status}: "
+            + "; ".join(f"{f.code} {os.path.relpath(f.path, self.checkpoint.path)}" for f in self.findings[:3])
+        )
+        return Outcome(
+            path=self.checkpoint.path,
+            action=Action.REREAD,
+            detail=detail,
+            step=self.checkpoint.step,
+            run_path=self.checkpoint.run_path,
+            size_bytes=self.bytes_read,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,9 +98,11 @@ class SurvivorCheck:
             return "survivor check: nothing to delete, nothing re-read"
         bad = self.failed
         files = sum(r.files for r in self.rereads)
-        return (f"survivor check: re-read {len(self.rereads)} checkpoint(s) the plan counts on, "
-                f"{format_size(self.bytes_reread)} in {files} file(s): "
-                + ("all match the scan" if not bad else f"{len(bad)} FAILED, plan recomputed"))
+        return (
+            f"survivor check: re-read {len(self.rereads)} checkpoint(s) the plan counts on, "
+            f"{format_size(self.bytes_reread)} in {files} file(s): "
+            + ("all match the scan" if not bad else f"{len(bad)} FAILED, plan recomputed")
+        )
 
 
 def verify_plan(
@@ -96,7 +115,8 @@ def verify_plan(
     """
     pins = frozenset(i.path for i in plan.keep if Reason.PINNED in i.reasons)
     select = frozenset(i.path for i in plan.delete if Reason.SELECTED in i.reasons) | frozenset(
-        r.path for r in plan.refused if Reason.UNKNOWN_PATH not in r.reasons)
+        r.path for r in plan.refused if Reason.UNKNOWN_PATH not in r.reasons
+    )
     runs = tuple(runs)
     done: dict[str, Reread] = {}
     while True:
@@ -142,8 +162,15 @@ def reread(ckpt: Checkpoint, *, workers: int = 2, progress: Progress | None = No
         if progress is not None:
             progress(nread, total)
     found.sort(key=lambda f: (f.path, f.code))
-    return Reread(checkpoint=ckpt, bytes_read=nread, files=len(recorded), findings=tuple(found),
-                  status=_status_for(found), read_back=tuple(sorted(read_back)), read_ns=started)
+    return Reread(
+        checkpoint=ckpt,
+        bytes_read=nread,
+        files=len(recorded),
+        findings=tuple(found),
+        status=_status_for(found),
+        read_back=tuple(sorted(read_back)),
+        read_ns=started,
+    )
 
 
 def _compare(path: str, was, got: hashing.FileDigest | OSError) -> list[Finding]:
@@ -151,16 +178,34 @@ def _compare(path: str, was, got: hashing.FileDigest | OSError) -> list[Finding]
         return [finding("file-vanished", path, "gone when re-read before pruning")]
     if isinstance(got, OSError):
         return [finding("unreadable", path, f"cannot re-read before pruning: {got.strerror or type(got).__name__}")]
-    moved = (got.changed_during_read or got.stat_size != was.size_bytes or got.mtime_ns != was.mtime_ns
-             or (was.inode and got.inode != was.inode))
+    moved = (
+        got.changed_during_read
+        or got.stat_size != was.size_bytes
+        or got.mtime_ns != was.mtime_ns
+        or (was.inode and got.inode != was.inode)
+    )
     if moved:  # rewritten since the scan: a new verdict needs a new scan, the old one is stale either way
         return [finding("file-changed-during-scan", path, "size, mtime or inode moved since the scan")]
-    out = [f for f in file_rules.digest_findings(path, size=got.size_bytes, zip_error=got.zip_error,
-                                                  crc_bad=got.crc_bad_entries, prefix=got.prefix, changed=False)
-           if f.code != "zip-prefix-mismatch"]  # a name fact the scan already judged; not a content failure
+    out = [
+        f
+        for f in file_rules.digest_findings(
+            path,
+            size=got.size_bytes,
+            zip_error=got.zip_error,
+            crc_bad=got.crc_bad_entries,
+            prefix=got.prefix,
+            changed=False,
+        )
+        if f.code != "zip-prefix-mismatch"
+    ]  # a name fact the scan already judged; not a content failure
     if was.hash is not None and got.hash != was.hash:
-        out.append(finding("hash-drift", path, f"content hash changed ({was.hash[:12]}… -> {got.hash[:12]}…) "
-                                               "while size, mtime and inode did not"))
+        out.append(
+            finding(
+                "hash-drift",
+                path,
+                f"content hash changed ({was.hash[:12]}… -> {got.hash[:12]}…) while size, mtime and inode did not",
+            )
+        )
     return out
 
 
@@ -180,7 +225,8 @@ def _rejudged(run: Run, failed: Mapping[str, Reread]) -> Run:
         return run
     ckpts = tuple(
         replace(c, status=failed[c.path].status, findings=c.findings + failed[c.path].findings)
-        if c.path in failed else c
+        if c.path in failed
+        else c
         for c in run.checkpoints
     )
     return replace(run, checkpoints=ckpts)

@@ -81,9 +81,7 @@ class _CrcChecker:
     __slots__ = ("entries", "idx", "hdr", "start", "end", "crc", "bad", "checked", "error")
 
     def __init__(self, archive: PtArchive) -> None:
-        self.entries: list[ZipEntry] = sorted(
-            (e for e in archive.entries if e.stored), key=lambda e: e.header_offset
-        )
+        self.entries: list[ZipEntry] = sorted((e for e in archive.entries if e.stored), key=lambda e: e.header_offset)
         self.idx = 0
         self.hdr = bytearray()
         self.start = -1  # payload start of the current entry, -1 while its header is pending
@@ -136,9 +134,7 @@ class _CrcChecker:
             self.error = f"truncated: entry {self.entries[self.idx].name} ends past the end of the file"
 
 
-def digest_file(
-    path: str | os.PathLike[str], *, expect_zip: bool | None = None, check_crc: bool = True
-) -> FileDigest:
+def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None, check_crc: bool = True) -> FileDigest:
     """Hash `path` in one read and check its zip CRCs. Raises OSError (missing, unreadable, a directory).
 
     expect_zip: whether a non-zip should be reported as zip_error; default: the name ends in .pt/.pth.

@@ -196,8 +196,9 @@ def _stub_class(module: str, name: str) -> type[Stub]:
     if cls is None:
         qual = f"{module}.{name}" if module and name else (module or name)
         cls = _GlobalMeta(
-            "Stub", (Stub,), {"__slots__": (), "_module": module, "_name": name, "_qualname": qual,
-                              "_plain": _PLAIN.get(key)}
+            "Stub",
+            (Stub,),
+            {"__slots__": (), "_module": module, "_name": name, "_qualname": qual, "_plain": _PLAIN.get(key)},
         )
         _STUB_CACHE[key] = cls
     return cls
@@ -307,14 +308,51 @@ _STORAGE_DTYPES: dict[str, tuple[str, int]] = {
 
 # dtype name (as in `torch.<name>` globals) -> item size
 DTYPE_ITEMSIZE: dict[str, int] = {
-    "float64": 8, "double": 8, "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
-    "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2, "int8": 1, "uint8": 1, "bool": 1,
-    "uint16": 2, "uint32": 4, "uint64": 8, "complex128": 16, "cdouble": 16, "complex64": 8, "cfloat": 8,
-    "complex32": 4, "chalf": 4, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1, "bits8": 1, "bits16": 2,
+    "float64": 8,
+    "double": 8,
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "long": 8,
+    "int32": 4,
+    "int": 4,
+    "int16": 2,
+    "short": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "complex128": 16,
+    "cdouble": 16,
+    "complex64": 8,
+    "cfloat": 8,
+    "complex32": 4,
+    "chalf": 4,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+    "bits8": 1,
+    "bits16": 2,
 }
-_DTYPE_ALIASES = {"double": "float64", "float": "float32", "half": "float16", "long": "int64", "int": "int32",
-                  "short": "int16", "cdouble": "complex128", "cfloat": "complex64", "chalf": "complex32"}
+_DTYPE_ALIASES = {
+    "double": "float64",
+    "float": "float32",
+    "half": "float16",
+    "long": "int64",
+    "int": "int32",
+    "short": "int16",
+    "cdouble": "complex128",
+    "cfloat": "complex64",
+    "chalf": "complex32",
+}
 
 _REBUILD_V2 = ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor")
 _REBUILD_V3 = "torch._utils._rebuild_tensor_v3"
@@ -322,31 +360,75 @@ _REBUILD_PARAM = ("torch._utils._rebuild_parameter", "torch._utils._rebuild_para
 _REBUILD_FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
 _REBUILD_WRAPPER = "torch._utils._rebuild_wrapper_subclass"
 _REBUILD_META = "torch._utils._rebuild_meta_tensor_no_storage"
-_DTENSOR_TYPES = ("torch.distributed.tensor.DTensor", "torch.distributed._tensor.api.DTensor",
-                  "torch.distributed.tensor._api.DTensor", "torch.distributed._tensor.DTensor")
-_OTHER_REBUILDS = ("torch._utils._rebuild_qtensor", "torch._utils._rebuild_sparse_tensor",
-                   "torch._utils._rebuild_nested_tensor", "torch._utils._rebuild_device_tensor_from_numpy",
-                   "torch._utils._rebuild_device_tensor_from_cpu_tensor", "torch._utils._rebuild_xla_tensor",
-                   "torch._utils._rebuild_mtia_tensor")
+_DTENSOR_TYPES = (
+    "torch.distributed.tensor.DTensor",
+    "torch.distributed._tensor.api.DTensor",
+    "torch.distributed.tensor._api.DTensor",
+    "torch.distributed._tensor.DTensor",
+)
+_OTHER_REBUILDS = (
+    "torch._utils._rebuild_qtensor",
+    "torch._utils._rebuild_sparse_tensor",
+    "torch._utils._rebuild_nested_tensor",
+    "torch._utils._rebuild_device_tensor_from_numpy",
+    "torch._utils._rebuild_device_tensor_from_cpu_tensor",
+    "torch._utils._rebuild_xla_tensor",
+    "torch._utils._rebuild_mtia_tensor",
+)
 
 # numpy RNG state (np.random.get_state() in extra_state) and numpy scalars, in numpy 1.x and 2.x spellings
-NUMPY_DATA_GLOBALS = ("numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
-                      "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "numpy.ndarray", "numpy.dtype")
+NUMPY_DATA_GLOBALS = (
+    "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar",
+    "numpy.ndarray",
+    "numpy.dtype",
+)
 # Plain values a state dict may hold, pickled through their type: calling these builds data and runs nothing else.
-_DATA_BUILTINS = ("set", "frozenset", "list", "tuple", "dict", "slice", "complex", "bytearray", "bytes", "int",
-                  "float", "str", "bool")
+_DATA_BUILTINS = (
+    "set",
+    "frozenset",
+    "list",
+    "tuple",
+    "dict",
+    "slice",
+    "complex",
+    "bytearray",
+    "bytes",
+    "int",
+    "float",
+    "str",
+    "bool",
+)
 # torch's own tensor reconstructors and type names that its weights-only unpickler accepts too
 _TORCH_DATA_ONLY = (
-    "torch._utils._rebuild_qtensor", "torch._utils._rebuild_sparse_tensor", "torch._utils._rebuild_nested_tensor",
-    "torch._utils._rebuild_device_tensor_from_numpy", "torch._utils._rebuild_device_tensor_from_cpu_tensor",
-    "torch.storage.TypedStorage", "torch.per_tensor_affine", "torch.per_channel_affine",
-    "torch.per_tensor_symmetric", "torch.per_channel_symmetric", "torch.per_channel_affine_float_qparams",
-    "torch.qint8", "torch.quint8", "torch.qint32", "torch.quint4x2", "torch.quint2x4",
-    "torch.bits1x8", "torch.bits2x4", "torch.bits4x2",
+    "torch._utils._rebuild_qtensor",
+    "torch._utils._rebuild_sparse_tensor",
+    "torch._utils._rebuild_nested_tensor",
+    "torch._utils._rebuild_device_tensor_from_numpy",
+    "torch._utils._rebuild_device_tensor_from_cpu_tensor",
+    "torch.storage.TypedStorage",
+    "torch.per_tensor_affine",
+    "torch.per_channel_affine",
+    "torch.per_tensor_symmetric",
+    "torch.per_channel_symmetric",
+    "torch.per_channel_affine_float_qparams",
+    "torch.qint8",
+    "torch.quint8",
+    "torch.qint32",
+    "torch.quint4x2",
+    "torch.quint2x4",
+    "torch.bits1x8",
+    "torch.bits2x4",
+    "torch.bits4x2",
     *(f"torch.{k}int{n}" for k in ("", "u") for n in range(1, 8)),
-    *(f"torch.{mod}{t}Tensor" for mod in ("", "cuda.", "sparse.", "cuda.sparse.")
-      for t in ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
-      if not (t == "Bool" and "sparse" in mod)),
+    *(
+        f"torch.{mod}{t}Tensor"
+        for mod in ("", "cuda.", "sparse.", "cuda.sparse.")
+        for t in ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
+        if not (t == "Bool" and "sparse" in mod)
+    ),
     *(f"torch.cuda.{n}" for n in _STORAGE_DTYPES if n not in ("UntypedStorage",) and not n.startswith("Q")),
 )
 
@@ -357,19 +439,37 @@ _TORCH_DATA_ONLY = (
 # same set and nothing more (safe_load.py). Scan and verify read this one set.
 KNOWN_SAFE_GLOBALS: frozenset[str] = frozenset(
     {
-        *(f"torch.{n}" for n in _STORAGE_DTYPES), "torch.storage.UntypedStorage",
+        *(f"torch.{n}" for n in _STORAGE_DTYPES),
+        "torch.storage.UntypedStorage",
         *(f"torch.{n}" for n in DTYPE_ITEMSIZE),
-        *_REBUILD_V2, _REBUILD_V3, *_REBUILD_PARAM, _REBUILD_FROM_TYPE, _REBUILD_WRAPPER, _REBUILD_META,
-        *_DTENSOR_TYPES, *_TORCH_DATA_ONLY,
-        "torch.Size", "torch.device", "torch.serialization._get_layout", "torch.Tensor", "torch.nn.parameter.Parameter",
-        "collections.OrderedDict", "collections.defaultdict", "collections.Counter", "_codecs.encode",
+        *_REBUILD_V2,
+        _REBUILD_V3,
+        *_REBUILD_PARAM,
+        _REBUILD_FROM_TYPE,
+        _REBUILD_WRAPPER,
+        _REBUILD_META,
+        *_DTENSOR_TYPES,
+        *_TORCH_DATA_ONLY,
+        "torch.Size",
+        "torch.device",
+        "torch.serialization._get_layout",
+        "torch.Tensor",
+        "torch.nn.parameter.Parameter",
+        "collections.OrderedDict",
+        "collections.defaultdict",
+        "collections.Counter",
+        "_codecs.encode",
         *(f"{m}.{n}" for m in ("builtins", "__builtin__") for n in _DATA_BUILTINS),
-        "torch.distributed.tensor._dtensor_spec.DTensorSpec", "torch.distributed.tensor._dtensor_spec.TensorMeta",
+        "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+        "torch.distributed.tensor._dtensor_spec.TensorMeta",
         "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
-        "torch.distributed.tensor.placement_types.Shard", "torch.distributed.tensor.placement_types.Replicate",
-        "torch.distributed.tensor.placement_types.Partial", "torch.distributed.tensor.placement_types._StridedShard",
+        "torch.distributed.tensor.placement_types.Shard",
+        "torch.distributed.tensor.placement_types.Replicate",
+        "torch.distributed.tensor.placement_types.Partial",
+        "torch.distributed.tensor.placement_types._StridedShard",
         "torch.distributed.tensor.placement_types._Partial",
-        "torch.distributed.device_mesh.DeviceMesh", "torch.distributed._mesh_layout._MeshLayout",
+        "torch.distributed.device_mesh.DeviceMesh",
+        "torch.distributed._mesh_layout._MeshLayout",
         "torch.distributed._mesh_layout._FlatLayout",
         # numpy RNG state and scalars in extra_state / data.pt: data-only reconstructors
         *NUMPY_DATA_GLOBALS,
@@ -516,8 +616,12 @@ def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
     storages = _Storages(problems)
     root, seen, error = _unpickle(raw, storages.persistent)
     if error is not None:
-        return PtStructure(**base, problems=(*problems, f"data.pkl does not unpickle: {_why(error)}"),
-                           byteorder=byteorder, globals_seen=seen)
+        return PtStructure(
+            **base,
+            problems=(*problems, f"data.pkl does not unpickle: {_why(error)}"),
+            byteorder=byteorder,
+            globals_seen=seen,
+        )
 
     def locate(key: str) -> tuple[int, int] | None:
         entry = archive.data_entries.get(key)
@@ -585,8 +689,11 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
         value, names, error = _unpickle(reader, storages.persistent if what == "data" else None)
         seen |= names
         if error is not None:
-            return PtStructure(**base, problems=(*problems, f"{what} pickle does not unpickle: {_why(error)}"),
-                               globals_seen=frozenset(seen))
+            return PtStructure(
+                **base,
+                problems=(*problems, f"{what} pickle does not unpickle: {_why(error)}"),
+                globals_seen=frozenset(seen),
+            )
         values.append(value)
     magic, protocol, sys_info, root, keys = values
     if magic != _LEGACY_MAGIC or protocol != _LEGACY_PROTOCOL:
@@ -611,8 +718,9 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
     )
 
 
-def _legacy_spans(fd: int, offset: int, size: int, keys: list[str], storages: dict[str, StorageRef],
-                  problems: list[str]) -> Iterator[tuple[str, tuple[int, int]]]:
+def _legacy_spans(
+    fd: int, offset: int, size: int, keys: list[str], storages: dict[str, StorageRef], problems: list[str]
+) -> Iterator[tuple[str, tuple[int, int]]]:
     """(key, (offset, nbytes)) of each storage's raw bytes, checked against the counts the data pickle gives."""
     for key in keys:
         ref = storages.get(key)
@@ -661,8 +769,9 @@ def _storage_ref(pid: Any) -> StorageRef | None:
         dtype = None
     if not isinstance(numel, int) or numel < 0:
         numel = 0
-    return StorageRef(storage_type=short, dtype=dtype, itemsize=itemsize, key=str(key), location=str(location),
-                      numel=numel)
+    return StorageRef(
+        storage_type=short, dtype=dtype, itemsize=itemsize, key=str(key), location=str(location), numel=numel
+    )
 
 
 def _check_storages(archive: PtArchive, storages: dict[str, StorageRef]) -> Iterator[str]:
@@ -777,8 +886,14 @@ class _Walker:
             return self._from_type(rec, path)
         if q == _REBUILD_META and len(a) >= 3:
             shape, stride = _int_tuple(a[1]), _int_tuple(a[2])
-            return TensorInfo(key=_dotted(path), key_path=path, dtype=_dtype_name(a[0]) or "?", shape=shape or (),
-                              stride=stride or (), device="meta")
+            return TensorInfo(
+                key=_dotted(path),
+                key_path=path,
+                dtype=_dtype_name(a[0]) or "?",
+                shape=shape or (),
+                stride=stride or (),
+                device="meta",
+            )
         if q in _OTHER_REBUILDS:
             self.problems.append(f"{_dotted(path)}: tensor kind {q.rpartition('.')[2]} is not inspected")
         return None
@@ -801,9 +916,20 @@ class _Walker:
         else:
             dtype = st.dtype
         dtype = dtype or "?"
-        info = TensorInfo(key=key, key_path=path, dtype=dtype, shape=shape, stride=stride, storage_offset=offset,
-                          storage_key=st.key, storage_numel=st.numel, storage_nbytes=st.nbytes, device=st.location,
-                          requires_grad=rg, is_parameter=is_parameter)
+        info = TensorInfo(
+            key=key,
+            key_path=path,
+            dtype=dtype,
+            shape=shape,
+            stride=stride,
+            storage_offset=offset,
+            storage_key=st.key,
+            storage_numel=st.numel,
+            storage_nbytes=st.nbytes,
+            device=st.location,
+            requires_grad=rg,
+            is_parameter=is_parameter,
+        )
         self._check_extent(info, st)
         return info
 
@@ -870,9 +996,16 @@ class _Walker:
                 mesh_shape, mesh_names, mesh_dev, mesh_ranks = self._mesh(mesh)
         else:
             self.problems.append(f"{key}: DTensor without a readable spec")
-        return _replace(linfo, is_dtensor=True, global_shape=global_shape, placements=placements,
-                        mesh_shape=mesh_shape, mesh_dim_names=mesh_names, mesh_device_type=mesh_dev,
-                        mesh_ranks=mesh_ranks)
+        return _replace(
+            linfo,
+            is_dtensor=True,
+            global_shape=global_shape,
+            placements=placements,
+            mesh_shape=mesh_shape,
+            mesh_dim_names=mesh_names,
+            mesh_device_type=mesh_dev,
+            mesh_ranks=mesh_ranks,
+        )
 
     def _mesh(self, mesh: Stub) -> tuple[Any, Any, Any, Any]:
         f = mesh.fields
@@ -915,8 +1048,10 @@ class _Walker:
             try:
                 raw = os.pread(self.fd, span[1], span[0])
                 fmt = ("<" if not self.big_endian else ">") + ("i" if t.dtype == "int32" else "q")
-                vals = [v[0] for v in struct.iter_unpack(fmt, raw[: len(raw) // struct.calcsize(fmt)
-                                                                   * struct.calcsize(fmt)])]
+                vals = [
+                    v[0]
+                    for v in struct.iter_unpack(fmt, raw[: len(raw) // struct.calcsize(fmt) * struct.calcsize(fmt)])
+                ]
                 ranks = tuple(vals[idx] for idx in _strided_indices(t.shape, t.stride, t.storage_offset))
             except (ZipFormatError, OSError, IndexError):
                 ranks = None

@@ -29,8 +29,9 @@ def stem(path: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
-def digest_findings(path: str, *, size: int, zip_error: str | None, crc_bad: tuple[str, ...],
-                    prefix: str | None, changed: bool) -> tuple[Finding, ...]:
+def digest_findings(
+    path: str, *, size: int, zip_error: str | None, crc_bad: tuple[str, ...], prefix: str | None, changed: bool
+) -> tuple[Finding, ...]:
     """Findings from one FileDigest (passed as plain values so this stays a pure function)."""
     out: list[Finding] = []
     if changed:
@@ -43,7 +44,13 @@ def digest_findings(path: str, *, size: int, zip_error: str | None, crc_bad: tup
         out.append(zip_finding(path, zip_error))
     if crc_bad:
         shown = ", ".join(crc_bad[:3]) + (f" and {len(crc_bad) - 3} more" if len(crc_bad) > 3 else "")
-        out.append(finding("crc-mismatch", path, f"CRC-32 mismatch in {len(crc_bad)} zip entr{'y' if len(crc_bad) == 1 else 'ies'}: {shown}"))
+        out.append(
+            finding(
+                "crc-mismatch",
+                path,
+                f"CRC-32 mismatch in {len(crc_bad)} zip entr{'y' if len(crc_bad) == 1 else 'ies'}: {shown}",
+            )
+        )
     if prefix is not None and path.endswith(ZIP_SUFFIXES) and prefix != stem(path):
         out.append(finding("zip-prefix-mismatch", path, f"archive folder is {prefix!r}, file stem is {stem(path)!r}"))
     return tuple(out)

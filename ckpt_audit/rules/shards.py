@@ -51,16 +51,22 @@ def check_fsdp_shards(comp: Component, *, config_text: str | None) -> tuple[int 
         current = max(named, key=lambda w: max(f.mtime_ns for f in shards if f.world_size == w))
 
     if config_ws is not None and current is not None and config_ws != current:
-        found.append(finding(
-            "world-size-mismatch", config_path,
-            f"fsdp_config.json says world_size {config_ws} but the shard files are named for world size {current}",
-        ))
+        found.append(
+            finding(
+                "world-size-mismatch",
+                config_path,
+                f"fsdp_config.json says world_size {config_ws} but the shard files are named for world size {current}",
+            )
+        )
     for other in sorted(w for w in named if w != current and w is not None):
         n = sum(1 for f in shards if f.world_size == other)
-        found.append(finding(
-            "stale-world-size", where,
-            f"{n} shard file(s) for world size {other} sit beside the world size {current} set",
-        ))
+        found.append(
+            finding(
+                "stale-world-size",
+                where,
+                f"{n} shard file(s) for world size {other} sit beside the world size {current} set",
+            )
+        )
 
     cur = [f for f in shards if f.world_size == current]
     ranks_by_kind: dict[FileKind, set[int]] = {}
@@ -77,10 +83,14 @@ def check_fsdp_shards(comp: Component, *, config_text: str | None) -> tuple[int 
         if not ranks:
             continue
         for r in sorted(set(range(expected)) - ranks):
-            found.append(finding(
-                "missing-rank", f"{where}/{shard_name(kind, r, current)}",
-                f"{_PREFIX[kind]} shard of rank {r} of {expected} is missing", rank=r,
-            ))
+            found.append(
+                finding(
+                    "missing-rank",
+                    f"{where}/{shard_name(kind, r, current)}",
+                    f"{_PREFIX[kind]} shard of rank {r} of {expected} is missing",
+                    rank=r,
+                )
+            )
     if FileKind.MODEL not in ranks_by_kind:
         found.append(finding("missing-model", where, f"no model shards for world size {expected}"))
     else:
@@ -89,11 +99,15 @@ def check_fsdp_shards(comp: Component, *, config_text: str | None) -> tuple[int 
         if FileKind.EXTRA_STATE not in ranks_by_kind:
             found.append(finding("missing-extra-state", where, f"no extra_state shards for world size {expected}"))
     if not has_config and current is not None:
-        found.append(finding("missing-fsdp-config", config_path, "no fsdp_config.json (checkpoint predates verl v0.4.1?)"))
+        found.append(
+            finding("missing-fsdp-config", config_path, "no fsdp_config.json (checkpoint predates verl v0.4.1?)")
+        )
     return expected, tuple(found)
 
 
-def check_meshes(comp: Component, world_size: int | None, mesh_sizes: dict[str, tuple[int, ...]]) -> tuple[Finding, ...]:
+def check_meshes(
+    comp: Component, world_size: int | None, mesh_sizes: dict[str, tuple[int, ...]]
+) -> tuple[Finding, ...]:
     """DTensor shards record their DeviceMesh: its rank count must be the W in the file name (HSDP: F x R = W)."""
     if world_size is None:
         return ()
@@ -103,8 +117,14 @@ def check_meshes(comp: Component, world_size: int | None, mesh_sizes: dict[str, 
             continue
         wrong = [m for m in mesh_sizes.get(f.path, ()) if m != world_size]
         if wrong:
-            out.append(finding("mesh-size-mismatch", f.path,
-                               f"DTensors on a {wrong[0]}-rank DeviceMesh in a world size {world_size} shard", rank=f.rank))
+            out.append(
+                finding(
+                    "mesh-size-mismatch",
+                    f.path,
+                    f"DTensors on a {wrong[0]}-rank DeviceMesh in a world size {world_size} shard",
+                    rank=f.rank,
+                )
+            )
     return tuple(out)
 
 
@@ -118,7 +138,10 @@ def check_step(ckpt: Checkpoint, *, sft: bool) -> tuple[Finding, ...]:
         return ()
     if any(f.kind is FileKind.DATA for f in ckpt.files):
         return ()
-    return (finding(
-        "missing-dataloader-state", f"{ckpt.path}/data.pt",
-        "no data.pt: the save died before the dataloader state, or a resume will repeat the epoch's data",
-    ),)
+    return (
+        finding(
+            "missing-dataloader-state",
+            f"{ckpt.path}/data.pt",
+            "no data.pt: the save died before the dataloader state, or a resume will repeat the epoch's data",
+        ),
+    )

@@ -19,9 +19,7 @@ _SHARDS = frozenset({FileKind.MODEL, FileKind.OPTIM, FileKind.EXTRA_STATE, FileK
 
 def is_husk(ckpt: Checkpoint) -> bool:
     """No shard of any resumable role is left (retention removes whole role directories)."""
-    return not any(
-        is_resumable_role(c.role) and any(f.kind in _SHARDS for f in c.files) for c in ckpt.components
-    )
+    return not any(is_resumable_role(c.role) and any(f.kind in _SHARDS for f in c.files) for c in ckpt.components)
 
 
 def is_in_progress(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanContext) -> bool:
@@ -45,8 +43,15 @@ UNREAD_CODES = frozenset({"unreadable", "symlink-outside-root", "symlink-loop", 
 UNSAFE_CODES = frozenset({"unsafe-pickle"})
 
 # verdicts from worst to best: the first that applies is the status (verify's rejudge keeps the same order)
-PRECEDENCE = (Status.UNKNOWN, Status.CORRUPT, Status.UNSAFE, Status.UNCOMMITTED, Status.HUSK, Status.INCOMPLETE,
-              Status.COMPLETE)
+PRECEDENCE = (
+    Status.UNKNOWN,
+    Status.CORRUPT,
+    Status.UNSAFE,
+    Status.UNCOMMITTED,
+    Status.HUSK,
+    Status.INCOMPLETE,
+    Status.COMPLETE,
+)
 
 
 def worst(a: Status, b: Status) -> Status:
@@ -85,7 +90,8 @@ def judge(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanContext) -> Ch
             ckpt,
             status=Status.IN_PROGRESS,
             components=tuple(replace(c, findings=_soften(c.findings)) for c in ckpt.components),
-            findings=_soften(ckpt.findings) + (finding("in-progress", ckpt.path, "being written now; judged on a later scan"),),
+            findings=_soften(ckpt.findings)
+            + (finding("in-progress", ckpt.path, "being written now; judged on a later scan"),),
         )
     if walked := unread_inside(ckpt, ctx):
         ckpt = replace(ckpt, findings=ckpt.findings + walked)

@@ -16,8 +16,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from ckpt_audit.models import Checkpoint, Run, format_size
 from ckpt_audit.lifecycle.retention import EXPLAIN, KeepEvery, KeepLast, Policy, PrunePlan, plan_prune
+from ckpt_audit.models import Checkpoint, Run, format_size
 from tui import cells
 from tui.activity import ActivityBar
 from tui.snapshot import Snapshot
@@ -89,9 +89,13 @@ class CheckpointsScreen(Screen):
         run = self.run
         if run is None:
             return None
-        return plan_prune([run], self.policy, now_ns=time.time_ns(),
-                          pins=frozenset(self.pins if pins is None else pins),
-                          select=frozenset(self.select if select is None else select))
+        return plan_prune(
+            [run],
+            self.policy,
+            now_ns=time.time_ns(),
+            pins=frozenset(self.pins if pins is None else pins),
+            select=frozenset(self.select if select is None else select),
+        )
 
     def refresh_from(self, snap: Snapshot) -> None:
         run = snap.run(self.run_path)
@@ -125,8 +129,15 @@ class CheckpointsScreen(Screen):
 
         def text(c: Checkpoint) -> str:
             deleted, reasons = fates[c.path]
-            return " ".join([str(c.step), str(c.status), "delete" if deleted else "keep",
-                             *map(str, reasons), *(f.code for f in c.all_findings)]).lower()
+            return " ".join(
+                [
+                    str(c.step),
+                    str(c.status),
+                    "delete" if deleted else "keep",
+                    *map(str, reasons),
+                    *(f.code for f in c.all_findings),
+                ]
+            ).lower()
 
         shown = [c for c in run.checkpoints if all(t in text(c) for t in terms)]
         key = {
@@ -160,32 +171,50 @@ class CheckpointsScreen(Screen):
             for c in rows:
                 mark, plan = self._plan_cells(*fates[c.path])
                 n_find = len(c.all_findings)
-                table.add_row(mark, str(c.step), cells.badge(c.status), c.size_str, cells.age(c.mtime_ns, now),
-                              str(c.world_size) if c.world_size else "-",
-                              Text(str(n_find), style="yellow" if n_find else "dim"), plan, key=c.path)
+                table.add_row(
+                    mark,
+                    str(c.step),
+                    cells.badge(c.status),
+                    c.size_str,
+                    cells.age(c.mtime_ns, now),
+                    str(c.world_size) if c.world_size else "-",
+                    Text(str(n_find), style="yellow" if n_find else "dim"),
+                    plan,
+                    key=c.path,
+                )
             if keep is not None and keep in fates and any(c.path == keep for c in rows):
                 table.move_cursor(row=table.get_row_index(keep))
             self._shown = [c.path for c in rows]
         self._drawn = fates
         order = "↓" if self.descending else "↑"
-        self.query_one("#run-title", Static).update(Text(
-            f"{run.name} · {len(run.checkpoints)} checkpoints · {format_size(self._run_size)} · "
-            f"tracker {run.tracker_step if run.tracker_step is not None else '-'} · sort {self.sort_by}{order}"
-            + (f" · filter '{self.filter_text}'" if self.filter_text else "")
-        ))
+        self.query_one("#run-title", Static).update(
+            Text(
+                f"{run.name} · {len(run.checkpoints)} checkpoints · {format_size(self._run_size)} · "
+                f"tracker {run.tracker_step if run.tracker_step is not None else '-'} · sort {self.sort_by}{order}"
+                + (f" · filter '{self.filter_text}'" if self.filter_text else "")
+            )
+        )
         plan = self.plan
-        self.query_one("#plan", Static).update(Text.assemble(
-            ("Plan: ", "bold"), f"{plan.policy.describe()} · ",
-            (f"delete {len(plan.delete)} · frees {format_size(plan.bytes_freed)}", "bold red" if plan.delete else ""),
-            f" · keeps {len(plan.keep)}",
-        ))
+        self.query_one("#plan", Static).update(
+            Text.assemble(
+                ("Plan: ", "bold"),
+                f"{plan.policy.describe()} · ",
+                (
+                    f"delete {len(plan.delete)} · frees {format_size(plan.bytes_freed)}",
+                    "bold red" if plan.delete else "",
+                ),
+                f" · keeps {len(plan.keep)}",
+            )
+        )
 
     @staticmethod
     def _plan_cells(deleted: bool, reasons: tuple) -> tuple[Text, Text]:
         protected = any(r.protected for r in reasons)
         mark = Text("✗", style="bold red") if deleted else Text("◆" if protected else " ", style="bold cyan")
-        plan = Text(("delete: " if deleted else "keep: ") + ", ".join(map(str, reasons)),
-                    style="red" if deleted else ("bold" if protected else "dim"))
+        plan = Text(
+            ("delete: " if deleted else "keep: ") + ", ".join(map(str, reasons)),
+            style="red" if deleted else ("bold" if protected else "dim"),
+        )
         return mark, plan
 
     def current_path(self) -> str | None:
@@ -225,8 +254,10 @@ class CheckpointsScreen(Screen):
             return self.refuse(step, refusal.reasons)
         self.plan = plan
         now_deleted = any(i.path == path for i in self.plan.delete)
-        self.say(f"step {step} {'marked for deletion' if now_deleted else 'kept'}; "
-                 f"plan frees {format_size(self.plan.bytes_freed)}")
+        self.say(
+            f"step {step} {'marked for deletion' if now_deleted else 'kept'}; "
+            f"plan frees {format_size(self.plan.bytes_freed)}"
+        )
         self.redraw()
         self.query_one("#checkpoints", DataTable).action_cursor_down()
 

@@ -14,8 +14,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Label
 
-from ckpt_audit.models import format_size
 from ckpt_audit.lifecycle.retention import PrunePlan
+from ckpt_audit.models import format_size
 from tui import cells
 from tui.screens.armed import ArmedModal
 
@@ -37,13 +37,22 @@ class ConfirmPrune(ArmedModal[bool]):
     def compose(self) -> ComposeResult:
         plan = self.plan
         with Vertical(classes="dialog wide"):
-            yield Label(Text.assemble(
-                ("Delete ", "bold"), (f"{len(plan.delete)} checkpoint(s)", "bold red"),
-                (f", freeing {format_size(plan.bytes_freed)}?", "bold"),
-            ), id="confirm-title")
+            yield Label(
+                Text.assemble(
+                    ("Delete ", "bold"),
+                    (f"{len(plan.delete)} checkpoint(s)", "bold red"),
+                    (f", freeing {format_size(plan.bytes_freed)}?", "bold"),
+                ),
+                id="confirm-title",
+            )
             yield DataTable(id="doomed", cursor_type="row", show_cursor=False)
-            yield Label(Text("Each is renamed to a trash name first, then removed; a re-check against disk "
-                             "skips anything changed since the scan.", style="dim"))
+            yield Label(
+                Text(
+                    "Each is renamed to a trash name first, then removed; a re-check against disk "
+                    "skips anything changed since the scan.",
+                    style="dim",
+                )
+            )
             yield Label(Text(HOW_TO_CONFIRM, style="bold"), id="confirm-how")
             with Horizontal(classes="buttons"):
                 yield Button("Cancel (n)", id="cancel")  # first: Tab from it goes to Delete, Shift+Tab does not
@@ -53,16 +62,25 @@ class ConfirmPrune(ArmedModal[bool]):
         table = self.query_one("#doomed", DataTable)
         table.add_columns("step", "status", "size", "why", "path")
         for item in self.plan.delete:
-            table.add_row(str(item.step), cells.badge(item.checkpoint.status), format_size(item.size_bytes),
-                          ", ".join(map(str, item.reasons)), _short(item.path), key=item.path)
+            table.add_row(
+                str(item.step),
+                cells.badge(item.checkpoint.status),
+                format_size(item.size_bytes),
+                ", ".join(map(str, item.reasons)),
+                _short(item.path),
+                key=item.path,
+            )
         if self.ignored:
             self.key_ignored()
 
     def key_ignored(self) -> None:
         for label in self.query("#confirm-how").results(Label):  # none yet while the dialog is being composed
-            label.update(Text.assemble(
-                (HOW_TO_CONFIRM, "bold"),
-                (f"\n({self.ignored} key(s) typed before this dialog was ready were ignored)", "dim")))
+            label.update(
+                Text.assemble(
+                    (HOW_TO_CONFIRM, "bold"),
+                    (f"\n({self.ignored} key(s) typed before this dialog was ready were ignored)", "dim"),
+                )
+            )
 
     def on_key(self, event: events.Key) -> None:
         # Y is read here, not bound: a binding also fires for a key typed before the dialog was pushed that is

@@ -78,17 +78,26 @@ class DetailsScreen(Screen):
         roles = ", ".join(f"{c.role or '(root)'}:{c.layout}" for c in ckpt.components) or "-"
         now = time.time_ns()
         verified = oldest_verified((f.path for f in ckpt.all_files), snap.verified_ns)
-        title.update(Text.assemble(
-            (f"step {ckpt.step} ", "bold"), cells.badge(ckpt.status),
-            f" · {ckpt.size_str} · W={ckpt.world_size or '-'} · {len(ckpt.all_files)} files · "
-            f"{cells.age(ckpt.mtime_ns, now)} old · verified {_ago(verified, now)} · {roles}\n",
-            (ckpt.path, "dim"),
-        ))
+        title.update(
+            Text.assemble(
+                (f"step {ckpt.step} ", "bold"),
+                cells.badge(ckpt.status),
+                f" · {ckpt.size_str} · W={ckpt.world_size or '-'} · {len(ckpt.all_files)} files · "
+                f"{cells.age(ckpt.mtime_ns, now)} old · verified {_ago(verified, now)} · {roles}\n",
+                (ckpt.path, "dim"),
+            )
+        )
         for f in sorted(ckpt.all_files, key=lambda f: (str(f.kind), f.rank if f.rank is not None else -1, f.path)):
-            table.add_row(str(f.kind), str(f.rank) if f.rank is not None else "-", f.size_str,
-                          (f.hash or "unreadable")[:10], cells.crc(f.crc_ok),
-                          _ago(snap.verified_ns.get(f.path), now),
-                          os.path.relpath(f.path, ckpt.path), key=f.path)
+            table.add_row(
+                str(f.kind),
+                str(f.rank) if f.rank is not None else "-",
+                f.size_str,
+                (f.hash or "unreadable")[:10],
+                cells.crc(f.crc_ok),
+                _ago(snap.verified_ns.get(f.path), now),
+                os.path.relpath(f.path, ckpt.path),
+                key=f.path,
+            )
         self.query_one("#findings", Static).update(self._findings_text(ckpt))
 
     @staticmethod

@@ -13,26 +13,40 @@ from tui.screens.armed import ARM_S
 from tui.screens.modal import Modal
 
 KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    ("Everywhere", (("?", "this help"), ("q", "quit"), ("r", "rescan the roots (in the background)"),
-                    ("↑↓ PgUp PgDn", "move"), ("Esc", "back"))),
+    (
+        "Everywhere",
+        (
+            ("?", "this help"),
+            ("q", "quit"),
+            ("r", "rescan the roots (in the background)"),
+            ("↑↓ PgUp PgDn", "move"),
+            ("Esc", "back"),
+        ),
+    ),
     ("Runs", (("Enter", "open the run's checkpoints"),)),
-    ("Checkpoints", (
-        ("Space", "mark / unmark for deletion (protected ones refuse, and say why)"),
-        ("l / e", "preset: keep the last N / every K-th step (marks the rest)"),
-        ("c", "clear: back to the default plan (only broken checkpoints go)"),
-        ("d", "delete what is marked, after a confirmation listing it"),
-        ("/", "filter by step, status, plan reason or finding code; Enter keeps it, Esc clears it"),
-        ("s", "sort: step, size, age, status, findings (press again to reverse)"),
-        ("v", "verify the run (loads tensors)"),
-        ("Enter", "details of the checkpoint"),
-    )),
+    (
+        "Checkpoints",
+        (
+            ("Space", "mark / unmark for deletion (protected ones refuse, and say why)"),
+            ("l / e", "preset: keep the last N / every K-th step (marks the rest)"),
+            ("c", "clear: back to the default plan (only broken checkpoints go)"),
+            ("d", "delete what is marked, after a confirmation listing it"),
+            ("/", "filter by step, status, plan reason or finding code; Enter keeps it, Esc clears it"),
+            ("s", "sort: step, size, age, status, findings (press again to reverse)"),
+            ("v", "verify the run (loads tensors)"),
+            ("Enter", "details of the checkpoint"),
+        ),
+    ),
     ("Details", (("x", "export to a HuggingFace directory"), ("v", "verify this checkpoint"))),
-    ("Confirm delete", (
-        ("Y", "delete (shift+y): the deliberate act; lower-case y does not delete"),
-        ("Tab Enter", "the same: Tab from Cancel to Delete, then Enter"),
-        ("n / Esc", "cancel (the focus starts on Cancel)"),
-        ("", f"keys typed before the dialog appeared or in its first {ARM_S:g} s are ignored (export too)"),
-    )),
+    (
+        "Confirm delete",
+        (
+            ("Y", "delete (shift+y): the deliberate act; lower-case y does not delete"),
+            ("Tab Enter", "the same: Tab from Cancel to Delete, then Enter"),
+            ("n / Esc", "cancel (the focus starts on Cancel)"),
+            ("", f"keys typed before the dialog appeared or in its first {ARM_S:g} s are ignored (export too)"),
+        ),
+    ),
 )
 
 

@@ -10,8 +10,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from ckpt_audit.models import Run, format_size
 from ckpt_audit.lifecycle.retention import read_metric
+from ckpt_audit.models import Run, format_size
 from tui import cells
 from tui.activity import ActivityBar
 from tui.snapshot import Snapshot
@@ -65,10 +65,12 @@ class RunsScreen(Screen):
             table.move_cursor(row=table.get_row_index(keep))
         total = sum(r.size_bytes for r in snap.runs)
         n_ckpt = sum(len(r.checkpoints) for r in snap.runs)
-        self.query_one("#runs-summary", Static).update(Text(
-            f"{len(snap.runs)} runs · {n_ckpt} checkpoints · {format_size(total)}"
-            + (f" · not recorded: {snap.unrecorded}" if snap.unrecorded and self.app.catalog_path else "")
-        ))
+        self.query_one("#runs-summary", Static).update(
+            Text(
+                f"{len(snap.runs)} runs · {n_ckpt} checkpoints · {format_size(total)}"
+                + (f" · not recorded: {snap.unrecorded}" if snap.unrecorded and self.app.catalog_path else "")
+            )
+        )
 
     @staticmethod
     def _spark(series: dict[int, float] | None) -> str:
