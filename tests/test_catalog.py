@@ -31,6 +31,20 @@ def test_fresh_catalog_has_schema_wal_and_foreign_keys(tmp_path):
     open_catalog(tmp_path / "sub" / "c.db").close()  # re-opening applies nothing twice
 
 
+def test_migrations_are_written_out_in_full():
+    """An applied migration is frozen: its body may call no other ckpt_audit module, whose edits would edit it."""
+    import ast
+    from pathlib import Path
+
+    import ckpt_audit.catalog.migrations as migrations
+
+    tree = ast.parse(Path(migrations.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    assert sorted(m for m in imported if m and m.startswith("ckpt_audit")) == []
+
+
 def test_rescan_reuses_hashes_and_records_history_only_on_change(run_copy, tmp_path):
     cat = open_catalog(tmp_path / "c.db")
     first = do_scan(run_copy)

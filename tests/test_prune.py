@@ -12,7 +12,8 @@ from pathlib import Path
 
 import sqlite_utils
 
-from ckpt_audit.catalog.lifecycle import LifecycleLog, create_lifecycle_tables
+from ckpt_audit.catalog.lifecycle import LifecycleLog
+from ckpt_audit.catalog.migrations import MIGRATIONS
 from ckpt_audit.killpoints import KILL_AFTER_ENV
 from ckpt_audit.lifecycle.prune import TRASH_RE, Action, execute, find_trash
 from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
@@ -92,7 +93,7 @@ def test_execute_deletes_exactly_the_plan_and_logs_it(tmp_path):
     kept_before = {s: digest_tree(run / f"global_step_{s}") for s in (5, 6)}
 
     db = sqlite_utils.Database(tmp_path / "catalog.db")
-    create_lifecycle_tables(db)
+    MIGRATIONS.apply(db)  # the catalog's schema, as open_catalog makes it
     log = LifecycleLog(db)
     result = execute(plan, catalog=log)
 

@@ -1,9 +1,9 @@
 """Catalog records of lifecycle actions: executed prune plans (with every reason) and exports (with hashes).
 
-Schema lives in `migrations.py` (`m_lifecycle_*`, appended). `LifecycleLog` wraps the catalog's sqlite-utils
-Database; `ckpt_audit.lifecycle.prune.execute(catalog=LifecycleLog(...))` writes through it. A prune's plan is written
-before anything is touched and each outcome as it happens, so a killed prune leaves a `started` row that says
-what it meant to do; the next one records reclaiming the trash the killed one left.
+The schema lives in `migrations.py` (m002_lifecycle, m003_trust), written out there as applied. `LifecycleLog` wraps
+the catalog's sqlite-utils Database; `ckpt_audit.lifecycle.prune.execute(catalog=LifecycleLog(...))` writes through
+it. A prune's plan is written before anything is touched and each outcome as it happens, so a killed prune leaves a
+`started` row that says what it meant to do; the next one records reclaiming the trash the killed one left.
 """
 
 from __future__ import annotations
@@ -18,62 +18,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.lifecycle.prune import Outcome, PruneResult
     from ckpt_audit.lifecycle.retention import PrunePlan
     from ckpt_audit.models import Finding
-
-
-def create_lifecycle_tables(db) -> None:
-    """Body of the lifecycle migration (kept here, beside the code that writes the rows)."""
-    db.execute("""
-        CREATE TABLE prunes (
-            exec_id TEXT PRIMARY KEY,
-            started_ns INTEGER NOT NULL,
-            finished_ns INTEGER,               -- NULL: killed or still running
-            status TEXT NOT NULL,              -- started | finished
-            policy TEXT NOT NULL,
-            planned_delete INTEGER NOT NULL,
-            planned_bytes INTEGER NOT NULL,
-            bytes_freed INTEGER,
-            plan TEXT NOT NULL                 -- JSON: PrunePlan.to_dict()
-        )""")
-    db.execute("""
-        CREATE TABLE prune_items (
-            id INTEGER PRIMARY KEY,
-            exec_id TEXT NOT NULL REFERENCES prunes(exec_id),
-            path TEXT NOT NULL,
-            run_path TEXT,
-            step INTEGER,
-            action TEXT NOT NULL,              -- planned | kept | deleted | skipped | failed | reclaimed
-            reasons TEXT NOT NULL DEFAULT '[]',  -- JSON list of reason slugs
-            detail TEXT NOT NULL DEFAULT '',
-            size_bytes INTEGER NOT NULL DEFAULT 0,
-            at_ns INTEGER NOT NULL
-        )""")
-    db.execute("CREATE INDEX prune_items_path ON prune_items(path)")
-    db.execute("CREATE INDEX prune_items_exec ON prune_items(exec_id)")
-    db.execute("""
-        CREATE TABLE exports (
-            id INTEGER PRIMARY KEY,
-            created_ns INTEGER NOT NULL,
-            source TEXT NOT NULL,              -- the checkpoint (step dir) exported
-            role_dir TEXT NOT NULL,
-            out_dir TEXT NOT NULL,
-            source_kind TEXT NOT NULL,         -- fsdp-shards | hf-weights
-            world_size INTEGER,
-            dtype TEXT NOT NULL,
-            tensors INTEGER NOT NULL,
-            total_bytes INTEGER NOT NULL,
-            verified INTEGER NOT NULL,
-            warnings TEXT NOT NULL DEFAULT '[]',
-            source_files TEXT NOT NULL DEFAULT '[]'  -- JSON [[path, hash]] of the source as last scanned
-        )""")
-    db.execute("""
-        CREATE TABLE export_files (
-            id INTEGER PRIMARY KEY,
-            export_id INTEGER NOT NULL REFERENCES exports(id),
-            path TEXT NOT NULL,
-            size_bytes INTEGER NOT NULL,
-            hash TEXT NOT NULL
-        )""")
-    db.execute("CREATE INDEX export_files_export ON export_files(export_id)")
 
 
 class LifecycleLog:

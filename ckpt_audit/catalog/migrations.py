@@ -1,6 +1,7 @@
 """The catalog schema, only ever changed by appending a migration (simonw/llm style). Never edit an applied one.
 
-Other parts of ckpt-audit append their own migrations here (lifecycle: prunes, exports), one function each.
+Every body is written out here, even for tables other modules write (lifecycle: prunes, exports): a body that called
+into another module would change an applied migration whenever that module changed.
 """
 
 from __future__ import annotations
@@ -120,9 +121,58 @@ def m001_initial(db) -> None:
 @MIGRATIONS()
 def m002_lifecycle(db) -> None:
     """lifecycle: executed prune plans (prunes, prune_items) and exports (exports, export_files)."""
-    from ckpt_audit.catalog.lifecycle import create_lifecycle_tables
-
-    create_lifecycle_tables(db)
+    db.execute("""
+        CREATE TABLE prunes (
+            exec_id TEXT PRIMARY KEY,
+            started_ns INTEGER NOT NULL,
+            finished_ns INTEGER,               -- NULL: killed or still running
+            status TEXT NOT NULL,              -- started | finished
+            policy TEXT NOT NULL,
+            planned_delete INTEGER NOT NULL,
+            planned_bytes INTEGER NOT NULL,
+            bytes_freed INTEGER,
+            plan TEXT NOT NULL                 -- JSON: PrunePlan.to_dict()
+        )""")
+    db.execute("""
+        CREATE TABLE prune_items (
+            id INTEGER PRIMARY KEY,
+            exec_id TEXT NOT NULL REFERENCES prunes(exec_id),
+            path TEXT NOT NULL,
+            run_path TEXT,
+            step INTEGER,
+            action TEXT NOT NULL,              -- planned | kept | deleted | skipped | failed | reclaimed
+            reasons TEXT NOT NULL DEFAULT '[]',  -- JSON list of reason slugs
+            detail TEXT NOT NULL DEFAULT '',
+            size_bytes INTEGER NOT NULL DEFAULT 0,
+            at_ns INTEGER NOT NULL
+        )""")
+    db.execute("CREATE INDEX prune_items_path ON prune_items(path)")
+    db.execute("CREATE INDEX prune_items_exec ON prune_items(exec_id)")
+    db.execute("""
+        CREATE TABLE exports (
+            id INTEGER PRIMARY KEY,
+            created_ns INTEGER NOT NULL,
+            source TEXT NOT NULL,              -- the checkpoint (step dir) exported
+            role_dir TEXT NOT NULL,
+            out_dir TEXT NOT NULL,
+            source_kind TEXT NOT NULL,         -- fsdp-shards | hf-weights
+            world_size INTEGER,
+            dtype TEXT NOT NULL,
+            tensors INTEGER NOT NULL,
+            total_bytes INTEGER NOT NULL,
+            verified INTEGER NOT NULL,
+            warnings TEXT NOT NULL DEFAULT '[]',
+            source_files TEXT NOT NULL DEFAULT '[]'  -- JSON [[path, hash]] of the source as last scanned
+        )""")
+    db.execute("""
+        CREATE TABLE export_files (
+            id INTEGER PRIMARY KEY,
+            export_id INTEGER NOT NULL REFERENCES exports(id),
+            path TEXT NOT NULL,
+            size_bytes INTEGER NOT NULL,
+            hash TEXT NOT NULL
+        )""")
+    db.execute("CREATE INDEX export_files_export ON export_files(export_id)")
 
 
 @MIGRATIONS()
