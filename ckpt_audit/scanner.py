@@ -44,7 +44,6 @@ def scan(
     rehash: bool = False,
     previous: Mapping[str, FileFacts | ShardFile] | None = None,
     progress: Progress | None = None,
-    deep: bool = False,
     in_progress_window_s: float = DEFAULT_IN_PROGRESS_WINDOW_S,
     now_ns: int | None = None,
     scrub: ScrubPolicy | None = None,
@@ -85,12 +84,7 @@ def scan(
     result = reduce(partials, ctx=ctx, layouts=layouts)
     if focus:
         result = only_checkpoints(result, focus, whole=frozenset(walk_roots) - {os.path.dirname(f) for f in focus})
-    result = replace(result, roots=tuple(real_roots))
-    if deep:
-        from ckpt_audit.verify import deepen  # torch, lazily: the shallow cron path never imports it
-
-        result = deepen(result, workers=workers)
-    return replace(result, started_ns=started, finished_ns=time.time_ns(), deep=deep)
+    return replace(result, roots=tuple(real_roots), started_ns=started, finished_ns=time.time_ns())
 
 
 def _budget_left(scrub: ScrubPolicy | None, done: Sequence[Partial]) -> ScrubPolicy | None:
@@ -199,7 +193,8 @@ def scan_partial(
                 "scrub-overdue",
                 root,
                 f"{plan.overdue_files} file(s), {format_size(plan.overdue_bytes)}, last verified "
-                "by content a scrub period or more ago were not re-read: the --scrub-budget is too small for the period",
+                "by content a scrub period or more ago were not re-read: the --scrub-budget is too small for the "
+                "period",
             )
         )
     for p, prev in cached.items():

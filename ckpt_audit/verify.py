@@ -3,7 +3,8 @@
 `verify(paths)` = `scanner.scan(...)` + `deepen(result)`. `deepen` loads every rank's shards through `safe_load`
 (weights_only, mmap: per-file cost, no tensor bytes read except the few scalars the checks compare), boils them
 down to the plain views of `deep.rules`, and attaches the findings to the component or checkpoint they concern;
-statuses are re-derived. `scan(deep=True)` may call `deepen` lazily. torch is imported only below this module.
+statuses are re-derived. This is the one place that knows both the scan and the deep checks (the scanner never calls
+back up here); torch is imported only below this module.
 """
 
 from __future__ import annotations
