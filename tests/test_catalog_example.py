@@ -7,15 +7,11 @@ import importlib.util
 import sqlite3
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from ckpt_audit.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
-needs_harness = pytest.mark.skipif(
-    importlib.util.find_spec("harness.tree") is None, reason="reference trainer (harness.tree) not present"
-)
 
 
 def shape(db: Path) -> tuple:
@@ -27,7 +23,6 @@ def shape(db: Path) -> tuple:
     return schema, statuses, codes, kinds
 
 
-@needs_harness
 def test_demo_then_example_catalog_matches(tmp_path):
     demo = tmp_path / "demo"
     res = CliRunner().invoke(cli, ["demo", str(demo)])

@@ -15,16 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed.tensor  # noqa: F401 - DTensor for weights_only loading
+from safetensors import safe_open
+from safetensors.torch import save_file
+from test_export_trees import write_plain, write_raw
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
-torch = pytest.importorskip("torch")
-import torch.distributed.tensor  # noqa: E402,F401 - DTensor for weights_only loading
-from safetensors import safe_open  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-from test_export_trees import write_plain, write_raw  # noqa: E402
-from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
-
-from ckpt_audit.lifecycle.export import ExportError, export_checkpoint  # noqa: E402
-from ckpt_audit.readers.hashing import digest_file  # noqa: E402
+from ckpt_audit.lifecycle.export import ExportError, export_checkpoint
+from ckpt_audit.readers.hashing import digest_file
 
 
 def latest_step(run: Path) -> Path:

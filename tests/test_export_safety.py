@@ -291,7 +291,6 @@ def test_verified_says_what_the_source_was_checked_against(scanned, verl_run, tm
 
 def _tui_export(root: Path, catalog: Path, to: str | None):
     """Export the newest checkpoint from its details screen as a user does; `to` None keeps the offered default."""
-    pytest.importorskip("textual")
     from textual.widgets import Input
     from tui_pilot import drive, open_run, settle, wait_armed
 

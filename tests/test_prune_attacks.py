@@ -250,7 +250,6 @@ def test_text_output_reports_the_bytes_re_read(run, tmp_path):
 
 
 def test_tui_prune_re_reads_the_survivor_and_deletes_nothing_on_a_stale_verdict(run, tmp_path):
-    pytest.importorskip("textual")
     import asyncio
 
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune

@@ -16,10 +16,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from harness.checkpoint import load_file  # noqa: E402 - the trainer's own weights_only loader
+from harness.checkpoint import load_file  # the trainer's own weights_only loader
 
 
 def cli(catalog: Path, *args: str) -> subprocess.CompletedProcess:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from scan_trees import flip_payload_byte, rewrite_zip, shard, steps_of, write_torch_tree
 
@@ -27,8 +28,6 @@ from ckpt_audit.catalog import open_catalog, read_previous
 from ckpt_audit.cli import cli
 from ckpt_audit.scanner import scan
 from ckpt_audit.scrub import DAY_NS, Cached, ScrubPlan, ScrubPolicy, plan_scrub
-
-torch = pytest.importorskip("torch")
 
 # -- the trees ------------------------------------------------------------------------------------------------
 

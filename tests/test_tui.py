@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from textual.widgets import DataTable, Input
+from tui_pilot import confirm_delete, drive, open_run, settle, steps_on_disk, text_of, wait_armed
 
 from ckpt_audit import lock
 from ckpt_audit.catalog import open_catalog
@@ -23,19 +25,13 @@ from ckpt_audit.cli import cli
 from ckpt_audit.codes import explain
 from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
 from ckpt_audit.models import format_size
-
-pytest.importorskip("textual")
-
-from textual.widgets import DataTable, Input  # noqa: E402
-from tui_pilot import confirm_delete, drive, open_run, settle, steps_on_disk, text_of, wait_armed  # noqa: E402
-
-from tui.app import AuditApp  # noqa: E402
-from tui.screens.checkpoints import CheckpointsScreen  # noqa: E402
-from tui.screens.confirm import ConfirmPrune  # noqa: E402
-from tui.screens.details import DetailsScreen  # noqa: E402
-from tui.screens.help import HelpScreen  # noqa: E402
-from tui.screens.prompt import ExportPrompt, NumberPrompt  # noqa: E402
-from tui.screens.runs import RunsScreen  # noqa: E402
+from tui.app import AuditApp
+from tui.screens.checkpoints import CheckpointsScreen
+from tui.screens.confirm import ConfirmPrune
+from tui.screens.details import DetailsScreen
+from tui.screens.help import HelpScreen
+from tui.screens.prompt import ExportPrompt, NumberPrompt
+from tui.screens.runs import RunsScreen
 
 
 @pytest.fixture

@@ -11,15 +11,9 @@ import os
 from pathlib import Path
 
 import pytest
-
-from ckpt_audit.lifecycle.retention import EXPLAIN, Reason
-from ckpt_audit.models import Status, format_size
-
-pytest.importorskip("textual")
-
-from textual.screen import ModalScreen  # noqa: E402
-from textual.widgets import DataTable, Input, Label  # noqa: E402
-from tui_pilot import (  # noqa: E402
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Input, Label
+from tui_pilot import (
     confirm_delete,
     drive,
     open_run,
@@ -32,14 +26,16 @@ from tui_pilot import (  # noqa: E402
     wait_armed,
 )
 
-from tui import cells  # noqa: E402
-from tui.app import AuditApp  # noqa: E402
-from tui.screens.armed import ArmedModal  # noqa: E402
-from tui.screens.checkpoints import CheckpointsScreen  # noqa: E402
-from tui.screens.confirm import ConfirmPrune  # noqa: E402
-from tui.screens.details import DetailsScreen  # noqa: E402
-from tui.screens.help import HelpScreen  # noqa: E402
-from tui.screens.runs import RunsScreen  # noqa: E402
+from ckpt_audit.lifecycle.retention import EXPLAIN, Reason
+from ckpt_audit.models import Status, format_size
+from tui import cells
+from tui.app import AuditApp
+from tui.screens.armed import ArmedModal
+from tui.screens.checkpoints import CheckpointsScreen
+from tui.screens.confirm import ConfirmPrune
+from tui.screens.details import DetailsScreen
+from tui.screens.help import HelpScreen
+from tui.screens.runs import RunsScreen
 
 # What a cat, a sleeve or a user typing into the wrong place sends: every key that once deleted or exported
 # (d y, x ... Enter), a preset (e), and Enters. No Y, Tab or q: those are the deliberate acts (and quit).

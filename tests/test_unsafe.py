@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from harness.checkpoint import load_file  # noqa: E402 - the trainer's own weights_only loader
+from harness.checkpoint import load_file  # the trainer's own weights_only loader
 
 CLI = [sys.executable, "-m", "ckpt_audit"]
 
