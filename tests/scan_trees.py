@@ -72,7 +72,7 @@ def shard(step_dir: Path, kind: str = "model", rank: int = 0) -> Path:
 
 def flip_payload_byte(path: Path) -> None:
     """Flip one byte inside the largest tensor payload, keeping size, mtime and inode."""
-    from ckpt_audit.cli.demo import flip_payload_byte as flip
+    from harness.commands.demo import flip_payload_byte as flip
 
     flip(path, mask=0xFF)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_audit.cli.demo import flip_payload_byte
 from ckpt_audit.killpoints import KILL_AFTER_ENV
+from harness.commands.demo import flip_payload_byte
 
 MARKER = ".ckpt-audit-export.json"
 

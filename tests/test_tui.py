@@ -351,5 +351,5 @@ def test_cli_tui_rejects_missing_root_and_imports_textual_lazily(tmp_path):
     )
     assert proc.returncode == 3
     assert proc.stderr.strip().count("\n") == 0 and "not a directory" in proc.stderr
-    code = "import sys, ckpt_audit.cli.tui; assert 'textual' not in sys.modules"
+    code = "import sys, tui.command; assert 'textual' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

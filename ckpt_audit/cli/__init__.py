@@ -1,7 +1,9 @@
 """The `ckpt-audit` command line: a click group whose subcommands load lazily.
 
 Lazy loading keeps `ckpt-audit scan` light (no torch, no textual): each subcommand's module is imported
-only when that subcommand runs. Every subcommand lives in its own module under `ckpt_audit/cli/`.
+only when that subcommand runs. The core's commands live under `ckpt_audit/cli/`; the TUI's and the harness's
+(`tui`, `demo`, `train`, `resume-test`) plug in through the `ckpt_audit.commands` entry-point group
+(pyproject.toml), so ckpt_audit never imports them.
 """
 
 from __future__ import annotations
@@ -20,26 +22,60 @@ COMMANDS: dict[str, str] = {
     "verify": "ckpt_audit.cli.verify:verify_command",
     "ls": "ckpt_audit.cli.scan:ls_command",
     "show": "ckpt_audit.cli.scan:show_command",
-    "demo": "ckpt_audit.cli.demo:demo_command",
     "prune": "ckpt_audit.cli.prune:prune_command",
     "export": "ckpt_audit.cli.export:export_command",
-    "resume-test": "ckpt_audit.cli.resume_test:resume_test_command",
-    "train": "ckpt_audit.cli.train:train_command",
-    "tui": "ckpt_audit.cli.tui:tui",
     "continuity": "ckpt_audit.cli.continuity:continuity_command",
 }
+PLUGIN_GROUP = "ckpt_audit.commands"
+
+
+def plugins() -> dict[str, str]:
+    """Commands other packages plug in: name -> "module:attribute" (read only when a command is not the core's,
+    so `scan` never pays for the metadata walk)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP) if ep.name not in COMMANDS}
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted({*COMMANDS, *plugins()})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        target = COMMANDS.get(name)
+        target = COMMANDS.get(name) or plugins().get(name)
         if target is None:
             return None
         module, attr = target.split(":")
-        return getattr(importlib.import_module(module), attr)
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ImportError as exc:  # a plug-in whose package (or one it needs) is not installed
+            return _unavailable(name, module, exc)
+
+
+# what to install for a missing top-level module, where its pip name differs
+INSTALL = {m: "'ckpt-audit[torch]'" for m in ("torch", "transformers", "torchdata", "numpy")} | {
+    "tui": "ckpt-audit",
+    "harness": "ckpt-audit",
+}
+
+
+def _unavailable(name: str, module: str, exc: ImportError) -> click.Command:
+    """A stand-in that lists in --help and, when run, fails in one line (exit 3) naming what to install."""
+    missing = (getattr(exc, "name", None) or module).split(".")[0]
+    hint = f"`ckpt-audit {name}` needs {missing!r}, which is not installed: pip install {INSTALL.get(missing, missing)}"
+
+    def fail() -> None:
+        from ckpt_audit.cli.common import CommandError
+
+        raise CommandError(hint)
+
+    return click.Command(
+        name,
+        callback=fail,
+        help=f"Unavailable: {hint}.",
+        short_help=f"(unavailable: install {INSTALL.get(missing, missing)})",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -146,7 +146,7 @@ def resume_test_command(
     try:
         report = run_resume_test(spec, progress=lambda msg: click.echo(msg, err=True))
     except (HarnessError, ValueError, OSError) as exc:
-        raise CommandError(str(exc).splitlines()[0] if not isinstance(exc, HarnessError) else _one_line(exc))
+        raise CommandError(str(exc).splitlines()[0] if not isinstance(exc, HarnessError) else _one_line(exc)) from None
     loss = next((m.resumed for m in report.continuity if m.metric == "loss"), None)
     if plot_path is not None and loss is not None:
         from ckpt_audit.cli.continuity import write_plot

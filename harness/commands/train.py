@@ -86,7 +86,7 @@ def train_command(
             resume="auto" if resume else None,
         )
     except HarnessError as exc:
-        from ckpt_audit.cli.resume_test import _one_line
+        from harness.commands.resume_test import _one_line
 
         raise CommandError(_one_line(exc)) from None
     except (ValueError, OSError) as exc:
