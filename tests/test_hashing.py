@@ -141,7 +141,7 @@ def test_truncated_shard_is_a_zip_error_and_still_hashed(pt_dir: Path, tmp_path:
     p = tmp_path / "model_world_size_1_rank_0.pt"
     p.write_bytes(src[: len(src) * 2 // 3])
     d = digest_file(p)
-    assert d.zip_error is not None and d.zip_error.startswith("truncated")
+    assert d.zip_error is not None and d.zip_error.code == "truncated" and d.zip_error.message.startswith("truncated")
     assert d.crc_ok is None and d.is_zip
     assert d.hash == xxhash.xxh3_128(p.read_bytes()).hexdigest()
 
@@ -150,7 +150,8 @@ def test_garbage_named_pt_is_not_a_zip(tmp_path: Path) -> None:
     p = tmp_path / "model_world_size_2_rank_1.pt"
     p.write_bytes(os.urandom(5000).replace(b"PK", b"pk"))
     d = digest_file(p)
-    assert d.zip_error is not None and d.zip_error.startswith("not a zip archive")
+    assert d.zip_error is not None and d.zip_error.code == "not-a-zip"
+    assert d.zip_error.message.startswith("not a zip archive")
     assert (d.crc_ok, d.is_zip) == (None, False)
 
 
@@ -158,7 +159,7 @@ def test_zero_byte_shard(tmp_path: Path) -> None:
     p = tmp_path / "optim_world_size_2_rank_0.pt"
     p.touch()
     d = digest_file(p)
-    assert d.zip_error is not None and d.zip_error.startswith("empty file")
+    assert d.zip_error is not None and d.zip_error.code == "zero-byte" and d.zip_error.message.startswith("empty file")
     assert (d.size_bytes, d.hash) == (0, xxhash.xxh3_128(b"").hexdigest())
 
 
@@ -166,7 +167,8 @@ def test_legacy_torch_format_is_named(tmp_path: Path) -> None:
     p = tmp_path / "old.pt"
     torch.save({"w": torch.ones(3)}, p, _use_new_zipfile_serialization=False)
     d = digest_file(p)
-    assert d.zip_error is not None and d.zip_error.startswith("legacy torch pickle format")
+    assert d.zip_error is not None and d.zip_error.code == "legacy-pickle-format"
+    assert d.zip_error.message.startswith("legacy torch pickle format")
 
 
 def test_json_is_hashed_without_zip_checks(pt_dir: Path) -> None:
@@ -181,9 +183,11 @@ def test_missing_central_directory_entry_record(pt_dir: Path, tmp_path: Path) ->
     src[eocd + 16 : eocd + 20] = (10).to_bytes(4, "little")
     p = tmp_path / "nocrc.pt"
     p.write_bytes(bytes(src))
-    with pytest.raises(ZipFormatError, match="damaged"):
+    with pytest.raises(ZipFormatError, match="damaged") as raised:
         open_archive(p)
-    assert digest_file(p).zip_error.startswith("damaged")
+    assert raised.value.problem.code == "bad-zip"
+    d = digest_file(p)
+    assert d.zip_error is not None and d.zip_error.code == "bad-zip" and d.zip_error.message.startswith("damaged")
 
 
 def test_zip64_records_are_read(tmp_path: Path, monkeypatch) -> None:

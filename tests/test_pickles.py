@@ -24,6 +24,7 @@ from ckpt_audit.readers.pickles import (
     restricted_load,
     restricted_load_ex,
 )
+from ckpt_audit.readers.problem import Problem
 
 WORLD = 2
 HERE = Path(__file__).parent
@@ -195,9 +196,12 @@ def test_storage_larger_than_its_entry_is_a_problem(plain_dir: Path, tmp_path: P
         src, tmp_path / "model_world_size_1_rank_0.pt", lambda n, d: d[:100] if n.endswith(f"/data/{key}") else d
     )
     s = read_pt_structure(dst)
-    assert any(p.startswith(f"storage {key} needs 1600 bytes") and p.endswith("holds 100") for p in s.problems), (
-        s.problems
-    )
+    assert any(
+        p.code == "storage-size-mismatch"
+        and p.message.startswith(f"storage {key} needs 1600 bytes")
+        and p.message.endswith("holds 100")
+        for p in s.problems
+    ), s.problems
 
 
 def test_missing_storage_entry_is_a_problem(plain_dir: Path, tmp_path: Path) -> None:
@@ -206,7 +210,10 @@ def test_missing_storage_entry_is_a_problem(plain_dir: Path, tmp_path: Path) -> 
     dst = _rewrite_zip(
         src, tmp_path / "model_world_size_1_rank_0.pt", lambda n, d: None if n.endswith(f"/data/{key}") else d
     )
-    assert f"storage {key} (7 x IntStorage) has no zip entry data/{key}" in read_pt_structure(dst).problems
+    assert (
+        Problem("storage-size-mismatch", f"storage {key} (7 x IntStorage) has no zip entry data/{key}")
+        in read_pt_structure(dst).problems
+    )
 
 
 def test_missing_data_pkl_is_a_problem(plain_dir: Path, tmp_path: Path) -> None:
@@ -214,7 +221,7 @@ def test_missing_data_pkl_is_a_problem(plain_dir: Path, tmp_path: Path) -> None:
         plain_dir / "small.pt", tmp_path / "small.pt", lambda n, d: None if n.endswith("/data.pkl") else d
     )
     s = read_pt_structure(dst)
-    assert any("no data.pkl" in p for p in s.problems) and s.tensors == ()
+    assert any(p.code == "not-a-torch-archive" and "no data.pkl" in p.message for p in s.problems) and s.tensors == ()
 
 
 def test_garbage_data_pkl_is_a_problem_not_a_crash(plain_dir: Path, tmp_path: Path) -> None:
@@ -222,15 +229,18 @@ def test_garbage_data_pkl_is_a_problem_not_a_crash(plain_dir: Path, tmp_path: Pa
         plain_dir / "small.pt", tmp_path / "small.pt", lambda n, d: os.urandom(200) if n.endswith("/data.pkl") else d
     )
     s = read_pt_structure(dst)
-    assert len(s.problems) == 1 and s.problems[0].startswith("data.pkl does not unpickle")
+    assert len(s.problems) == 1 and s.problems[0].code == "bad-pickle"
+    assert s.problems[0].message.startswith("data.pkl does not unpickle")
 
 
 def test_truncated_and_not_a_zip_files_are_problems(plain_dir: Path, tmp_path: Path) -> None:
     raw = (plain_dir / "small.pt").read_bytes()
     (tmp_path / "t.pt").write_bytes(raw[: len(raw) // 2])
     (tmp_path / "g.pt").write_bytes(b"garbage" * 50)
-    assert read_pt_structure(tmp_path / "t.pt").problems[0].startswith("truncated")
-    assert read_pt_structure(tmp_path / "g.pt").problems[0].startswith("not a zip archive")
+    truncated = read_pt_structure(tmp_path / "t.pt").problems[0]
+    assert truncated.code == "truncated" and truncated.message.startswith("truncated")
+    garbage = read_pt_structure(tmp_path / "g.pt").problems[0]
+    assert garbage.code == "not-a-zip" and garbage.message.startswith("not a zip archive")
 
 
 class _Evil:
@@ -314,6 +324,7 @@ def test_deeply_nested_and_self_referencing_pickles_stay_finite(plain_dir: Path,
         _rewrite_zip(
             plain_dir / "small.pt", tmp_path / name, lambda n, d, p=payload: p if n.endswith("/data.pkl") else d
         )
-    assert any("nests deeper than" in p for p in read_pt_structure(tmp_path / "deep.pt").problems)
+    deep_s = read_pt_structure(tmp_path / "deep.pt")
+    assert any("nests deeper than" in n for n in deep_s.notes) and deep_s.problems == ()  # cut short, no defect
     s = read_pt_structure(tmp_path / "cyclic.pt")
     assert s.tree["loop"]["self"] is None and s.tree["w"] == [1, 2]  # the cycle is cut, not followed

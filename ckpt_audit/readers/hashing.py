@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from ckpt_audit.readers.problem import Problem
 from ckpt_audit.readers.ptzip import (
     LOCAL_HEADER_LEN,
     SNIFF_BYTES,
@@ -28,7 +29,7 @@ from ckpt_audit.readers.ptzip import (
     PtArchive,
     ZipEntry,
     ZipFormatError,
-    not_a_zip_message,
+    not_a_zip_problem,
     parse_local_header,
     read_archive,
     sniff,
@@ -51,7 +52,7 @@ class FileDigest:
     size_bytes: int  # bytes read
     crc_ok: bool | None  # None: not a zip, unreadable zip, or CRCs disabled at save (all zero)
     crc_bad_entries: tuple[str, ...] = ()  # entry names (prefix included) whose CRC-32 does not match
-    zip_error: str | None = None  # one-line reason the zip structure is unusable (the hash is still valid)
+    zip_error: Problem | None = None  # why the zip structure is unusable, as a finding code (the hash is still valid)
     is_zip: bool = False  # the file starts like a zip archive
     kind: str = "other"  # ptzip.sniff of the first bytes: zip, legacy-torch, pickle, empty, other
     prefix: str | None = None  # top-level folder inside the zip (torch: the stem at save time)
@@ -89,7 +90,7 @@ class _CrcChecker:
         self.crc = 0
         self.bad: list[str] = []
         self.checked = 0
-        self.error: str | None = None
+        self.error: Problem | None = None
 
     def feed(self, pos: int, mv: memoryview) -> None:
         end_of_chunk = pos + len(mv)
@@ -101,7 +102,7 @@ class _CrcChecker:
                 if have >= end_of_chunk:
                     return
                 if have < pos:  # header precedes this chunk and was never seen: entries overlap
-                    self.error = f"damaged: entry {e.name} overlaps the previous entry"
+                    self.error = Problem("bad-zip", f"damaged: entry {e.name} overlaps the previous entry")
                     self.idx = len(entries)
                     return
                 take = min(LOCAL_HEADER_LEN - len(self.hdr), end_of_chunk - have)
@@ -111,7 +112,7 @@ class _CrcChecker:
                 try:
                     self.start = e.header_offset + parse_local_header(self.hdr, e.name)
                 except ZipFormatError as exc:
-                    self.error = str(exc)
+                    self.error = exc.problem
                     self.idx = len(entries)
                     return
                 self.end = self.start + e.compressed_size
@@ -131,7 +132,8 @@ class _CrcChecker:
 
     def finish(self) -> None:
         if self.error is None and self.idx < len(self.entries):
-            self.error = f"truncated: entry {self.entries[self.idx].name} ends past the end of the file"
+            name = self.entries[self.idx].name
+            self.error = Problem("truncated", f"truncated: entry {name} ends past the end of the file")
 
 
 def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None, check_crc: bool = True) -> FileDigest:
@@ -154,14 +156,14 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
         head = os.pread(fd, SNIFF_BYTES, 0)
         is_zip = head.startswith(ZIP_MAGIC)
         archive: PtArchive | None = None
-        zip_error: str | None = None
+        zip_error: Problem | None = None
         if is_zip:
             try:
                 archive = read_archive(fd, st.st_size)
             except ZipFormatError as exc:
-                zip_error = str(exc)
+                zip_error = exc.problem
         elif expect_zip:
-            zip_error = not_a_zip_message(head, st.st_size)
+            zip_error = not_a_zip_problem(head, st.st_size)
         crc_wanted = check_crc and archive is not None and not archive.crc_disabled
         checker = _CrcChecker(archive) if crc_wanted else None
         digest, nread = _stream(fd, checker)

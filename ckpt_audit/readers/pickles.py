@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from ckpt_audit.readers.problem import Problem
 from ckpt_audit.readers.ptzip import (
     SNIFF_BYTES,
     PtArchive,
@@ -535,7 +536,8 @@ class PtStructure:
     keys: tuple[str, ...] = ()  # top-level keys of the saved dict (str() of each)
     tensors: tuple[TensorInfo, ...] = ()
     globals_seen: frozenset[str] = frozenset()
-    problems: tuple[str, ...] = ()  # one line each; empty for a well-formed file
+    problems: tuple[Problem, ...] = ()  # each a finding code and its line; empty for a well-formed file
+    notes: tuple[str, ...] = ()  # what was not read, and why, that is no defect (a tensor kind not inspected)
     byteorder: str | None = None  # "little" / "big" / None when the record is absent
     storage_count: int = 0
     tree: Any = field(default=None, repr=False, compare=False)  # restricted object tree, tensors as TensorInfo
@@ -572,7 +574,7 @@ def read_pt_structure(path: str | os.PathLike[str]) -> PtStructure:
         try:
             archive = read_archive(fd)
         except ZipFormatError as exc:
-            return PtStructure(path=fspath, prefix=None, problems=(str(exc),))
+            return PtStructure(path=fspath, prefix=None, problems=(exc.problem,))
         return _read_structure(fd, fspath, archive)
     finally:
         os.close(fd)
@@ -581,7 +583,7 @@ def read_pt_structure(path: str | os.PathLike[str]) -> PtStructure:
 class _Storages(dict):
     """Storage key -> StorageRef, filled by the unpickler's persistent_load as torch's persistent ids come by."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[Problem]) -> None:
         super().__init__()
         self.problems = problems
 
@@ -591,7 +593,9 @@ class _Storages(dict):
             return PersistentRef(pid)
         prior = self.setdefault(ref.key, ref)
         if prior.numel != ref.numel or prior.storage_type != ref.storage_type:
-            self.problems.append(f"storage {ref.key} is referenced with two different types or sizes")
+            self.problems.append(
+                Problem("storage-size-mismatch", f"storage {ref.key} is referenced with two different types or sizes")
+            )
         return ref
 
 
@@ -603,22 +607,22 @@ def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
         try:
             byteorder = read_entry(fd, bo, limit=64).decode("ascii", "replace").strip()
         except ZipFormatError as exc:
-            problems.append(str(exc))
+            problems.append(exc.problem)
     if byteorder not in (None, "little", "big"):
-        problems.append(f"byteorder record says {byteorder!r}")
+        problems.append(Problem("bad-pickle", f"byteorder record says {byteorder!r}"))
     pkl = archive.get("data.pkl")
     if pkl is None:
         return PtStructure(**base, problems=tuple(problems), byteorder=byteorder)
     try:
         raw = read_entry(fd, pkl, limit=MAX_PICKLE_BYTES)
     except ZipFormatError as exc:
-        return PtStructure(**base, problems=(*problems, str(exc)), byteorder=byteorder)
+        return PtStructure(**base, problems=(*problems, exc.problem), byteorder=byteorder)
     storages = _Storages(problems)
     root, seen, error = _unpickle(raw, storages.persistent)
     if error is not None:
         return PtStructure(
             **base,
-            problems=(*problems, f"data.pkl does not unpickle: {_why(error)}"),
+            problems=(*problems, Problem("bad-pickle", f"data.pkl does not unpickle: {_why(error)}")),
             byteorder=byteorder,
             globals_seen=seen,
         )
@@ -630,7 +634,8 @@ def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
     walker = _Walker(fd, locate, big_endian=byteorder == "big")
     tree = walker.convert(root, ())
     problems.extend(walker.problems)
-    problems.extend(_check_storages(archive, storages))
+    notes = list(walker.notes)
+    _check_storages(archive, storages, problems, notes)
     keys = tuple(str(k) for k in root) if isinstance(root, dict) else ()
     return PtStructure(
         **base,
@@ -638,6 +643,7 @@ def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
         tensors=tuple(walker.tensors),
         globals_seen=seen,
         problems=tuple(problems),
+        notes=tuple(notes),
         byteorder=byteorder,
         storage_count=len(storages),
         tree=tree,
@@ -680,7 +686,8 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
     restricted unpickler (torch's own loader unpickles all five), and the raw bytes are located, never read."""
     size = os.fstat(fd).st_size
     reader = io.BufferedReader(_Window(fd, min(size, MAX_PICKLE_BYTES)), 1 << 20)
-    problems: list[str] = []
+    problems: list[Problem] = []
+    notes: list[str] = []
     storages = _Storages(problems)
     seen: set[str] = set()
     base = dict(path=path, prefix=None, container="legacy")
@@ -691,27 +698,31 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
         if error is not None:
             return PtStructure(
                 **base,
-                problems=(*problems, f"{what} pickle does not unpickle: {_why(error)}"),
+                problems=(*problems, Problem("bad-pickle", f"{what} pickle does not unpickle: {_why(error)}")),
                 globals_seen=frozenset(seen),
             )
         values.append(value)
     magic, protocol, sys_info, root, keys = values
     if magic != _LEGACY_MAGIC or protocol != _LEGACY_PROTOCOL:
-        problems.append(f"legacy header holds magic {magic!r}, protocol {protocol!r}: not what torch writes")
+        problems.append(
+            Problem("bad-pickle", f"legacy header holds magic {magic!r}, protocol {protocol!r}: not what torch writes")
+        )
     little = sys_info.get("little_endian", True) if isinstance(sys_info, dict) else True
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        problems.append("the storage-keys pickle is not a list of keys")
+        problems.append(Problem("bad-pickle", "the storage-keys pickle is not a list of keys"))
         keys = []
-    spans = dict(_legacy_spans(fd, reader.tell(), size, keys, storages, problems))
+    spans = dict(_legacy_spans(fd, reader.tell(), size, keys, storages, problems, notes))
     walker = _Walker(fd, spans.get, big_endian=not little)
     tree = walker.convert(root, ())
     problems.extend(walker.problems)
+    notes.extend(walker.notes)
     return PtStructure(
         **base,
         keys=tuple(str(k) for k in root) if isinstance(root, dict) else (),
         tensors=tuple(walker.tensors),
         globals_seen=frozenset(seen),
         problems=tuple(problems),
+        notes=tuple(notes),
         byteorder="little" if little else "big",
         storage_count=len(storages),
         tree=tree,
@@ -719,29 +730,44 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
 
 
 def _legacy_spans(
-    fd: int, offset: int, size: int, keys: list[str], storages: dict[str, StorageRef], problems: list[str]
+    fd: int,
+    offset: int,
+    size: int,
+    keys: list[str],
+    storages: dict[str, StorageRef],
+    problems: list[Problem],
+    notes: list[str],
 ) -> Iterator[tuple[str, tuple[int, int]]]:
     """(key, (offset, nbytes)) of each storage's raw bytes, checked against the counts the data pickle gives."""
     for key in keys:
         ref = storages.get(key)
         head = os.pread(fd, 8, offset) if offset + 8 <= size else b""
         if len(head) < 8:
-            problems.append(f"truncated: storage {key} starts past the end of the file")
+            problems.append(Problem("truncated", f"truncated: storage {key} starts past the end of the file"))
             return
         (numel,) = struct.unpack("<q", head)
         itemsize = ref.itemsize if ref is not None else 1
         start, nbytes = offset + 8, max(numel, 0) * itemsize
         if start + nbytes > size:
-            problems.append(f"truncated: storage {key} ({nbytes} bytes) ends past the end of the file")
+            problems.append(
+                Problem("truncated", f"truncated: storage {key} ({nbytes} bytes) ends past the end of the file")
+            )
             return
         if ref is None:
-            problems.append(f"legacy storage {key} is referenced by no tensor in the data pickle")
+            notes.append(f"legacy storage {key} is referenced by no tensor in the data pickle")
         elif numel != ref.numel:
-            problems.append(f"storage {key} holds {numel} elements but the data pickle says {ref.numel}")
+            problems.append(
+                Problem(
+                    "storage-size-mismatch",
+                    f"storage {key} holds {numel} elements but the data pickle says {ref.numel}",
+                )
+            )
         yield key, (start, nbytes)
         offset = start + nbytes
     for key in sorted(set(storages) - set(keys), key=_natural):
-        problems.append(f"storage {key} is named by a tensor but has no bytes in the file")
+        problems.append(
+            Problem("storage-size-mismatch", f"storage {key} is named by a tensor but has no bytes in the file")
+        )
 
 
 def _read_raw_pickle(fd: int, path: str) -> PtStructure:
@@ -752,7 +778,7 @@ def _read_raw_pickle(fd: int, path: str) -> PtStructure:
     root, seen, error = _unpickle(reader, None)
     base = dict(path=path, prefix=None, container="pickle", globals_seen=seen)
     if error is not None:
-        return PtStructure(**base, problems=(f"pickle does not unpickle: {_why(error)}",))
+        return PtStructure(**base, problems=(Problem("bad-pickle", f"pickle does not unpickle: {_why(error)}"),))
     return PtStructure(**base, keys=tuple(str(k) for k in root) if isinstance(root, dict) else ())
 
 
@@ -774,16 +800,21 @@ def _storage_ref(pid: Any) -> StorageRef | None:
     )
 
 
-def _check_storages(archive: PtArchive, storages: dict[str, StorageRef]) -> Iterator[str]:
+def _check_storages(
+    archive: PtArchive, storages: dict[str, StorageRef], problems: list[Problem], notes: list[str]
+) -> None:
     data = archive.data_entries
     for key, ref in sorted(storages.items(), key=lambda kv: _natural(kv[0])):
         entry = data.get(key)
         if entry is None:
-            yield f"storage {key} ({ref.numel} x {ref.storage_type}) has no zip entry data/{key}"
+            msg = f"storage {key} ({ref.numel} x {ref.storage_type}) has no zip entry data/{key}"
+            problems.append(Problem("storage-size-mismatch", msg))
         elif ref.nbytes > entry.size:
-            yield f"storage {key} needs {ref.nbytes} bytes ({ref.numel} x {ref.itemsize}) but data/{key} holds {entry.size}"
+            need = f"{ref.nbytes} bytes ({ref.numel} x {ref.itemsize})"
+            msg = f"storage {key} needs {need} but data/{key} holds {entry.size}"
+            problems.append(Problem("storage-size-mismatch", msg))
     for key in sorted(set(data) - set(storages), key=_natural):
-        yield f"zip entry data/{key} is referenced by no tensor in data.pkl"
+        notes.append(f"zip entry data/{key} is referenced by no tensor in data.pkl")
 
 
 def _natural(key: str) -> tuple[int, str]:
@@ -829,7 +860,8 @@ class _Walker:
         self.locate = locate  # storage key -> (offset, nbytes) of its raw bytes in the file, None if not plain
         self.big_endian = big_endian
         self.tensors: list[TensorInfo] = []
-        self.problems: list[str] = []
+        self.problems: list[Problem] = []
+        self.notes: list[str] = []  # what the walk left unread: no defect
         self._nodes = 0
         self._too_deep = False
         self._on_path: set[int] = set()
@@ -839,14 +871,14 @@ class _Walker:
         self._nodes += 1
         if self._nodes > _MAX_NODES:
             if self._nodes == _MAX_NODES + 1:
-                self.problems.append(f"data.pkl has over {_MAX_NODES} objects; structure read stopped")
+                self.notes.append(f"data.pkl has over {_MAX_NODES} objects; structure read stopped")
             return None
         if isinstance(obj, (str, bytes, int, float, bool, type(None), complex)):
             return obj
         if len(path) > _MAX_DEPTH:
             if not self._too_deep:
                 self._too_deep = True
-                self.problems.append(f"data.pkl nests deeper than {_MAX_DEPTH} levels; structure read stopped there")
+                self.notes.append(f"data.pkl nests deeper than {_MAX_DEPTH} levels; structure read stopped there")
             return None
         oid = id(obj)
         if oid in self._on_path:
@@ -895,20 +927,20 @@ class _Walker:
                 device="meta",
             )
         if q in _OTHER_REBUILDS:
-            self.problems.append(f"{_dotted(path)}: tensor kind {q.rpartition('.')[2]} is not inspected")
+            self.notes.append(f"{_dotted(path)}: tensor kind {q.rpartition('.')[2]} is not inspected")
         return None
 
     def _plain_tensor(self, rec: Stub, path: tuple[Any, ...], *, is_parameter: bool = False) -> TensorInfo | None:
         a = rec.args
         key = _dotted(path)
         if len(a) < 4 or not isinstance(a[0], StorageRef):
-            self.problems.append(f"{key}: tensor record without a storage")
+            self.problems.append(Problem("storage-size-mismatch", f"{key}: tensor record without a storage"))
             return None
         st: StorageRef = a[0]
         offset = a[1] if isinstance(a[1], int) else 0
         shape, stride = _int_tuple(a[2]), _int_tuple(a[3])
         if shape is None or stride is None or len(shape) != len(stride):
-            self.problems.append(f"{key}: tensor record with a malformed shape or stride")
+            self.problems.append(Problem("bad-pickle", f"{key}: tensor record with a malformed shape or stride"))
             return None
         rg = bool(a[4]) if len(a) > 4 and isinstance(a[4], bool) else False
         if rec.qualname == _REBUILD_V3:
@@ -935,7 +967,7 @@ class _Walker:
 
     def _check_extent(self, t: TensorInfo, st: StorageRef) -> None:
         if any(s < 0 for s in t.shape) or any(s < 0 for s in t.stride) or t.storage_offset < 0:
-            self.problems.append(f"{t.key}: negative size, stride or offset")
+            self.problems.append(Problem("bad-pickle", f"{t.key}: negative size, stride or offset"))
             return
         if t.numel == 0:
             return
@@ -946,8 +978,11 @@ class _Walker:
         have_bytes = st.nbytes
         if need_bytes > have_bytes:
             self.problems.append(
-                f"{t.key}: shape {list(t.shape)} stride {list(t.stride)} offset {t.storage_offset} needs "
-                f"{need_bytes} bytes of storage {st.key}, which holds {have_bytes}"
+                Problem(
+                    "storage-size-mismatch",
+                    f"{t.key}: shape {list(t.shape)} stride {list(t.stride)} offset {t.storage_offset} needs "
+                    f"{need_bytes} bytes of storage {st.key}, which holds {have_bytes}",
+                )
             )
 
     def _from_type(self, rec: Stub, path: tuple[Any, ...]) -> TensorInfo | None:
@@ -964,7 +999,7 @@ class _Walker:
             inner = _stub_class(*fname.rsplit(".", 1))(*fargs) if isinstance(fargs, tuple) else None
             return self._plain_tensor(inner, path) if isinstance(inner, Stub) else None
         if tname:
-            self.problems.append(f"{_dotted(path)}: tensor subclass {tname} is not inspected")
+            self.notes.append(f"{_dotted(path)}: tensor subclass {tname} is not inspected")
         return None
 
     def _dtensor(self, wargs: Any, state: Any, path: tuple[Any, ...]) -> TensorInfo | None:
@@ -976,7 +1011,7 @@ class _Walker:
         spec = f.get("_spec")
         linfo = self._tensor(local, path) if isinstance(local, Stub) else None
         if linfo is None:
-            self.problems.append(f"{key}: DTensor without a readable local tensor")
+            self.problems.append(Problem("bad-pickle", f"{key}: DTensor without a readable local tensor"))
             return None
         global_shape = None
         if isinstance(wargs, tuple) and len(wargs) >= 3:
@@ -995,7 +1030,7 @@ class _Walker:
             if isinstance(mesh, Stub):
                 mesh_shape, mesh_names, mesh_dev, mesh_ranks = self._mesh(mesh)
         else:
-            self.problems.append(f"{key}: DTensor without a readable spec")
+            self.problems.append(Problem("bad-pickle", f"{key}: DTensor without a readable spec"))
         return _replace(
             linfo,
             is_dtensor=True,

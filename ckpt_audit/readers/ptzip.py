@@ -16,6 +16,8 @@ import re
 import struct
 from dataclasses import dataclass, field
 
+from ckpt_audit.readers.problem import Problem
+
 ZIP_MAGIC = b"PK\x03\x04"
 _EOCD_SIG = b"PK\x05\x06"
 _EOCD64_SIG = b"PK\x06\x06"
@@ -34,7 +36,11 @@ _LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19
 
 
 class ZipFormatError(ValueError):
-    """The file is not a readable zip archive; the message is one line meant for a finding."""
+    """The file is not a readable zip archive: `problem` is the finding code and its one-line message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.problem = Problem(code, message)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,7 +66,7 @@ class PtArchive:
     cd_size: int
     entries: tuple[ZipEntry, ...]
     prefix: str | None  # the common top-level folder (torch: the file stem at save time); None if entries disagree
-    problems: tuple[str, ...] = ()  # structural oddities that do not stop reading (e.g. mixed prefixes)
+    problems: tuple[Problem, ...] = ()  # structural oddities that do not stop reading (e.g. mixed prefixes)
     _by_name: dict[str, ZipEntry] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,16 +114,21 @@ class PtArchive:
         return bool(sized) and all(e.crc == 0 for e in sized)
 
     @property
-    def torch_problems(self) -> tuple[str, ...]:
+    def torch_problems(self) -> tuple[Problem, ...]:
         """What a torch zip checkpoint must have and this one lacks (empty for a well-formed file)."""
         out = list(self.problems)
         if not self.has_data_pkl:
-            out.append("no data.pkl entry: not a torch.save archive")
+            out.append(Problem("not-a-torch-archive", "no data.pkl entry: not a torch.save archive"))
         if not self.has_version:
-            out.append("no version entry")
+            out.append(Problem("not-a-torch-archive", "no version entry"))
         for e in self.entries:
             if not e.stored:
-                out.append(f"entry {e.name} is compressed (method {e.method}); torch writes stored entries")
+                out.append(
+                    Problem(
+                        "not-a-torch-archive",
+                        f"entry {e.name} is compressed (method {e.method}); torch writes stored entries",
+                    )
+                )
                 break
         return tuple(out)
 
@@ -144,15 +155,22 @@ _PICKLE_HEAD_RE = re.compile(rb"\x80[\x02-\x05]|c[A-Za-z_][\w.]{0,40}\n[A-Za-z_]
 SNIFF_BYTES = 64  # enough of the head for sniff() to tell a protocol 0 GLOBAL from garbage
 
 
-def not_a_zip_message(head: bytes, file_size: int) -> str:
+def not_a_zip_problem(head: bytes, file_size: int) -> Problem:
+    """Why a file expected to be a torch zip is not one, by what its first bytes are."""
     kind = sniff(head)
     if kind == "empty" or file_size == 0:
-        return "empty file (0 bytes), not a zip archive"
+        return Problem("zero-byte", "empty file (0 bytes), not a zip archive")
     if kind == "legacy-torch":
-        return "legacy torch pickle format (not a zip archive); saved with _use_new_zipfile_serialization=False"
+        return Problem(
+            "legacy-pickle-format",
+            "legacy torch pickle format (not a zip archive); saved with _use_new_zipfile_serialization=False",
+        )
     if kind == "pickle":
-        return "raw pickle stream, not a torch.save file: torch.load unpickles it looking for a magic number"
-    return f"not a zip archive (starts with {head[:4].hex() or 'nothing'})"
+        return Problem(
+            "raw-pickle",
+            "raw pickle stream, not a torch.save file: torch.load unpickles it looking for a magic number",
+        )
+    return Problem("not-a-zip", f"not a zip archive (starts with {head[:4].hex() or 'nothing'})")
 
 
 def _pread_exact(fd: int, n: int, offset: int) -> bytes:
@@ -171,48 +189,55 @@ def read_archive(fd: int, file_size: int | None = None) -> PtArchive:
         file_size = os.fstat(fd).st_size
     head = _pread_exact(fd, 4, 0)
     if not head.startswith(ZIP_MAGIC):
-        raise ZipFormatError(not_a_zip_message(head, file_size))
+        problem = not_a_zip_problem(head, file_size)
+        raise ZipFormatError(problem.code, problem.message)
     if file_size < _EOCD_LEN + LOCAL_HEADER_LEN:
-        raise ZipFormatError(f"truncated: {file_size} bytes is too short for a zip archive")
+        raise ZipFormatError("truncated", f"truncated: {file_size} bytes is too short for a zip archive")
     tail_len = min(file_size, _EOCD_LEN + _MAX_COMMENT + _EOCD64_LOC_LEN)
     tail_at = file_size - tail_len
     tail = _pread_exact(fd, tail_len, tail_at)
     if len(tail) < tail_len:
-        raise ZipFormatError("truncated: file shrank while its tail was read")
+        raise ZipFormatError("truncated", "truncated: file shrank while its tail was read")
     eocd = _find_eocd(tail)
     if eocd < 0:
-        raise ZipFormatError("truncated or damaged: no end-of-central-directory record at the file tail")
+        raise ZipFormatError("truncated", "truncated or damaged: no end-of-central-directory record at the file tail")
     (_, disk, cd_disk, n_here, n_total, cd_size, cd_offset, _clen) = struct.unpack_from("<4sHHHHIIH", tail, eocd)
     if disk != 0 or cd_disk != 0 or n_here != n_total:
-        raise ZipFormatError("multi-disk zip archives are not torch checkpoints")
+        raise ZipFormatError("bad-zip", "multi-disk zip archives are not torch checkpoints")
     n_entries = n_total
     eocd_abs = tail_at + eocd
     if n_total == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
         n_entries, cd_size, cd_offset = _read_zip64_eocd(fd, tail, eocd, tail_at, file_size)
     if cd_offset + cd_size > file_size or cd_offset < 0:
         raise ZipFormatError(
-            f"truncated: central directory claims bytes {cd_offset}..{cd_offset + cd_size} of a {file_size}-byte file"
+            "truncated",
+            f"truncated: central directory claims bytes {cd_offset}..{cd_offset + cd_size} of a {file_size}-byte file",
         )
     if cd_size > _MAX_CD_BYTES:
-        raise ZipFormatError(f"implausible central directory of {cd_size} bytes")
+        raise ZipFormatError("bad-zip", f"implausible central directory of {cd_size} bytes")
     if cd_offset + cd_size > eocd_abs:
-        raise ZipFormatError("damaged: central directory overlaps its end record")
+        raise ZipFormatError("bad-zip", "damaged: central directory overlaps its end record")
     cd = _pread_exact(fd, cd_size, cd_offset)
     if len(cd) < cd_size:
-        raise ZipFormatError("truncated: central directory cut short")
+        raise ZipFormatError("truncated", "truncated: central directory cut short")
     entries = _parse_central_directory(cd, n_entries, cd_offset)
-    problems: list[str] = []
+    problems: list[Problem] = []
     for e in entries:
         if e.header_offset + LOCAL_HEADER_LEN + e.compressed_size > cd_offset:
-            raise ZipFormatError(f"damaged: entry {e.name} extends into the central directory")
+            raise ZipFormatError("bad-zip", f"damaged: entry {e.name} extends into the central directory")
     prefix = _common_prefix(entries)
     if prefix is None and entries:
-        problems.append("entries do not share one top-level folder")
+        # bad-pickle, as the scan has always reported it (torch.load takes the first entry's folder)
+        problems.append(Problem("bad-pickle", "entries do not share one top-level folder"))
     names = [e.name for e in entries]
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         # torch.save never repeats a name; which copy a reader takes is its own choice, so what the scan read
         # (the last) need not be what torch.load runs
-        problems.append(f"damaged: entry {dupes[0]} appears more than once (readers may disagree on which is read)")
+        problems.append(
+            Problem(
+                "bad-zip", f"damaged: entry {dupes[0]} appears more than once (readers may disagree on which is read)"
+            )
+        )
     return PtArchive(
         file_size=file_size,
         cd_offset=cd_offset,
@@ -241,9 +266,9 @@ def payload_offset(fd: int, entry: ZipEntry) -> int:
 def parse_local_header(hdr: bytes | memoryview, name: str) -> int:
     """Length of a local header (fixed part + name + extra) from its first 30 bytes; ZipFormatError if not one."""
     if len(hdr) < LOCAL_HEADER_LEN:
-        raise ZipFormatError(f"truncated: local header of {name} cut short")
+        raise ZipFormatError("truncated", f"truncated: local header of {name} cut short")
     if bytes(hdr[:4]) != ZIP_MAGIC:
-        raise ZipFormatError(f"damaged: no local header where the directory puts {name}")
+        raise ZipFormatError("bad-zip", f"damaged: no local header where the directory puts {name}")
     name_len, extra_len = struct.unpack_from("<HH", hdr, 26)
     return LOCAL_HEADER_LEN + name_len + extra_len
 
@@ -251,13 +276,17 @@ def parse_local_header(hdr: bytes | memoryview, name: str) -> int:
 def read_entry(fd: int, entry: ZipEntry, *, limit: int = 1 << 30) -> bytes:
     """The stored bytes of one entry (used for data.pkl and other small records). Raises ZipFormatError."""
     if not entry.stored:
-        raise ZipFormatError(f"entry {entry.name} is compressed (method {entry.method}); not a torch archive")
+        raise ZipFormatError(
+            "not-a-torch-archive", f"entry {entry.name} is compressed (method {entry.method}); not a torch archive"
+        )
     if entry.compressed_size > limit:
-        raise ZipFormatError(f"entry {entry.name} is {entry.compressed_size} bytes, over the {limit}-byte limit")
+        raise ZipFormatError(
+            "bad-pickle", f"entry {entry.name} is {entry.compressed_size} bytes, over the {limit}-byte limit"
+        )
     at = payload_offset(fd, entry)
     data = _pread_exact(fd, entry.compressed_size, at)
     if len(data) < entry.compressed_size:
-        raise ZipFormatError(f"truncated: entry {entry.name} cut short")
+        raise ZipFormatError("truncated", f"truncated: entry {entry.name} cut short")
     return data
 
 
@@ -278,13 +307,13 @@ def _find_eocd(tail: bytes) -> int:
 def _read_zip64_eocd(fd: int, tail: bytes, eocd: int, tail_at: int, file_size: int) -> tuple[int, int, int]:
     loc = eocd - _EOCD64_LOC_LEN
     if loc < 0 or tail[loc : loc + 4] != _EOCD64_LOC_SIG:
-        raise ZipFormatError("damaged: zip64 end record locator missing")
+        raise ZipFormatError("bad-zip", "damaged: zip64 end record locator missing")
     (_, _disk, rec_off, _ndisks) = struct.unpack_from("<4sIQI", tail, loc)
     if rec_off + _EOCD64_LEN > file_size:
-        raise ZipFormatError("truncated: zip64 end record beyond the end of the file")
+        raise ZipFormatError("truncated", "truncated: zip64 end record beyond the end of the file")
     rec = _pread_exact(fd, _EOCD64_LEN, rec_off)
     if len(rec) < _EOCD64_LEN or rec[:4] != _EOCD64_SIG:
-        raise ZipFormatError("damaged: zip64 end record missing")
+        raise ZipFormatError("bad-zip", "damaged: zip64 end record missing")
     (_, _sz, _vm, _vn, _d, _cd_d, _n_here, n_total, cd_size, cd_offset) = struct.unpack_from("<4sQHHIIQQQQ", rec, 0)
     return n_total, cd_size, cd_offset
 
@@ -294,14 +323,16 @@ def _parse_central_directory(cd: bytes, n_entries: int, cd_offset: int) -> tuple
     pos = 0
     for i in range(n_entries):
         if pos + _CDH_LEN > len(cd) or cd[pos : pos + 4] != _CDH_SIG:
-            raise ZipFormatError(f"damaged: central directory entry {i} of {n_entries} is not where expected")
+            raise ZipFormatError(
+                "bad-zip", f"damaged: central directory entry {i} of {n_entries} is not where expected"
+            )
         (_, _vm, _vn, flags, method, _t, _d, crc, csize, usize, nlen, xlen, clen, _dsk, _ia, _ea, hoff) = (
             struct.unpack_from("<4sHHHHHHIIIHHHHHII", cd, pos)
         )
         raw_name = cd[pos + _CDH_LEN : pos + _CDH_LEN + nlen]
         extra = cd[pos + _CDH_LEN + nlen : pos + _CDH_LEN + nlen + xlen]
         if pos + _CDH_LEN + nlen + xlen + clen > len(cd):
-            raise ZipFormatError(f"damaged: central directory entry {i} runs past the directory")
+            raise ZipFormatError("bad-zip", f"damaged: central directory entry {i} runs past the directory")
         name = raw_name.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
         if csize == 0xFFFFFFFF or usize == 0xFFFFFFFF or hoff == 0xFFFFFFFF:
             usize, csize, hoff = _zip64_extra(extra, usize, csize, hoff, name)
@@ -328,10 +359,10 @@ def _zip64_extra(extra: bytes, usize: int, csize: int, hoff: int, name: str) -> 
                 if hoff == 0xFFFFFFFF:
                     hoff = next(it)
             except StopIteration:
-                raise ZipFormatError(f"damaged: zip64 extra field of {name} too short") from None
+                raise ZipFormatError("bad-zip", f"damaged: zip64 extra field of {name} too short") from None
             return usize, csize, hoff
         pos += 4 + ln
-    raise ZipFormatError(f"damaged: entry {name} needs a zip64 extra field and has none")
+    raise ZipFormatError("bad-zip", f"damaged: entry {name} needs a zip64 extra field and has none")
 
 
 def _common_prefix(entries: tuple[ZipEntry, ...]) -> str | None:

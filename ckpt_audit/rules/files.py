@@ -6,6 +6,7 @@ import os
 
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
+from ckpt_audit.readers.problem import Problem
 
 ZIP_SUFFIXES = (".pt", ".pth")
 NONEMPTY_SUFFIXES = (".pt", ".pth", ".safetensors", ".bin", ".distcp", ".json")
@@ -18,7 +19,7 @@ PICKLE_KINDS = frozenset({"legacy-torch", "pickle"})
 PICKLE_SUFFIXES = (*ZIP_SUFFIXES, ".bin")
 
 
-def reads_structure(path: str, *, kind: str, is_zip: bool, zip_error: str | None) -> bool:
+def reads_structure(path: str, *, kind: str, is_zip: bool, zip_error: Problem | None) -> bool:
     """Whether the scan reads a file's pickle: every .pt/.pth/.bin that torch.load would unpickle (an intact zip,
     the legacy format, a raw pickle), so a global outside the allowlist is found in any container and file kind."""
     return path.endswith(PICKLE_SUFFIXES) and (kind in PICKLE_KINDS or (is_zip and zip_error is None))
@@ -30,7 +31,7 @@ def stem(path: str) -> str:
 
 
 def digest_findings(
-    path: str, *, size: int, zip_error: str | None, crc_bad: tuple[str, ...], prefix: str | None, changed: bool
+    path: str, *, size: int, zip_error: Problem | None, crc_bad: tuple[str, ...], prefix: str | None, changed: bool
 ) -> tuple[Finding, ...]:
     """Findings from one FileDigest (passed as plain values so this stays a pure function)."""
     out: list[Finding] = []
@@ -56,49 +57,20 @@ def digest_findings(
     return tuple(out)
 
 
-def zip_finding(path: str, zip_error: str) -> Finding:
-    if zip_error.startswith("truncated") or "past the end" in zip_error or "cut short" in zip_error:
-        return finding("truncated", path, zip_error)
-    if zip_error.startswith("empty file"):
-        return finding("zero-byte", path, zip_error)
-    if zip_error.startswith("legacy torch"):
-        return finding("legacy-pickle-format", path, zip_error)
-    if zip_error.startswith("raw pickle"):
-        return finding("raw-pickle", path, zip_error)
-    if zip_error.startswith("not a zip"):
-        return finding("not-a-zip", path, zip_error)
-    if "no end-of-central-directory" in zip_error:
-        return finding("truncated", path, zip_error)
-    return finding("bad-zip", path, zip_error)
+def zip_finding(path: str, zip_error: Problem) -> Finding:
+    """The finding of a zip the readers could not use: the code is the one the reader named."""
+    return finding(zip_error.code, path, zip_error.message)
 
 
-def structure_findings(path: str, *, problems: tuple[str, ...], unsafe_globals: frozenset[str]) -> tuple[Finding, ...]:
-    """Findings from pickles.read_pt_structure: its one-line problems and globals outside the allowlist
-    (pickles.KNOWN_SAFE_GLOBALS, which verify uses too): such a pickle would run code when loaded the way verl
-    loads extra_state and data.pt, so it is an error and the checkpoint is unsafe."""
-    out: list[Finding] = []
-    for p in problems:
-        code = problem_code(p)
-        if code is not None:
-            out.append(finding(code, path, p))
+def structure_findings(
+    path: str, *, problems: tuple[Problem, ...], unsafe_globals: frozenset[str]
+) -> tuple[Finding, ...]:
+    """Findings from read_pt_structure: its problems (each with the code the reader named; its notes are no defect)
+    and globals outside the allowlist (KNOWN_SAFE_GLOBALS, which verify uses too): such a pickle would run code
+    when loaded the way verl loads extra_state and data.pt, so it is an error and the checkpoint is unsafe."""
+    out = [finding(p.code, path, p.message) for p in problems]
     if unsafe_globals:
         names = sorted(unsafe_globals)
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         out.append(finding("unsafe-pickle", path, f"references {shown}: loading it would run code"))
     return tuple(out)
-
-
-def problem_code(problem: str) -> str | None:
-    """The finding code of one PtStructure problem line; None for notes that are no defect."""
-    low = problem.lower()
-    if "is not inspected" in low or "referenced by no tensor" in low or "structure read stopped" in low:
-        return None
-    if low.startswith("truncated"):
-        return "truncated"
-    if "no data.pkl" in low or "no version entry" in low or "is compressed" in low:
-        return "not-a-torch-archive"
-    if low.startswith("storage ") or "bytes of storage" in low or "without a storage" in low:
-        return "storage-size-mismatch"
-    if low.startswith("damaged"):
-        return "bad-zip"
-    return "bad-pickle"
