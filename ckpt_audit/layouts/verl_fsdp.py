@@ -17,12 +17,12 @@ from dataclasses import replace
 
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import ScanContext, component_for
+from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Run, ShardFile, Status
-from ckpt_audit.rules import shards, status, tracker
+from ckpt_audit.rules import save_order, shards, status, tracker
 from ckpt_audit.tree import FileFacts, Tree
 
 NAME = "verl-fsdp"
-TRACKER = "latest_checkpointed_iteration.txt"
 STEP_RE = re.compile(r"global_step_(\d+)")
 MISNAMED_STEP_RE = re.compile(r"(?:global[_-]?steps?[_-]?|global_steps_)(\d+)", re.IGNORECASE)
 SHARD_RE = re.compile(r"(model|optim|extra_state)_(?:world_size_(\d+)_)?rank_(\d+)\.pt")
@@ -47,6 +47,11 @@ def classify(name: str, rel_parts: tuple[str, ...]) -> tuple[FileKind, int | Non
     if DATA_RE.fullmatch(name):
         return FileKind.DATA, None, None
     return FileKind.OTHER, None, None
+
+
+def step_dir_name(step: int) -> str:
+    """The directory verl saves (and resumes) step `step` in."""
+    return f"global_step_{step}"
 
 
 def step_of(name: str) -> tuple[int | None, bool]:
@@ -124,16 +129,16 @@ class VerlFsdp:
         return replace(comp, world_size=ws, findings=tuple(file_findings) + found)
 
     def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:
-        tracker_path = f"{run_dir}/{TRACKER}"
-        tracker_fact = facts.get(tracker_path)
-        tracker_step, run_findings = tracker.read_tracker(
-            tracker_path, tracker_fact.text if tracker_fact else None, present=tracker_fact is not None
+        tracker_file = tracker_path(run_dir)
+        tracker_fact = facts.get(tracker_file)
+        tracker_step, run_findings = read_tracker(
+            tracker_file, tracker_fact.text if tracker_fact else None, present=tracker_fact is not None
         )
         if tracker_fact is not None:
             run_findings = tuple(tracker_fact.findings) + run_findings
-        walked = tuple(f for f in ctx.unread if f.path == tracker_path)  # e.g. a link out of the root
+        walked = tuple(f for f in ctx.unread if f.path == tracker_file)  # e.g. a link out of the root
         run_findings += tracker.unread_tracker(
-            tracker_path,
+            tracker_file,
             text=tracker_fact.text if tracker_fact else None,
             present=tracker_fact is not None,
             walked=walked,
@@ -164,7 +169,30 @@ class VerlFsdp:
         checkpoints.sort(key=lambda c: (c.step, c.path))
         judged = tuple(status.judge(c, tracker_step=tracker_step, ctx=ctx) for c in checkpoints)
         known = tracker_fact is not None or bool(walked)
-        run_findings += tracker.check_run(run_dir, tracker_step, judged, tracker_known=known)
+        run_findings += tracker.check_run(
+            run_dir,
+            tracker_step,
+            judged,
+            tracker_known=known,
+            tracker_path=tracker_file,
+            target_path=None if tracker_step is None else f"{run_dir}/{step_dir_name(tracker_step)}",
+        )
+        run_findings += save_order.check_run(
+            run_dir,
+            tracker_path=tracker_file,
+            tracker_step=tracker_step,
+            tracker_mtime_ns=tracker_fact.mtime_ns if tracker_fact else None,
+            tracker_known=known,
+            checkpoints=judged,
+            changed_paths=ctx.changed_paths,
+            now_ns=ctx.now_ns,
+            in_progress_window_ns=ctx.in_progress_window_ns,
+            configs={
+                p: facts[p].text
+                for p in (f"{run_dir}/{n}" for n in save_order.CONFIG_NAMES)
+                if p in facts and facts[p].text
+            },
+        )
         metrics = f"{run_dir}/metrics.jsonl"
         return Run(
             path=run_dir,

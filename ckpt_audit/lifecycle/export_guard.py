@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts.verl_fsdp import SHARD_RE, STEP_RE, TRACKER, enclosing_step_dir
+from ckpt_audit.layouts.tracker import TRACKER
+from ckpt_audit.layouts.verl_fsdp import SHARD_RE, STEP_RE, enclosing_step_dir
 from ckpt_audit.models import Finding, Severity
 from ckpt_audit.readers.hashing import digest_files
 from ckpt_audit.rules.files import zip_finding

@@ -28,11 +28,11 @@ from enum import StrEnum
 from pathlib import Path
 
 from ckpt_audit.killpoints import OpCounter
+from ckpt_audit.layouts.tracker import resume_step, tracker_path
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.tree import TRASH_PREFIX
 
 TRASH_RE = re.compile(r"^\.ckpt-audit-trash-(?P<name>.+)-(?P<exec_id>[0-9a-f]{12})$")
-TRACKER = "latest_checkpointed_iteration.txt"
 
 
 class Action(StrEnum):
@@ -294,8 +294,8 @@ def cannot_remove(top: str) -> str | None:
 
 def _tracker_step(run_path: str) -> int | None:
     try:
-        return int(Path(run_path, TRACKER).read_bytes().decode().strip())
-    except (OSError, ValueError, UnicodeDecodeError):
+        return resume_step(Path(tracker_path(run_path)).read_bytes())
+    except OSError:
         return None
 
 

@@ -1,30 +1,14 @@
-"""The tracker `latest_checkpointed_iteration.txt` and the run as a whole (reference/verl-format.md §4, §7.1)."""
+"""Rules on the tracker and the run as a whole (reference/verl-format.md §4, §7.1).
+
+The tracker's name, place and parsing belong to `ckpt_audit.layouts.tracker`; the layout passes the paths in."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import MAX_STEP, Checkpoint, Finding, Severity, Status
+from ckpt_audit.models import Checkpoint, Finding, Severity, Status
 from ckpt_audit.rules.status import is_husk
-
-_STEP = re.compile(r"\s*(\d+)\s*")
-
-
-def read_tracker(path: str, text: str | None, *, present: bool) -> tuple[int | None, tuple[Finding, ...]]:
-    """(step, findings). verl reads `int(f.read().decode())`: whitespace is fine, anything else crashes resume."""
-    if not present or text is None:
-        return None, ()
-    if not text.strip():
-        return None, (finding("tracker-empty", path, "tracker file is empty: resume raises ValueError"),)
-    m = _STEP.fullmatch(text)
-    if m is None:
-        return None, (finding("tracker-invalid", path, f"tracker holds {text[:40]!r}, not a step number"),)
-    step = int(m.group(1))
-    if step > MAX_STEP:
-        return None, (finding("tracker-invalid", path, f"tracker holds step {step}, past 2^63-1"),)
-    return step, ()
 
 
 def unread_tracker(
@@ -51,20 +35,27 @@ def unread_tracker(
 
 
 def check_run(
-    run_dir: str, tracker_step: int | None, checkpoints: Sequence[Checkpoint], *, tracker_known: bool
+    run_dir: str,
+    tracker_step: int | None,
+    checkpoints: Sequence[Checkpoint],
+    *,
+    tracker_known: bool,
+    tracker_path: str,
+    target_path: str | None,
 ) -> tuple[Finding, ...]:
+    """The run's findings. `target_path`: the directory resume loads for `tracker_step` (the layout names it)."""
     found: list[Finding] = []
-    tracker_path = f"{run_dir}/latest_checkpointed_iteration.txt"
     if not tracker_known and checkpoints:
         found.append(finding("tracker-missing", tracker_path, "no tracker: resume_mode=auto trains from scratch"))
     if tracker_step is not None:
-        target = [c for c in checkpoints if c.path == f"{run_dir}/global_step_{tracker_step}"]
+        target = [c for c in checkpoints if c.path == target_path]
         if not target:
+            name = (target_path or "").rsplit("/", 1)[-1]
             found.append(
                 finding(
                     "tracker-dangling",
                     tracker_path,
-                    f"tracker names step {tracker_step} but global_step_{tracker_step} does not exist: verl trains from scratch",
+                    f"tracker names step {tracker_step} but {name} does not exist: verl trains from scratch",
                 )
             )
         elif target[0].status not in (Status.COMPLETE, Status.IN_PROGRESS):
@@ -72,7 +63,8 @@ def check_run(
                 finding(
                     "tracker-dangling",
                     tracker_path,
-                    f"tracker names step {tracker_step}, which is {target[0].status.value}: resume fails or loses state",
+                    f"tracker names step {tracker_step}, which is {target[0].status.value}: "
+                    "resume fails or loses state",
                 )
             )
     if ahead := ahead_of_tracker(checkpoints):
