@@ -184,6 +184,25 @@ _TABLE: tuple[Code, ...] = (
         severity=W,
         explanation="whole checkpoints are newer than the tracker's step: resume loads an older one; prune keeps them (protected) until the tracker moves or a person decides",
     ),
+    # saves that finish out of order (rules/save_order.py)
+    Code(
+        code="untracked-complete",
+        severity=E,
+        explanation="complete checkpoints but no tracker (FSDP async_save never writes it, verl #7952): "
+        "resume_mode=auto trains from step 0 and overwrites them; fix-tracker repairs it",
+    ),
+    Code(
+        code="tracker-published-early",
+        severity=W,
+        explanation="the tracker names a checkpoint whose files were written after it and are still changing "
+        "(async save, verl #8000): a crash now resumes from a half-written checkpoint",
+    ),
+    Code(
+        code="remote-copy-unfinished",
+        severity=E,
+        explanation="the run's saved config copies every save to HDFS (default_hdfs_dir) but the checkpoint the "
+        "tracker published is not complete locally: the remote copy was made from an unfinished save",
+    ),
     Code(
         code="step-out-of-range",
         severity=W,
@@ -433,6 +452,12 @@ _TABLE: tuple[Code, ...] = (
         code="steps-redone",
         severity=I,
         explanation="steps logged before a crash were trained again after resuming from the last checkpoint (expected after a crash between saves)",
+    ),
+    Code(
+        code="resume-trained-nothing",
+        severity=W,
+        explanation="an attempt after a resume logged no training step: at an epoch boundary verl restores an "
+        "exhausted dataloader and exits 0 having trained zero steps (verl #5725)",
     ),
     Code(code="metric-window-short", severity=I, explanation="too few points before or after a resume to judge a jump"),
     Code(

@@ -20,13 +20,13 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import Finding, ScanResult, ShardFile, format_size
-from ckpt_audit.readers import hashing, pickles
+from ckpt_audit.readers import hashing, pt_structure
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.scrub import Cached, ScrubPlan, ScrubPolicy, plan_scrub
 from ckpt_audit.tree import FileFacts, Partial, PtFacts, Tree, trash_entry
 
-TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json"})
+TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json", "config.yaml"})
 TEXT_LIMIT = 64 * 1024
 DEFAULT_IN_PROGRESS_WINDOW_S = 300.0
 
@@ -375,7 +375,7 @@ def _drift(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, ne
 
 def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
     try:
-        s = pickles.read_pt_structure(path)
+        s = pt_structure.read_pt_structure(path)
     except OSError as exc:
         return None, (finding("unreadable", path, f"cannot read data.pkl: {exc.strerror or exc}"),)
     except Exception as exc:  # noqa: BLE001 - a reader bug on odd input must become a finding, not a crash
