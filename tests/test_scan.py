@@ -327,10 +327,9 @@ def test_missing_root_is_an_error():
         scan(["/nonexistent/ckpt-root"])
 
 
-def test_every_registered_scan_code_has_an_explanation_and_a_readme_entry():
+def test_every_registered_code_has_an_explanation():
+    # each code's docs entry is held by tests/test_docs.py: docs/codes.md is generated from this registry
     assert all(c.explanation and c.code == k for k, c in CODES.items())
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert [c for c in CODES if f"`{c}`" not in readme] == []
 
 
 def test_optimizer_without_model_shards(run_copy):
