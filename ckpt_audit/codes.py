@@ -1,7 +1,8 @@
 """The registry of finding codes: each stable slug with its severity and a one-line explanation.
 
-README, `docs/scan.md` and the TUI read explanations from here; rules construct findings through `finding()`, so a
-code that is not registered fails loudly in tests instead of leaking an undocumented slug. Other parts of ckpt-audit
+`docs/codes.md` is generated from here (`python scripts/gen_codes_doc.py`; tests/test_docs.py fails while it is
+stale) and the TUI reads explanations from here; rules construct findings through `finding()`, so a code that is
+not registered fails loudly in tests instead of leaking an undocumented slug. Other parts of ckpt-audit
 (verify's deep rules, lifecycle) add their codes to `CODES` below, one line each.
 """
 

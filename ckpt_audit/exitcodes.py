@@ -1,4 +1,4 @@
-"""Exit codes shared by every command (documented in the README)."""
+"""Exit codes shared by every command (documented in README.md and docs/cli.md; tests/test_docs.py holds both)."""
 
 from enum import IntEnum
 
