@@ -59,7 +59,7 @@ class FileKind(StrEnum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Finding:
     severity: Severity
-    code: str  # stable slug, e.g. "missing-rank"; documented in the README
+    code: str  # stable slug, e.g. "missing-rank"; registered in ckpt_audit/codes.py, documented in docs/codes.md
     path: str
     message: str
     rank: int | None = None
