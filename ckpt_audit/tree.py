@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from ckpt_audit.models import Finding
+from ckpt_audit.models import FileFacts, Finding, PtFacts
+
+__all__ = ["FileFacts", "Partial", "PtFacts", "Tree", "TRASH_PREFIX", "trash_entry"]  # the facts live in models
 
 TRASH_PREFIX = ".ckpt-audit-trash-"
 """What `prune` renames an entry to before deleting it: the walker lists such entries but never reads them."""
@@ -24,32 +26,6 @@ def trash_entry(path: str) -> str | None:
         return None
     j = path.find("/", i + 1)
     return path if j < 0 else path[:j]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PtFacts:
-    """What the zip directory and the restricted unpickler showed of one torch `.pt` file."""
-
-    prefix: str | None  # top-level folder inside the zip (torch: the file stem at save time)
-    n_tensors: int = 0
-    n_dtensors: int = 0
-    mesh_sizes: tuple[int, ...] = ()  # distinct DeviceMesh sizes seen on DTensors
-    top_keys: tuple[str, ...] = ()  # top-level dict keys, when the pickle is a dict
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FileFacts:
-    path: str
-    size_bytes: int
-    mtime_ns: int
-    inode: int
-    hash: str | None = None  # xxh3-128 hex; None when the file could not be read
-    crc_ok: bool | None = None  # None: not a zip, or CRCs disabled at save
-    pt: PtFacts | None = None
-    text: str | None = None  # content of small JSON/tracker files the rules need
-    findings: tuple[Finding, ...] = ()  # per-file findings (truncated, crc-mismatch, unreadable, ...)
-    reused: bool = False  # hash (and structure) taken from the previous scan because the stat matched
-    verified_ns: int | None = None  # when the content was last read in full (hash + CRC); None: never, or not cleanly
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

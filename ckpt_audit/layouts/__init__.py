@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from functools import cache
 from typing import Protocol
 
-from ckpt_audit.models import Component, Finding, Run
+from ckpt_audit.models import Component, Run
+from ckpt_audit.rules.status import ScanContext  # what judging needs of the scan; re-exported for the layouts
 from ckpt_audit.tree import FileFacts, Tree
 
 # module path of each layout plug-in, in priority order (first claim wins).
@@ -27,14 +27,6 @@ LAYOUTS: tuple[str, ...] = (
     "ckpt_audit.layouts.verl_fsdp",
     "ckpt_audit.layouts.dcp",
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScanContext:
-    now_ns: int  # wall clock at scan start
-    in_progress_window_ns: int = 120 * 10**9  # a checkpoint touched this recently (and uncommitted) is being written
-    changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
-    unread: tuple[Finding, ...] = ()  # entries the walk or the readers could not read: their checkpoint is unknown
 
 
 class Layout(Protocol):

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ckpt_audit.codes import CODES, finding
-from ckpt_audit.layouts import ScanContext
 from ckpt_audit.models import Checkpoint, FileKind, Finding, Severity, Status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanContext:
+    """What a verdict needs to know of the scan itself (the layouts pass it through to `judge`)."""
+
+    now_ns: int  # wall clock at scan start
+    in_progress_window_ns: int = 120 * 10**9  # a checkpoint touched this recently (and uncommitted) is being written
+    changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
+    unread: tuple[Finding, ...] = ()  # entries the walk or the readers could not read: their checkpoint is unknown
 
 
 def is_resumable_role(role: str) -> bool:
