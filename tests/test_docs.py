@@ -197,6 +197,20 @@ def test_every_relative_link_resolves():
     assert broken == [], "broken links:\n" + "\n".join(broken)
 
 
+def test_quick_start_is_two_commands_and_ci_runs_them():
+    section = README.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.strip() for b in re.findall(r"^```\n(.*?)^```", section, re.DOTALL | re.MULTILINE)]
+    assert len(blocks) == 2 and all("\n" not in b for b in blocks), (
+        f"the quick start is two one-line commands: {blocks}"
+    )
+    setup_and_demo, tests = blocks
+    assert setup_and_demo.endswith("&& .venv/bin/ckpt-audit demo")
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert tests in ci, ".ci/run must run the README's test command verbatim"
+    for step in setup_and_demo.split(" && ")[:-1]:  # the set-up, minus the demo; CI installs quietly (-q)
+        assert any(line.replace(" -q", "") == step for line in ci), f".ci/run lacks the quick start's `{step}`"
+
+
 def test_every_cited_repository_path_exists():
     """A path in backticks (`ckpt_audit/readers/hashing.py`) is a citation too: a moved file must not leave it stale."""
     stale = []
