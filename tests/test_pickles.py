@@ -16,15 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from ckpt_audit.readers.pickles import (
-    Stub,
-    global_name,
-    is_record,
-    read_pt_structure,
-    restricted_load,
-    restricted_load_ex,
-)
 from ckpt_audit.readers.problem import Problem
+from ckpt_audit.readers.pt_structure import read_pt_structure
+from ckpt_audit.readers.unpickler import Stub, global_name, is_record, restricted_load, restricted_load_ex
 
 WORLD = 2
 HERE = Path(__file__).parent

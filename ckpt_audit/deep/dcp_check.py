@@ -15,7 +15,7 @@ from typing import Any
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA
 from ckpt_audit.models import Finding
-from ckpt_audit.readers import pickles
+from ckpt_audit.readers import unpickler
 
 MAX_METADATA_BYTES = 1 << 30
 MAX_PAIRWISE = 4096  # chunks per tensor compared pairwise when they are not a 1-D split
@@ -41,10 +41,10 @@ def read_metadata(path: str) -> DcpMetadata:
     if len(raw) > MAX_METADATA_BYTES:
         raise ValueError("larger than 1 GiB")
     try:
-        meta = pickles.restricted_load(raw)
+        meta = unpickler.restricted_load(raw)
     except Exception as exc:  # noqa: BLE001 - garbage in, one line out
         raise ValueError(f"does not unpickle: {exc}") from None
-    if not pickles.is_record(meta) or not meta.qualname.endswith(".Metadata"):
+    if not unpickler.is_record(meta) or not meta.qualname.endswith(".Metadata"):
         raise ValueError(f"not a DCP Metadata record ({type(meta).__name__})")
     sdm = _field(meta, "state_dict_metadata")
     sd = _field(meta, "storage_data")
@@ -53,7 +53,7 @@ def read_metadata(path: str) -> DcpMetadata:
     tensors: dict[str, Any] = {}
     byte_items: set[str] = set()
     for fqn, item in sdm.items():
-        q = item.qualname if pickles.is_record(item) else ""
+        q = item.qualname if unpickler.is_record(item) else ""
         if q.endswith("TensorStorageMetadata"):
             size = tuple(_field(item, "size") or ())
             chunks = tuple(
@@ -62,8 +62,8 @@ def read_metadata(path: str) -> DcpMetadata:
             )
             props = _field(item, "properties")
             dtype = None
-            if pickles.is_record(props) and isinstance(props.state, tuple) and props.state:
-                dtype = pickles.global_name(props.state[0])
+            if unpickler.is_record(props) and isinstance(props.state, tuple) and props.state:
+                dtype = unpickler.global_name(props.state[0])
             tensors[str(fqn)] = (size, chunks, dtype)
         elif q.endswith("BytesStorageMetadata"):
             byte_items.add(str(fqn))
@@ -82,7 +82,7 @@ def read_metadata(path: str) -> DcpMetadata:
 
 
 def _field(rec: Any, name: str) -> Any:
-    if pickles.is_record(rec):
+    if unpickler.is_record(rec):
         f = rec.fields
         if name in f:
             return f[name]

@@ -1,9 +1,9 @@
 """The one place verify calls torch.load: weights_only, on the CPU, after a look at what the file asks for.
 
-Before any load the file's pickles are read by the restricted unpickler (`pickles.read_pt_structure`, which
+Before any load the file's pickles are read by the restricted unpickler (`pt_structure.read_pt_structure`, which
 resolves no globals; zip, legacy and raw containers alike). A file that names any global outside
-`pickles.KNOWN_SAFE_GLOBALS` (the allowlist the scan judges by, too) becomes an `unsafe-pickle` finding and is never
-passed to torch at all. The rest is loaded with `weights_only=True`, the allowlist's non-torch names (numpy's RNG
+`torch_globals.KNOWN_SAFE_GLOBALS` (the allowlist the scan judges by, too) becomes an `unsafe-pickle` finding and is
+never passed to torch at all. The rest is loaded with `weights_only=True`, the allowlist's non-torch names (numpy's RNG
 state in verl's extra_state, plain builtins) admitted through torch's `safe_globals` for the duration of one load
 and nothing broader. Zip files are mapped (`mmap=True`); the legacy format cannot be, so it is read whole.
 torch is imported lazily (verify only).
@@ -23,14 +23,15 @@ from typing import Any
 
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
-from ckpt_audit.readers import pickles
+from ckpt_audit.readers import pt_structure
+from ckpt_audit.readers.torch_globals import KNOWN_SAFE_GLOBALS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadResult:
     path: str
     value: Any = None  # the loaded object; None when refused or failed
-    structure: pickles.PtStructure | None = None  # what the restricted unpickler saw (storage keys, CRCs)
+    structure: pt_structure.PtStructure | None = None  # what the restricted unpickler saw (storage keys, CRCs)
     findings: tuple[Finding, ...] = ()
     loaded: bool = False
     entry_crc: dict[str, int] = field(default_factory=dict, repr=False)  # storage key -> CRC-32 of data/<key>
@@ -40,7 +41,7 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
     """Load one torch file safely; never raises for a bad or hostile file (the reason becomes a finding)."""
     p = os.fspath(path)
     try:
-        s = pickles.read_pt_structure(p)
+        s = pt_structure.read_pt_structure(p)
     except OSError as exc:
         return LoadResult(path=p, findings=(finding("unreadable", p, f"cannot read: {exc.strerror or exc}"),))
     refused = sorted(s.unsafe_globals)
@@ -125,13 +126,13 @@ def _import_dtensor() -> bool:
 
 @cache
 def _allowlisted_globals() -> list:
-    """The non-torch names of pickles.KNOWN_SAFE_GLOBALS as torch's safe_globals takes them: (object, pickled name).
+    """The non-torch names of KNOWN_SAFE_GLOBALS as torch's safe_globals takes them: (object, pickled name).
 
     torch knows its own tensor and DTensor globals; these are the plain builtins, collections types and numpy RNG
     reconstructors the allowlist admits. Each is looked up in an installed, trusted module (never the file's say).
     """
     out: list = []
-    for name in sorted(pickles.KNOWN_SAFE_GLOBALS):
+    for name in sorted(KNOWN_SAFE_GLOBALS):
         if name.startswith("torch."):
             continue
         obj = _resolve(name)

@@ -1,28 +1,22 @@
-"""Read the structure of a pickle without running it: a restricted unpickler that resolves no globals.
+"""The structure of a torch file, read without torch and without running its pickles.
 
-Every GLOBAL / STACK_GLOBAL / INST becomes a `Stub` class named for (module, name); calling it (REDUCE), NEWOBJ and
-BUILD on it only record their arguments and state. So nothing named by the file is imported or executed: a
-`posix.system` in a pickle is a record, not a call. A handful of pure data constructors (`collections.OrderedDict`,
-`torch.Size`, `builtins.set`, `_codecs.encode`, ...) produce the plain Python value they stand for, because
-callers want dicts and tuples, and building those runs no code from the file.
-
-On top of that, `read_pt_structure` reads a torch file in any container torch.load accepts: a torch.save zip (the
-pickle in `data.pkl`), the legacy non-zip format (five pickles, then raw storages) or a raw pickle stream. The
-pickle gives the key tree, and each tensor record (`torch._utils._rebuild_tensor_v2`, DTensor's
-`_rebuild_from_type_v2`) gives dtype, shape, stride, storage key, numel and location, checked against the stored
-bytes. Every global any of its pickles names is recorded; `KNOWN_SAFE_GLOBALS` below is the one allowlist they are
-judged against, by the scan and by verify. No torch import (the scan path uses this).
+`read_pt_structure` reads a torch file in any container torch.load accepts: a torch.save zip (the pickle in
+`data.pkl`), the legacy non-zip format (five pickles, then raw storages) or a raw pickle stream, each pickle through
+the restricted unpickler (`unpickler`). The pickle gives the key tree, and each tensor record
+(`torch._utils._rebuild_tensor_v2`, DTensor's `_rebuild_from_type_v2`) gives dtype, shape, stride, storage key, numel
+and location, checked against the stored bytes. Every global any of its pickles names is recorded and judged against
+`torch_globals.KNOWN_SAFE_GLOBALS`, the one allowlist, by the scan and by verify. No torch import (the scan path uses
+this).
 """
 
 from __future__ import annotations
 
 import io
 import os
-import pickle
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 from ckpt_audit.readers.problem import Problem
 from ckpt_audit.readers.ptzip import (
@@ -35,447 +29,24 @@ from ckpt_audit.readers.ptzip import (
     read_entry,
     sniff,
 )
+from ckpt_audit.readers.torch_globals import (
+    DTENSOR_TYPES,
+    DTYPE_ALIASES,
+    DTYPE_ITEMSIZE,
+    KNOWN_SAFE_GLOBALS,
+    OTHER_REBUILDS,
+    REBUILD_FROM_TYPE,
+    REBUILD_META,
+    REBUILD_PARAM,
+    REBUILD_V2,
+    REBUILD_V3,
+    STORAGE_DTYPES,
+)
+from ckpt_audit.readers.unpickler import PersistentRef, Stub, first_line, global_name, stub_class, unpickle
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # data.pkl of a real shard is KiBs to a few MiB
 _MAX_NODES = 5_000_000  # bound the walk of a hostile DAG (shared references) so it cannot blow up
 _MAX_DEPTH = 200  # real state dicts nest < 10 deep; deeper is cut off rather than hitting Python's recursion limit
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Stubs: what the restricted unpickler builds instead of importing anything
-
-
-class _GlobalMeta(type):
-    def __repr__(cls) -> str:
-        return f"<global {cls._qualname}>"
-
-
-class Stub(metaclass=_GlobalMeta):
-    """An object the pickle asked for. `args` are the REDUCE/NEWOBJ arguments, `state` what BUILD passed,
-    `setitems`/`appended` what SETITEM(S)/APPEND(S) added. Attribute access falls back to the fields of the state,
-    so a dataclass pickled by NEWOBJ+BUILD (DCP's Metadata) reads like the real object: `meta.state_dict_metadata`.
-    """
-
-    __slots__ = ("args", "kwargs", "state", "setitems", "appended")
-    _module: str = ""
-    _name: str = ""
-    _qualname: str = ""
-    _plain: Callable[..., Any] | None = None  # pure data constructor that stands in for this global
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls._plain is not None:
-            try:
-                return cls._plain(*args, **kwargs)
-            except (TypeError, ValueError, LookupError, OverflowError):
-                pass  # odd arguments: keep the record instead
-        self = object.__new__(cls)
-        self.args = args
-        self.kwargs = kwargs
-        self.state = None
-        self.setitems = None
-        self.appended = None
-        return self
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    # BUILD
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-    # SETITEM(S) on an object that is not a dict (e.g. a stubbed mapping type)
-    def __setitem__(self, key: Any, value: Any) -> None:
-        if self.setitems is None:
-            self.setitems = {}
-        self.setitems[key] = value
-
-    # APPEND(S)
-    def append(self, value: Any) -> None:
-        if self.appended is None:
-            self.appended = []
-        self.appended.append(value)
-
-    def extend(self, values: Any) -> None:
-        for v in values:
-            self.append(v)
-
-    # REDUCE whose callable is itself a built record (e.g. the result of a stubbed getattr)
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        call = _stub_class("<call>", "")
-        out = call(*args, **kwargs)
-        out.state = {"callee": self}
-        return out
-
-    @property
-    def qualname(self) -> str:
-        return type(self)._qualname
-
-    @property
-    def fields(self) -> dict[str, Any]:
-        """The BUILD state as one dict: a plain state dict, or the merge of a (dict, slots) pair."""
-        st = self.state
-        if isinstance(st, dict):
-            return {str(k): v for k, v in st.items()}
-        if isinstance(st, tuple) and len(st) == 2:
-            out: dict[str, Any] = {}
-            for part in st:
-                if isinstance(part, dict):
-                    out.update({str(k): v for k, v in part.items()})
-            return out
-        return {}
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        try:
-            return self.fields[attr]
-        except KeyError:
-            raise AttributeError(f"{self.qualname} record has no field {attr!r}") from None
-
-    def __repr__(self) -> str:
-        inner = ", ".join(repr(a) for a in self.args)
-        if self.state is not None:
-            inner += (", " if inner else "") + f"state={self.state!r}"
-        text = f"{self.qualname}({inner})"
-        return text if len(text) < 300 else text[:297] + "..."
-
-
-class StateDict(dict):
-    """A mapping the pickle built as an OrderedDict; a BUILD state (a state_dict's `_metadata`) lands in `.state`."""
-
-    __slots__ = ("state",)
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-
-def _bytes_from_codecs(text: str, encoding: str = "utf-8") -> bytes:
-    if encoding.replace("-", "").replace("_", "").lower() not in ("latin1", "utf8", "ascii", "iso88591"):
-        raise LookupError(encoding)  # only plain text codecs: no codec lookup on the file's say-so
-    return text.encode(encoding)
-
-
-def _device_str(kind: str, index: int | None = None) -> str:
-    if not isinstance(kind, str):
-        raise TypeError("device")
-    return kind if index is None or ":" in kind else f"{kind}:{int(index)}"
-
-
-def _plain_str(value: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError("layout")
-    return value
-
-
-# Pure data constructors: building these values runs no code from the file.
-_PLAIN: dict[tuple[str, str], Callable[..., Any]] = {
-    ("collections", "OrderedDict"): StateDict,
-    ("collections", "defaultdict"): lambda *a: StateDict(),
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("builtins", "list"): list,
-    ("builtins", "tuple"): tuple,
-    ("builtins", "dict"): dict,
-    ("builtins", "bytearray"): bytearray,
-    ("builtins", "bytes"): bytes,
-    ("builtins", "complex"): complex,
-    ("builtins", "slice"): slice,
-    ("__builtin__", "set"): set,
-    ("__builtin__", "frozenset"): frozenset,
-    ("_codecs", "encode"): _bytes_from_codecs,
-    ("torch", "Size"): tuple,
-    ("torch", "device"): _device_str,
-    ("torch.serialization", "_get_layout"): _plain_str,
-}
-
-_STUB_CACHE: dict[tuple[str, str], type[Stub]] = {}
-
-
-def _stub_class(module: str, name: str) -> type[Stub]:
-    key = (module, name)
-    cls = _STUB_CACHE.get(key)
-    if cls is None:
-        qual = f"{module}.{name}" if module and name else (module or name)
-        cls = _GlobalMeta(
-            "Stub",
-            (Stub,),
-            {"__slots__": (), "_module": module, "_name": name, "_qualname": qual, "_plain": _PLAIN.get(key)},
-        )
-        _STUB_CACHE[key] = cls
-    return cls
-
-
-def global_name(obj: Any) -> str | None:
-    """`module.name` of a stubbed global (the class itself, as for dtypes: `torch.float32`), else None."""
-    if isinstance(obj, type) and issubclass(obj, Stub):
-        return obj._qualname
-    return None
-
-
-def is_record(obj: Any, *qualnames: str) -> bool:
-    """True if obj is a record built from one of the given globals (or any global when none are given)."""
-    return isinstance(obj, Stub) and (not qualnames or type(obj)._qualname in qualnames)
-
-
-@dataclass(frozen=True, slots=True)
-class PersistentRef:
-    """A persistent id in the pickle (torch: a storage); what it names is resolved by the caller, never here."""
-
-    pid: Any
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    def __init__(self, file: BinaryIO, persistent: Callable[[Any], Any] | None) -> None:
-        super().__init__(file, encoding="latin1")
-        self.seen: set[str] = set()
-        self._persistent = persistent
-
-    def find_class(self, module: str, name: str) -> Any:
-        self.seen.add(f"{module}.{name}")
-        return _stub_class(str(module), str(name))
-
-    def persistent_load(self, pid: Any) -> Any:
-        return self._persistent(pid) if self._persistent is not None else PersistentRef(pid)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Loaded:
-    root: Any
-    globals_seen: frozenset[str]
-
-
-def restricted_load(
-    data: bytes | bytearray | memoryview | BinaryIO, *, persistent_load: Callable[[Any], Any] | None = None
-) -> Any:
-    """Unpickle `data` into plain Python values and `Stub` records; nothing from the file is imported or run.
-
-    Raises pickle.UnpicklingError (or ValueError/EOFError on garbage). For DCP `.metadata`:
-    `meta = restricted_load(open(p, "rb"))`; `meta.state_dict_metadata` is the dict of the real Metadata.
-    """
-    return restricted_load_ex(data, persistent_load=persistent_load).root
-
-
-def restricted_load_ex(
-    data: bytes | bytearray | memoryview | BinaryIO, *, persistent_load: Callable[[Any], Any] | None = None
-) -> Loaded:
-    """restricted_load plus the set of globals the pickle referenced."""
-    root, seen, error = _unpickle(data, persistent_load)
-    if error is not None:
-        raise error
-    return Loaded(root=root, globals_seen=seen)
-
-
-def _unpickle(
-    data: bytes | bytearray | memoryview | BinaryIO, persistent_load: Callable[[Any], Any] | None
-) -> tuple[Any, frozenset[str], Exception | None]:
-    """(root, globals seen, the failure or None). The globals named before a failure count too: a real unpickler
-    would have called them before it reached the damage."""
-    f = io.BytesIO(bytes(data)) if isinstance(data, (bytes, bytearray, memoryview)) else data
-    u = _RestrictedUnpickler(f, persistent_load)
-    try:
-        return u.load(), frozenset(u.seen), None
-    except Exception as exc:  # noqa: BLE001 - any failure of a hostile or damaged pickle is reported, not raised here
-        return None, frozenset(u.seen), exc
-
-
-def _why(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# torch .pt structure
-
-# storage class name -> (dtype name, item size in bytes)
-_STORAGE_DTYPES: dict[str, tuple[str, int]] = {
-    "DoubleStorage": ("float64", 8),
-    "FloatStorage": ("float32", 4),
-    "HalfStorage": ("float16", 2),
-    "BFloat16Storage": ("bfloat16", 2),
-    "LongStorage": ("int64", 8),
-    "IntStorage": ("int32", 4),
-    "ShortStorage": ("int16", 2),
-    "CharStorage": ("int8", 1),
-    "ByteStorage": ("uint8", 1),
-    "BoolStorage": ("bool", 1),
-    "ComplexDoubleStorage": ("complex128", 16),
-    "ComplexFloatStorage": ("complex64", 8),
-    "QInt8Storage": ("qint8", 1),
-    "QUInt8Storage": ("quint8", 1),
-    "QInt32Storage": ("qint32", 4),
-    "QUInt4x2Storage": ("quint4x2", 1),
-    "QUInt2x4Storage": ("quint2x4", 1),
-    "UntypedStorage": ("uint8", 1),  # numel counts bytes; the tensor's dtype comes from _rebuild_tensor_v3
-}
-
-# dtype name (as in `torch.<name>` globals) -> item size
-DTYPE_ITEMSIZE: dict[str, int] = {
-    "float64": 8,
-    "double": 8,
-    "float32": 4,
-    "float": 4,
-    "float16": 2,
-    "half": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "long": 8,
-    "int32": 4,
-    "int": 4,
-    "int16": 2,
-    "short": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-    "uint16": 2,
-    "uint32": 4,
-    "uint64": 8,
-    "complex128": 16,
-    "cdouble": 16,
-    "complex64": 8,
-    "cfloat": 8,
-    "complex32": 4,
-    "chalf": 4,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1,
-    "float8_e8m0fnu": 1,
-    "float4_e2m1fn_x2": 1,
-    "bits8": 1,
-    "bits16": 2,
-}
-_DTYPE_ALIASES = {
-    "double": "float64",
-    "float": "float32",
-    "half": "float16",
-    "long": "int64",
-    "int": "int32",
-    "short": "int16",
-    "cdouble": "complex128",
-    "cfloat": "complex64",
-    "chalf": "complex32",
-}
-
-_REBUILD_V2 = ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor")
-_REBUILD_V3 = "torch._utils._rebuild_tensor_v3"
-_REBUILD_PARAM = ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state")
-_REBUILD_FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
-_REBUILD_WRAPPER = "torch._utils._rebuild_wrapper_subclass"
-_REBUILD_META = "torch._utils._rebuild_meta_tensor_no_storage"
-_DTENSOR_TYPES = (
-    "torch.distributed.tensor.DTensor",
-    "torch.distributed._tensor.api.DTensor",
-    "torch.distributed.tensor._api.DTensor",
-    "torch.distributed._tensor.DTensor",
-)
-_OTHER_REBUILDS = (
-    "torch._utils._rebuild_qtensor",
-    "torch._utils._rebuild_sparse_tensor",
-    "torch._utils._rebuild_nested_tensor",
-    "torch._utils._rebuild_device_tensor_from_numpy",
-    "torch._utils._rebuild_device_tensor_from_cpu_tensor",
-    "torch._utils._rebuild_xla_tensor",
-    "torch._utils._rebuild_mtia_tensor",
-)
-
-# numpy RNG state (np.random.get_state() in extra_state) and numpy scalars, in numpy 1.x and 2.x spellings
-NUMPY_DATA_GLOBALS = (
-    "numpy.core.multiarray._reconstruct",
-    "numpy._core.multiarray._reconstruct",
-    "numpy.core.multiarray.scalar",
-    "numpy._core.multiarray.scalar",
-    "numpy.ndarray",
-    "numpy.dtype",
-)
-# Plain values a state dict may hold, pickled through their type: calling these builds data and runs nothing else.
-_DATA_BUILTINS = (
-    "set",
-    "frozenset",
-    "list",
-    "tuple",
-    "dict",
-    "slice",
-    "complex",
-    "bytearray",
-    "bytes",
-    "int",
-    "float",
-    "str",
-    "bool",
-)
-# torch's own tensor reconstructors and type names that its weights-only unpickler accepts too
-_TORCH_DATA_ONLY = (
-    "torch._utils._rebuild_qtensor",
-    "torch._utils._rebuild_sparse_tensor",
-    "torch._utils._rebuild_nested_tensor",
-    "torch._utils._rebuild_device_tensor_from_numpy",
-    "torch._utils._rebuild_device_tensor_from_cpu_tensor",
-    "torch.storage.TypedStorage",
-    "torch.per_tensor_affine",
-    "torch.per_channel_affine",
-    "torch.per_tensor_symmetric",
-    "torch.per_channel_symmetric",
-    "torch.per_channel_affine_float_qparams",
-    "torch.qint8",
-    "torch.quint8",
-    "torch.qint32",
-    "torch.quint4x2",
-    "torch.quint2x4",
-    "torch.bits1x8",
-    "torch.bits2x4",
-    "torch.bits4x2",
-    *(f"torch.{k}int{n}" for k in ("", "u") for n in range(1, 8)),
-    *(
-        f"torch.{mod}{t}Tensor"
-        for mod in ("", "cuda.", "sparse.", "cuda.sparse.")
-        for t in ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
-        if not (t == "Bool" and "sparse" in mod)
-    ),
-    *(f"torch.cuda.{n}" for n in _STORAGE_DTYPES if n not in ("UntypedStorage",) and not n.startswith("Q")),
-)
-
-# THE allowlist: the data-only globals torch.save emits for tensors, DTensors, optimizer/scheduler state and the
-# RNG / dataloader state verl keeps in extra_state and data.pt. A pickle that names anything else would run code
-# when loaded the way verl loads extra_state and data.pt, so the scan reports it (`unsafe-pickle`, an error) and
-# verify never hands the file to torch; verify's torch.load(weights_only=True) admits the non-torch names of this
-# same set and nothing more (safe_load.py). Scan and verify read this one set.
-KNOWN_SAFE_GLOBALS: frozenset[str] = frozenset(
-    {
-        *(f"torch.{n}" for n in _STORAGE_DTYPES),
-        "torch.storage.UntypedStorage",
-        *(f"torch.{n}" for n in DTYPE_ITEMSIZE),
-        *_REBUILD_V2,
-        _REBUILD_V3,
-        *_REBUILD_PARAM,
-        _REBUILD_FROM_TYPE,
-        _REBUILD_WRAPPER,
-        _REBUILD_META,
-        *_DTENSOR_TYPES,
-        *_TORCH_DATA_ONLY,
-        "torch.Size",
-        "torch.device",
-        "torch.serialization._get_layout",
-        "torch.Tensor",
-        "torch.nn.parameter.Parameter",
-        "collections.OrderedDict",
-        "collections.defaultdict",
-        "collections.Counter",
-        "_codecs.encode",
-        *(f"{m}.{n}" for m in ("builtins", "__builtin__") for n in _DATA_BUILTINS),
-        "torch.distributed.tensor._dtensor_spec.DTensorSpec",
-        "torch.distributed.tensor._dtensor_spec.TensorMeta",
-        "torch.distributed.tensor._dtensor_spec.ShardOrderEntry",
-        "torch.distributed.tensor.placement_types.Shard",
-        "torch.distributed.tensor.placement_types.Replicate",
-        "torch.distributed.tensor.placement_types.Partial",
-        "torch.distributed.tensor.placement_types._StridedShard",
-        "torch.distributed.tensor.placement_types._Partial",
-        "torch.distributed.device_mesh.DeviceMesh",
-        "torch.distributed._mesh_layout._MeshLayout",
-        "torch.distributed._mesh_layout._FlatLayout",
-        # numpy RNG state and scalars in extra_state / data.pt: data-only reconstructors
-        *NUMPY_DATA_GLOBALS,
-    }
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -618,11 +189,11 @@ def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
     except ZipFormatError as exc:
         return PtStructure(**base, problems=(*problems, exc.problem), byteorder=byteorder)
     storages = _Storages(problems)
-    root, seen, error = _unpickle(raw, storages.persistent)
+    root, seen, error = unpickle(raw, storages.persistent)
     if error is not None:
         return PtStructure(
             **base,
-            problems=(*problems, Problem("bad-pickle", f"data.pkl does not unpickle: {_why(error)}")),
+            problems=(*problems, Problem("bad-pickle", f"data.pkl does not unpickle: {first_line(error)}")),
             byteorder=byteorder,
             globals_seen=seen,
         )
@@ -693,12 +264,12 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
     base = dict(path=path, prefix=None, container="legacy")
     values = []
     for what in ("magic number", "protocol version", "sys info", "data", "storage keys"):
-        value, names, error = _unpickle(reader, storages.persistent if what == "data" else None)
+        value, names, error = unpickle(reader, storages.persistent if what == "data" else None)
         seen |= names
         if error is not None:
             return PtStructure(
                 **base,
-                problems=(*problems, Problem("bad-pickle", f"{what} pickle does not unpickle: {_why(error)}")),
+                problems=(*problems, Problem("bad-pickle", f"{what} pickle does not unpickle: {first_line(error)}")),
                 globals_seen=frozenset(seen),
             )
         values.append(value)
@@ -775,10 +346,10 @@ def _read_raw_pickle(fd: int, path: str) -> PtStructure:
     legacy magic number, so that object is read as any torch pickle is (restricted, its globals recorded)."""
     size = os.fstat(fd).st_size
     reader = io.BufferedReader(_Window(fd, min(size, MAX_PICKLE_BYTES)), 1 << 20)
-    root, seen, error = _unpickle(reader, None)
+    root, seen, error = unpickle(reader, None)
     base = dict(path=path, prefix=None, container="pickle", globals_seen=seen)
     if error is not None:
-        return PtStructure(**base, problems=(Problem("bad-pickle", f"pickle does not unpickle: {_why(error)}"),))
+        return PtStructure(**base, problems=(Problem("bad-pickle", f"pickle does not unpickle: {first_line(error)}"),))
     return PtStructure(**base, keys=tuple(str(k) for k in root) if isinstance(root, dict) else ())
 
 
@@ -790,7 +361,7 @@ def _storage_ref(pid: Any) -> StorageRef | None:
     _, stype, key, location, numel = pid[:5]
     sname = global_name(stype) or ""
     short = sname.rpartition(".")[2]
-    dtype, itemsize = _STORAGE_DTYPES.get(short, (None, 1))
+    dtype, itemsize = STORAGE_DTYPES.get(short, (None, 1))
     if short == "UntypedStorage":
         dtype = None
     if not isinstance(numel, int) or numel < 0:
@@ -826,7 +397,7 @@ def _dtype_name(obj: Any) -> str | None:
     if name is None or not name.startswith("torch."):
         return None
     short = name[6:]
-    return _DTYPE_ALIASES.get(short, short)
+    return DTYPE_ALIASES.get(short, short)
 
 
 def _int_tuple(v: Any) -> tuple[int, ...] | None:
@@ -908,15 +479,15 @@ class _Walker:
     def _tensor(self, rec: Stub, path: tuple[Any, ...], *, is_parameter: bool = False) -> TensorInfo | None:
         q = rec.qualname
         a = rec.args
-        if q in _REBUILD_V2 or q == _REBUILD_V3:
+        if q in REBUILD_V2 or q == REBUILD_V3:
             return self._plain_tensor(rec, path, is_parameter=is_parameter)
-        if q in _REBUILD_PARAM and a and isinstance(a[0], Stub):
+        if q in REBUILD_PARAM and a and isinstance(a[0], Stub):
             rg = bool(a[1]) if len(a) > 1 and isinstance(a[1], bool) else False
             inner = self._tensor(a[0], path, is_parameter=True)
             return _replace(inner, requires_grad=rg) if inner is not None else None
-        if q == _REBUILD_FROM_TYPE:
+        if q == REBUILD_FROM_TYPE:
             return self._from_type(rec, path)
-        if q == _REBUILD_META and len(a) >= 3:
+        if q == REBUILD_META and len(a) >= 3:
             shape, stride = _int_tuple(a[1]), _int_tuple(a[2])
             return TensorInfo(
                 key=_dotted(path),
@@ -926,7 +497,7 @@ class _Walker:
                 stride=stride or (),
                 device="meta",
             )
-        if q in _OTHER_REBUILDS:
+        if q in OTHER_REBUILDS:
             self.notes.append(f"{_dotted(path)}: tensor kind {q.rpartition('.')[2]} is not inspected")
         return None
 
@@ -943,7 +514,7 @@ class _Walker:
             self.problems.append(Problem("bad-pickle", f"{key}: tensor record with a malformed shape or stride"))
             return None
         rg = bool(a[4]) if len(a) > 4 and isinstance(a[4], bool) else False
-        if rec.qualname == _REBUILD_V3:
+        if rec.qualname == REBUILD_V3:
             dtype = _dtype_name(a[6]) if len(a) > 6 else None
         else:
             dtype = st.dtype
@@ -992,11 +563,11 @@ class _Walker:
         func, new_type, fargs = a[0], a[1], a[2]
         state = a[3] if len(a) > 3 else None
         fname, tname = global_name(func), global_name(new_type)
-        if tname in _DTENSOR_TYPES:
+        if tname in DTENSOR_TYPES:
             return self._dtensor(fargs, state, path)
-        if fname in _REBUILD_V2 or fname == _REBUILD_V3:
+        if fname in REBUILD_V2 or fname == REBUILD_V3:
             # A Tensor subclass around a plain tensor (e.g. nn.Parameter subclasses): read the plain part.
-            inner = _stub_class(*fname.rsplit(".", 1))(*fargs) if isinstance(fargs, tuple) else None
+            inner = stub_class(*fname.rsplit(".", 1))(*fargs) if isinstance(fargs, tuple) else None
             return self._plain_tensor(inner, path) if isinstance(inner, Stub) else None
         if tname:
             self.notes.append(f"{_dotted(path)}: tensor subclass {tname} is not inspected")
@@ -1004,7 +575,7 @@ class _Walker:
 
     def _dtensor(self, wargs: Any, state: Any, path: tuple[Any, ...]) -> TensorInfo | None:
         key = _dotted(path)
-        holder = _stub_class("<state>", "")()
+        holder = stub_class("<state>", "")()
         holder.state = state
         f = holder.fields
         local = f.get("_local_tensor")
@@ -1060,7 +631,7 @@ class _Walker:
                 if all(d is not None for d in dims):
                     shape = tuple(dims)
         rank_rec = f.get("_rank_map", f.get("mesh"))  # _rank_map (new) or mesh (older torch): an int tensor
-        if isinstance(rank_rec, Stub) and rank_rec.qualname in _REBUILD_V2:
+        if isinstance(rank_rec, Stub) and rank_rec.qualname in REBUILD_V2:
             rt = self._plain_tensor(rank_rec, ("<mesh>",))
             if rt is not None:
                 if shape is None and f.get("mesh") is rank_rec:

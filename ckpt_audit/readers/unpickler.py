@@ -1,0 +1,264 @@
+"""Read a pickle without running it: a restricted unpickler that resolves no globals.
+
+Every GLOBAL / STACK_GLOBAL / INST becomes a `Stub` class named for (module, name); calling it (REDUCE), NEWOBJ and
+BUILD on it only record their arguments and state. So nothing named by the file is imported or executed: a
+`posix.system` in a pickle is a record, not a call. A handful of pure data constructors (`DATA_CONSTRUCTORS`:
+`collections.OrderedDict`, `torch.Size`, `builtins.set`, `_codecs.encode`, ...) produce the plain Python value they
+stand for, because callers want dicts and tuples, and building those runs no code from the file.
+
+Generic: it knows no file format (`pt_structure` reads torch files with it, `deep.dcp_check` DCP's `.metadata`).
+No torch import.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+# Stubs: what the restricted unpickler builds instead of importing anything
+
+
+class _GlobalMeta(type):
+    def __repr__(cls) -> str:
+        return f"<global {cls._qualname}>"
+
+
+class Stub(metaclass=_GlobalMeta):
+    """An object the pickle asked for. `args` are the REDUCE/NEWOBJ arguments, `state` what BUILD passed,
+    `setitems`/`appended` what SETITEM(S)/APPEND(S) added. Attribute access falls back to the fields of the state,
+    so a dataclass pickled by NEWOBJ+BUILD (DCP's Metadata) reads like the real object: `meta.state_dict_metadata`.
+    """
+
+    __slots__ = ("args", "kwargs", "state", "setitems", "appended")
+    _module: str = ""
+    _name: str = ""
+    _qualname: str = ""
+    _plain: Callable[..., Any] | None = None  # pure data constructor that stands in for this global
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls._plain is not None:
+            try:
+                return cls._plain(*args, **kwargs)
+            except (TypeError, ValueError, LookupError, OverflowError):
+                pass  # odd arguments: keep the record instead
+        self = object.__new__(cls)
+        self.args = args
+        self.kwargs = kwargs
+        self.state = None
+        self.setitems = None
+        self.appended = None
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    # BUILD
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    # SETITEM(S) on an object that is not a dict (e.g. a stubbed mapping type)
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self.setitems is None:
+            self.setitems = {}
+        self.setitems[key] = value
+
+    # APPEND(S)
+    def append(self, value: Any) -> None:
+        if self.appended is None:
+            self.appended = []
+        self.appended.append(value)
+
+    def extend(self, values: Any) -> None:
+        for v in values:
+            self.append(v)
+
+    # REDUCE whose callable is itself a built record (e.g. the result of a stubbed getattr)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = stub_class("<call>", "")
+        out = call(*args, **kwargs)
+        out.state = {"callee": self}
+        return out
+
+    @property
+    def qualname(self) -> str:
+        return type(self)._qualname
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The BUILD state as one dict: a plain state dict, or the merge of a (dict, slots) pair."""
+        st = self.state
+        if isinstance(st, dict):
+            return {str(k): v for k, v in st.items()}
+        if isinstance(st, tuple) and len(st) == 2:
+            out: dict[str, Any] = {}
+            for part in st:
+                if isinstance(part, dict):
+                    out.update({str(k): v for k, v in part.items()})
+            return out
+        return {}
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        try:
+            return self.fields[attr]
+        except KeyError:
+            raise AttributeError(f"{self.qualname} record has no field {attr!r}") from None
+
+    def __repr__(self) -> str:
+        inner = ", ".join(repr(a) for a in self.args)
+        if self.state is not None:
+            inner += (", " if inner else "") + f"state={self.state!r}"
+        text = f"{self.qualname}({inner})"
+        return text if len(text) < 300 else text[:297] + "..."
+
+
+class StateDict(dict):
+    """A mapping the pickle built as an OrderedDict; a BUILD state (a state_dict's `_metadata`) lands in `.state`."""
+
+    __slots__ = ("state",)
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+def _bytes_from_codecs(text: str, encoding: str = "utf-8") -> bytes:
+    if encoding.replace("-", "").replace("_", "").lower() not in ("latin1", "utf8", "ascii", "iso88591"):
+        raise LookupError(encoding)  # only plain text codecs: no codec lookup on the file's say-so
+    return text.encode(encoding)
+
+
+def _device_str(kind: str, index: int | None = None) -> str:
+    if not isinstance(kind, str):
+        raise TypeError("device")
+    return kind if index is None or ":" in kind else f"{kind}:{int(index)}"
+
+
+def _plain_str(value: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError("layout")
+    return value
+
+
+# Pure data constructors: building these values runs no code from the file.
+DATA_CONSTRUCTORS: dict[tuple[str, str], Callable[..., Any]] = {
+    ("collections", "OrderedDict"): StateDict,
+    ("collections", "defaultdict"): lambda *a: StateDict(),
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "list"): list,
+    ("builtins", "tuple"): tuple,
+    ("builtins", "dict"): dict,
+    ("builtins", "bytearray"): bytearray,
+    ("builtins", "bytes"): bytes,
+    ("builtins", "complex"): complex,
+    ("builtins", "slice"): slice,
+    ("__builtin__", "set"): set,
+    ("__builtin__", "frozenset"): frozenset,
+    ("_codecs", "encode"): _bytes_from_codecs,
+    ("torch", "Size"): tuple,
+    ("torch", "device"): _device_str,
+    ("torch.serialization", "_get_layout"): _plain_str,
+}
+
+_STUB_CACHE: dict[tuple[str, str], type[Stub]] = {}
+
+
+def stub_class(module: str, name: str) -> type[Stub]:
+    key = (module, name)
+    cls = _STUB_CACHE.get(key)
+    if cls is None:
+        qual = f"{module}.{name}" if module and name else (module or name)
+        cls = _GlobalMeta(
+            "Stub",
+            (Stub,),
+            {
+                "__slots__": (),
+                "_module": module,
+                "_name": name,
+                "_qualname": qual,
+                "_plain": DATA_CONSTRUCTORS.get(key),
+            },
+        )
+        _STUB_CACHE[key] = cls
+    return cls
+
+
+def global_name(obj: Any) -> str | None:
+    """`module.name` of a stubbed global (the class itself, as for dtypes: `torch.float32`), else None."""
+    if isinstance(obj, type) and issubclass(obj, Stub):
+        return obj._qualname
+    return None
+
+
+def is_record(obj: Any, *qualnames: str) -> bool:
+    """True if obj is a record built from one of the given globals (or any global when none are given)."""
+    return isinstance(obj, Stub) and (not qualnames or type(obj)._qualname in qualnames)
+
+
+@dataclass(frozen=True, slots=True)
+class PersistentRef:
+    """A persistent id in the pickle (torch: a storage); what it names is resolved by the caller, never here."""
+
+    pid: Any
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, file: BinaryIO, persistent: Callable[[Any], Any] | None) -> None:
+        super().__init__(file, encoding="latin1")
+        self.seen: set[str] = set()
+        self._persistent = persistent
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.seen.add(f"{module}.{name}")
+        return stub_class(str(module), str(name))
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._persistent(pid) if self._persistent is not None else PersistentRef(pid)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Loaded:
+    root: Any
+    globals_seen: frozenset[str]
+
+
+def restricted_load(
+    data: bytes | bytearray | memoryview | BinaryIO, *, persistent_load: Callable[[Any], Any] | None = None
+) -> Any:
+    """Unpickle `data` into plain Python values and `Stub` records; nothing from the file is imported or run.
+
+    Raises pickle.UnpicklingError (or ValueError/EOFError on garbage). For DCP `.metadata`:
+    `meta = restricted_load(open(p, "rb"))`; `meta.state_dict_metadata` is the dict of the real Metadata.
+    """
+    return restricted_load_ex(data, persistent_load=persistent_load).root
+
+
+def restricted_load_ex(
+    data: bytes | bytearray | memoryview | BinaryIO, *, persistent_load: Callable[[Any], Any] | None = None
+) -> Loaded:
+    """restricted_load plus the set of globals the pickle referenced."""
+    root, seen, error = unpickle(data, persistent_load)
+    if error is not None:
+        raise error
+    return Loaded(root=root, globals_seen=seen)
+
+
+def unpickle(
+    data: bytes | bytearray | memoryview | BinaryIO, persistent_load: Callable[[Any], Any] | None
+) -> tuple[Any, frozenset[str], Exception | None]:
+    """(root, globals seen, the failure or None). The globals named before a failure count too: a real unpickler
+    would have called them before it reached the damage."""
+    f = io.BytesIO(bytes(data)) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    u = _RestrictedUnpickler(f, persistent_load)
+    try:
+        return u.load(), frozenset(u.seen), None
+    except Exception as exc:  # noqa: BLE001 - any failure of a hostile or damaged pickle is reported, not raised here
+        return None, frozenset(u.seen), exc
+
+
+def first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
