@@ -184,3 +184,21 @@ def m003_trust(db) -> None:
     db.execute("ALTER TABLE scans ADD COLUMN bytes_scrubbed INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE exports ADD COLUMN source_verified INTEGER NOT NULL DEFAULT 0")  # shards re-read = manifest
     db.execute("ALTER TABLE exports ADD COLUMN override TEXT NOT NULL DEFAULT ''")  # e.g. allow-corrupt; '' none
+
+
+@MIGRATIONS()
+def m004_tracker_fixes(db) -> None:
+    """fix-tracker: every rewrite of a run's tracker, with what it said before and where that was kept."""
+    db.execute("""
+        CREATE TABLE tracker_fixes (
+            id INTEGER PRIMARY KEY,
+            at_ns INTEGER NOT NULL,
+            run_path TEXT NOT NULL,
+            tracker_path TEXT NOT NULL,
+            problem TEXT NOT NULL,             -- missing | garbage | dangling | names-<status> | behind
+            old_content TEXT,                  -- NULL: there was no tracker
+            old_step INTEGER,
+            new_step INTEGER NOT NULL,
+            backup_path TEXT                   -- the old content, kept beside the tracker; NULL when none
+        )""")
+    db.execute("CREATE INDEX tracker_fixes_run ON tracker_fixes(run_path, at_ns)")

@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "prune": "ckpt_audit.cli.prune:prune_command",
     "export": "ckpt_audit.cli.export:export_command",
     "continuity": "ckpt_audit.cli.continuity:continuity_command",
+    "latest": "ckpt_audit.cli.latest:latest_command",
+    "fix-tracker": "ckpt_audit.cli.fix_tracker:fix_tracker_command",
 }
 PLUGIN_GROUP = "ckpt_audit.commands"
 

@@ -1,0 +1,90 @@
+"""`ckpt-audit fix-tracker RUN`: point the tracker at the newest resumable checkpoint (lifecycle/tracker_fix.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, session
+from ckpt_audit.cli.latest import pick_run
+from ckpt_audit.exitcodes import ExitCode
+
+
+@click.command("fix-tracker")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--yes", is_flag=True, help="Rewrite the tracker (default: a dry run that says what it would do).")
+@click.option(
+    "--in-progress-window",
+    type=click.FloatRange(0),
+    default=300.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A checkpoint or tracker written this recently means the run is alive: refuse.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document with the plan and what was done.")
+@catalog_option
+@click.pass_context
+def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_json, catalog) -> None:
+    """Rewrite RUN's latest_checkpointed_iteration.txt to name its newest complete checkpoint.
+
+    Fixes a tracker that is missing (FSDP async_save never writes one), not a step number, names a step that is
+    gone or not complete (corrupt, unsafe, incomplete, a husk), or lags behind whole newer checkpoints: each makes
+    verl's resume_mode=auto train from step 0, crash, or load older state. The old content is kept beside the
+    tracker (latest_checkpointed_iteration.txt.ckpt-audit-old-<ns>); the new one is written to a temporary file,
+    fsynced and renamed over it; the change is logged in the catalog (table tracker_fixes). Refuses while the run
+    looks alive (a checkpoint being written, a tracker written within --in-progress-window), when the tracker is a
+    link or unreadable, or when a newer checkpoint could not be read. Works for verl FSDP (PPO, SFT) and Megatron.
+
+    Exit codes: 0 the tracker is right (or was fixed with --yes), 1 it needs a fix (dry run) or the fix was
+    refused, 2 usage, 3 error (not a run, the tracker could not be written), 4 another run holds the catalog lock.
+
+    \b
+    Example:
+        ckpt-audit fix-tracker /ckpts/proj/exp          # dry run: what is wrong and what it would write
+        ckpt-audit fix-tracker --yes /ckpts/proj/exp    # rewrite it (old content kept beside it)
+    """
+    from ckpt_audit.layouts.tracker import tracker_path
+    from ckpt_audit.lifecycle.tracker_fix import FixError, apply_fix, plan_fix, read_state
+
+    with session(ctx, [run], catalog) as s:
+        scanned = s.scan([run], in_progress_window_s=in_progress_window)  # recorded: the catalog sees the run now
+        the_run = pick_run(scanned.result, run)
+        state = read_state(tracker_path(the_run.path))
+        now = time.time_ns()
+        fix = plan_fix(the_run, state, now_ns=now, in_progress_window_ns=int(in_progress_window * 1e9))
+        backup, done = None, False
+        if yes and fix.needed and not fix.refused:
+            try:
+                backup = apply_fix(fix)
+            except FixError as exc:
+                raise CommandError(str(exc)) from None
+            done = True
+            if s.catalog is not None:
+                from ckpt_audit.catalog.tracker_log import record_fix
+
+                record_fix(s.catalog.db, fix, at_ns=now, backup_path=backup)
+    if done:
+        code = ExitCode.OK
+    elif fix.refused or fix.needed:
+        code = ExitCode.FINDINGS
+    else:
+        code = ExitCode.OK
+    if as_json:
+        emit_json(
+            {"command": "fix-tracker", **fix.to_dict(), "written": done, "backup": backup, "exit_code": int(code)}
+        )
+        ctx.exit(int(code))
+    old = "missing" if fix.old_content is None else repr(fix.old_content.decode("utf-8", "replace")[:40])
+    if fix.problem == "ok":
+        click.echo(f"{fix.tracker_path}: ok ({fix.detail})")
+    elif fix.refused:
+        click.echo(f"{fix.tracker_path}: {fix.problem} (now {old}); not fixed: {fix.refused}", err=True)
+    elif done:
+        kept = f"; old content kept in {backup}" if backup else ""
+        click.echo(f"{fix.tracker_path}: {fix.problem}: {old} -> {fix.new_step} ({fix.new_path}){kept}")
+    else:
+        click.echo(f"{fix.tracker_path}: {fix.problem} (now {old}): would write {fix.new_step} ({fix.new_path})")
+        click.echo("dry run: nothing written; run again with --yes to rewrite it")
+    ctx.exit(int(code))

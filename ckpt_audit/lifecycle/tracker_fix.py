@@ -1,0 +1,234 @@
+"""Tracker repair: point `latest_checkpointed_iteration.txt` at the newest checkpoint a resume can use.
+
+verl resumes (`resume_mode=auto`) from whatever the tracker names, and trains from step 0 when it names nothing it
+can find (reference/verl-format.md §4). `plan_fix` decides from a fresh scan (pure, tested by equality);
+`apply_fix` writes it: the old content kept beside the tracker, the new one written to a temporary file, fsynced
+and renamed over the tracker (what verl's SFT trainer does), after checking the tracker did not change since the
+plan. Same target as the resume gate (`lifecycle.latest`): complete, or whole beyond a lagging tracker.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ckpt_audit.layouts.tracker import resume_step
+from ckpt_audit.lifecycle.latest import why_not
+from ckpt_audit.models import Run, Status
+
+BACKUP_INFIX = ".ckpt-audit-old-"  # <tracker>.ckpt-audit-old-<ns>: the content before a fix
+TMP_INFIX = ".ckpt-audit-tmp-"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrackerState:
+    """The tracker as read just before planning (lstat + bytes)."""
+
+    path: str
+    exists: bool
+    is_link: bool = False
+    is_file: bool = True
+    content: bytes | None = None  # None: missing, or could not be read
+    mtime_ns: int = 0
+    error: str = ""  # why it could not be read
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrackerFix:
+    run_path: str
+    tracker_path: str
+    problem: str  # ok | missing | garbage | dangling | names-<status> | behind
+    old_content: bytes | None
+    old_step: int | None
+    new_step: int | None = None  # None: nothing to write
+    new_path: str | None = None
+    refused: str = ""  # why the fix must not be made now ("" when it may)
+    detail: str = ""
+
+    @property
+    def needed(self) -> bool:
+        return self.new_step is not None
+
+    def to_dict(self) -> dict:
+        return {
+            "run": self.run_path,
+            "tracker": self.tracker_path,
+            "problem": self.problem,
+            "old_content": None if self.old_content is None else self.old_content.decode("utf-8", "replace"),
+            "old_step": self.old_step,
+            "new_step": self.new_step,
+            "new_path": self.new_path,
+            "refused": self.refused or None,
+            "detail": self.detail,
+        }
+
+
+def content_for(step: int) -> bytes:
+    """What verl writes: the decimal step, no newline."""
+    return str(step).encode()
+
+
+def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window_ns: int) -> TrackerFix:
+    """What the tracker should say, and whether it may be rewritten now."""
+    old_step = resume_step(tracker.content) if tracker.content is not None else None
+    base = dict(run_path=run.path, tracker_path=tracker.path, old_content=tracker.content, old_step=old_step)
+    ckpts = sorted(run.checkpoints, key=lambda c: c.step)
+    named = next((c for c in ckpts if c.step == old_step), None)
+    target = next((c for c in reversed(ckpts) if why_not(c, run) is None), None)
+    if not tracker.exists:
+        problem = "missing"
+    elif tracker.content is None:
+        problem = "unreadable"
+    elif old_step is None or old_step < 0:
+        problem = "garbage"
+    elif named is None:
+        problem = "dangling"
+    elif why_not(named, run) is not None:
+        problem = f"names-{named.status.value}"
+    elif target is not None and target.step > named.step:
+        problem = "behind"
+    else:
+        return TrackerFix(**base, problem="ok", detail=f"the tracker names step {old_step}, the newest resumable")
+    refused = _refusal(run, tracker, problem, target, now_ns=now_ns, window_ns=in_progress_window_ns)
+    if target is None:
+        return TrackerFix(**base, problem=problem, refused=refused or "no complete checkpoint to point the tracker at")
+    return TrackerFix(
+        **base,
+        problem=problem,
+        new_step=target.step,
+        new_path=target.path,
+        refused=refused,
+        detail=f"{_what(problem, old_step)}: point it at step {target.step}",
+    )
+
+
+def _what(problem: str, old: int | None) -> str:
+    return {
+        "missing": "no tracker (resume_mode=auto would train from step 0)",
+        "garbage": "the tracker is not a step number (resume raises ValueError)",
+        "dangling": f"the tracker names step {old}, which is not there (verl would train from step 0)",
+        "behind": f"the tracker names step {old} but newer checkpoints are whole",
+    }.get(problem, f"the tracker names step {old}, which is {problem.removeprefix('names-')}")
+
+
+def _refusal(run: Run, tracker: TrackerState, problem: str, target, *, now_ns: int, window_ns: int) -> str:
+    """Why the tracker must not be touched now; "" when it may."""
+    if tracker.is_link:
+        return "the tracker is a symbolic link: not replacing a link (fix its target by hand)"
+    if tracker.exists and not tracker.is_file:
+        return "the tracker is not a regular file"
+    if problem == "unreadable":
+        return f"the tracker could not be read ({tracker.error or 'unreadable'}): not rewriting what was not read"
+    busy = [c.step for c in run.checkpoints if c.status is Status.IN_PROGRESS]
+    if busy:
+        return f"step {busy[-1]} is being written (in-progress): the run looks alive; run again when it stops"
+    if tracker.exists and now_ns - tracker.mtime_ns < window_ns:
+        return f"the tracker was written {(now_ns - tracker.mtime_ns) / 1e9:.0f}s ago: the run looks alive"
+    if any(f.code == "tracker-published-early" for f in run.findings):
+        return "files of the checkpoint the tracker names are still changing: the run looks alive"
+    unknown = [
+        c.step for c in run.checkpoints if c.status is Status.UNKNOWN and (target is None or c.step > target.step)
+    ]
+    if unknown:
+        return f"step {unknown[-1]} could not be read (unknown): not moving the tracker past what was not read"
+    return ""
+
+
+class FixError(Exception):
+    """The fix could not be written (one line); the tracker is as it was."""
+
+
+def apply_fix(fix: TrackerFix) -> str | None:
+    """Write `fix` (needed, not refused). Returns the backup path (None when there was no tracker).
+
+    Re-checks that the tracker still holds what the plan read; writes the old bytes beside it first, then the new
+    content to a temporary file in the same directory, fsync, rename over the tracker, fsync the directory.
+    """
+    assert fix.needed and not fix.refused
+    path = fix.tracker_path
+    directory = os.path.dirname(path)
+    try:
+        current = _read_plain(path)
+    except OSError as exc:
+        raise FixError(f"cannot re-read {path}: {exc.strerror or exc}") from None
+    if current != fix.old_content:
+        raise FixError(f"{path} changed since it was read: not rewriting it (run again)")
+    stamp = time.time_ns()
+    backup = None
+    tmp = f"{directory}/.{os.path.basename(path)}{TMP_INFIX}{os.getpid()}"
+    try:
+        if fix.old_content is not None:
+            backup = f"{path}{BACKUP_INFIX}{stamp}"
+            _write_new(backup, fix.old_content)
+        _write_new(tmp, content_for(fix.new_step))
+        os.replace(tmp, path)
+        _fsync_dir(directory)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        if backup is not None and _unchanged(path, fix.old_content):
+            _unlink_quietly(backup)  # nothing changed: leave no litter
+        raise FixError(f"cannot write the tracker in {directory}: {exc.strerror or exc}") from None
+    return backup
+
+
+def _unchanged(path: str, old: bytes | None) -> bool:
+    try:
+        return _read_plain(path) == old
+    except OSError:
+        return False
+
+
+def _read_plain(path: str) -> bytes | None:
+    """The tracker's bytes; None when it does not exist. Never follows a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(64 * 1024)
+
+
+def read_state(path: str) -> TrackerState:
+    """lstat and read the tracker (no link is followed)."""
+    import stat as statmod
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return TrackerState(path=path, exists=False)
+    except OSError as exc:
+        return TrackerState(path=path, exists=True, error=exc.strerror or str(exc))
+    if statmod.S_ISLNK(st.st_mode):
+        return TrackerState(path=path, exists=True, is_link=True, mtime_ns=st.st_mtime_ns)
+    if not statmod.S_ISREG(st.st_mode):
+        return TrackerState(path=path, exists=True, is_file=False, mtime_ns=st.st_mtime_ns)
+    try:
+        content = _read_plain(path)
+    except OSError as exc:
+        return TrackerState(path=path, exists=True, mtime_ns=st.st_mtime_ns, error=exc.strerror or str(exc))
+    return TrackerState(path=path, exists=True, content=content, mtime_ns=st.st_mtime_ns)
+
+
+def _write_new(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
