@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -152,11 +153,18 @@ def test_no_docs_page_names_an_exit_code_that_does_not_exist():
         assert unknown == set(), f"{page.name} documents exit codes {unknown} that ckpt_audit/exitcodes.py lacks"
 
 
-def test_every_json_document_is_documented(helps, tmp_path):
-    (tmp_path / "empty").mkdir()
-    out = ckpt_audit("scan", "--json", "--catalog", str(tmp_path / "catalog.db"), str(tmp_path / "empty"))
+@pytest.fixture(scope="module")
+def empty_scan(tmp_path_factory) -> tuple[dict, Path]:
+    """A real `scan --json` of an empty root into a fresh catalog: its document and the catalog it created."""
+    tmp = tmp_path_factory.mktemp("docs")
+    (tmp / "empty").mkdir()
+    out = ckpt_audit("scan", "--json", "--catalog", str(tmp / "catalog.db"), str(tmp / "empty"))
     assert out.returncode == 0, out.stderr
-    version = json.loads(out.stdout)["schema_version"]
+    return json.loads(out.stdout), tmp / "catalog.db"
+
+
+def test_every_json_document_is_documented(helps, empty_scan):
+    version = empty_scan[0]["schema_version"]
     for page in (README, CLI_DOC):
         assert f'"schema_version": {version}' in page.read_text(), f"{page.name} does not give schema_version {version}"
     section = CLI_DOC.read_text().split("## JSON documents", 1)[1].split("\n## ", 1)[0]
@@ -180,6 +188,14 @@ def anchors(page: Path) -> set[str]:
         seen[s] = n + 1
         found.add(s if n == 0 else f"{s}-{n}")
     return found
+
+
+def test_every_catalog_table_and_view_is_documented(empty_scan):
+    with sqlite3.connect(empty_scan[1]) as db:
+        names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
+    docs = "".join(page.read_text() for page in DOCS)
+    missing = [n for n in names if not n.startswith(("_", "sqlite_")) and f"`{n}`" not in docs]
+    assert missing == [], f"catalog tables/views named in no docs page: {missing}"
 
 
 def test_every_relative_link_resolves():
