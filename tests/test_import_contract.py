@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckpt_audit.scanner", "ckpt_audit.scrub"),
     ("ckpt_audit.deep", "ckpt_audit.lifecycle"),
     ("ckpt_audit.verify",),
-    ("ckpt_audit.catalog", "ckpt_audit.report"),
+    ("ckpt_audit.catalog", "ckpt_audit.report", "ckpt_audit.metrics_textfile"),  # metrics: a rendering of a scan
     ("ckpt_audit.session",),
     ("ckpt_audit.cli", "ckpt_audit.__main__"),
 )

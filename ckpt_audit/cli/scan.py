@@ -89,8 +89,17 @@ def scrub_options(f):
 @click.option("--deep", is_flag=True, help="Also run verify's deep checks (imports torch; per-file cost).")
 @scan_options
 @scrub_options
+@click.option(
+    "--metrics-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write Prometheus metrics here for node_exporter's textfile collector (written atomically; e.g. "
+    "/var/lib/node_exporter/textfile/ckpt_audit.prom). Sample alerts: docs/alerts.yml.",
+)
 @click.pass_context
-def scan_command(ctx: click.Context, roots, deep, scrub_period, scrub_budget, no_scrub, **options) -> None:
+def scan_command(
+    ctx: click.Context, roots, deep, scrub_period, scrub_budget, no_scrub, metrics_file, **options
+) -> None:
     """Hash, validate and catalog every checkpoint under ROOT... (cron-ready).
 
     Walks each root (links out of it are reported, not followed), hashes every file of every run with xxh3-128
@@ -108,12 +117,13 @@ def scan_command(ctx: click.Context, roots, deep, scrub_period, scrub_budget, no
         ckpt-audit scan /ckpts
         ckpt-audit scan -q --fail-on warning /ckpts /scratch/ckpts   # cron: mail only when something is wrong
         ckpt-audit scan --scrub-budget 200GiB /ckpts                 # cap the nightly re-read
+        ckpt-audit scan -q --metrics-file /var/lib/node_exporter/textfile/ckpt_audit.prom /ckpts  # + Prometheus
         ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
     """
     from ckpt_audit.scrub import ScrubPolicy
 
     scrub = None if no_scrub else ScrubPolicy(period_ns=scrub_period, budget_bytes=scrub_budget)
-    run_scan(ctx, roots, deep=deep, scrub=scrub, **options)
+    run_scan(ctx, roots, deep=deep, scrub=scrub, metrics_file=metrics_file, **options)
 
 
 def run_scan(
@@ -129,6 +139,7 @@ def run_scan(
     in_progress_window: float,
     catalog: Path | None,
     scrub=None,
+    metrics_file: Path | None = None,
 ) -> None:
     """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`.
     `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead)."""
@@ -163,6 +174,8 @@ def run_scan(
 
         with open_catalog(cat_path) as cat:
             scan_id = cat.record_scan(result, rehash=rehash)
+    if metrics_file is not None:
+        _write_metrics(metrics_file, result, scrub)
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
     if as_json:
         doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
@@ -171,6 +184,18 @@ def run_scan(
         for line in report.render_text(result, quiet=quiet, fail_on=threshold):
             click.echo(line)
     ctx.exit(int(code))
+
+
+def _write_metrics(path: Path, result, scrub) -> None:
+    """The textfile for node_exporter; prometheus_client is imported only here (scan's start-up stays light)."""
+    import time
+
+    from ckpt_audit.metrics_textfile import write_metrics
+
+    try:
+        write_metrics(path, result, now_ns=time.time_ns(), scrub_period_ns=None if scrub is None else scrub.period_ns)
+    except OSError as exc:
+        raise CommandError(f"cannot write metrics file {path}: {exc.strerror or exc}") from None
 
 
 class _progress:

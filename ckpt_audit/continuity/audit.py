@@ -12,6 +12,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.continuity.judge import DEFAULT_AFTER, DEFAULT_THRESHOLD, DEFAULT_WINDOW, Judgement, judge_resume
 from ckpt_audit.continuity.metrics import MetricLog, Series
 from ckpt_audit.continuity.resume_points import DEFAULT_TIME_GAP_S, CheckpointRef, ResumePoint, resume_points, stride
+from ckpt_audit.continuity.zero_step import zero_step_resumes
 from ckpt_audit.models import Finding
 
 
@@ -121,6 +122,7 @@ def audit_log(
                 )
             out.extend(found)
             results.append(PointResult(point=point, judgement=j, findings=tuple(found)))
+    out.extend(zero_step_resumes(log, name, time_gap_s=time_gap_s))  # attempts with no record of `name` at all
     return ContinuityResult(
         paths=log.paths,
         metric=name,
