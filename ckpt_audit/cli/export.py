@@ -48,11 +48,19 @@ from ckpt_audit.exitcodes import ExitCode
     help="Export a source that fails its check (CRC, hash against the catalog, or a corrupt/unsafe/unknown "
     "verdict) anyway; recorded as an override, and the export is not called verified.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "stream", "torch"]),
+    default="auto",
+    show_default=True,
+    help="stream: copy tensor bytes from the shards without torch; torch: load them with torch (needs the torch "
+    "extra); auto: stream, falling back to torch for what streaming cannot do exactly.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout.")
 @catalog_option
 @click.pass_context
 def export_command(
-    ctx, step_dir, to, dtype, force, role, max_shard_size, no_verify, allow_corrupt, as_json, catalog
+    ctx, step_dir, to, dtype, force, role, max_shard_size, no_verify, allow_corrupt, engine, as_json, catalog
 ) -> None:
     """Merge a checkpoint's FSDP shards into a HuggingFace model directory.
 
@@ -63,10 +71,11 @@ def export_command(
 
     Before writing anything: --to must not be, contain or sit inside a checkpoint, run or scanned root (the
     source's, the catalog's, or one found inside an existing --to), and the source's files are re-read: CRCs,
-    and hashes against the catalog's manifest. Streams one tensor at a time from memory-mapped shards into a
-    hidden sibling directory, reads every tensor back and compares it with the concatenation of its shards,
-    writes the marker .ckpt-audit-export.json, then renames it into place. The export (file hashes, source
-    checkpoint, how the source was checked, any override) is recorded in the catalog.
+    and hashes against the catalog's manifest. Copies tensor bytes from the shards in fixed-size blocks (no
+    torch; each storage checked against its CRC-32 as it is copied) into a hidden sibling directory, reads every
+    tensor back and compares it with what was written, writes the marker .ckpt-audit-export.json, then renames
+    it into place. The export (file hashes, source checkpoint, how the source was checked, any override) is
+    recorded in the catalog. --engine torch is the torch-based merge the stream is tested against.
 
     Exit codes: 0 exported, 1 refused: the source failed its check (see --allow-corrupt), 2 usage, or --to
     refused (would touch a checkpoint, run or root; exists without --force; --force onto something that is not
@@ -104,6 +113,7 @@ def export_command(
                 catalog=LifecycleLog(cat.db),
                 allow_corrupt=allow_corrupt,
                 progress=bar.update,
+                engine=engine,
             )
     except ExportRefused as exc:
         bar.close()

@@ -1,5 +1,11 @@
 """Export a checkpoint to a HuggingFace model directory by streaming its shards.
 
+Two engines. The default ("stream", export_stream.py) needs no torch: tensor bytes are copied from the shards'
+stored zip entries in fixed-size blocks, cast by numpy, CRC-checked and hashed in the same pass; peak memory is a
+block budget whatever the model's size. The torch engine below ("torch") is the oracle it is tested against
+byte for byte, and the fallback for what streaming cannot do exactly. The rest of this docstring is the torch
+engine's story; the guards, marker, swap and kill points are the same for both.
+
 verl's merger loads every rank's shard fully, concatenates everything in memory and only then saves: peak
 memory is about twice the model. Here each rank file is opened once with
 `torch.load(weights_only=True, mmap=True, map_location="cpu")`, so tensors are views into the files, and
@@ -57,6 +63,7 @@ from ckpt_audit.lifecycle.export_guard import (
     refusal,
     step_and_run,
 )
+from ckpt_audit.lifecycle.export_stream import StreamUnsupported
 from ckpt_audit.lifecycle.prune import _fsync_dir
 from ckpt_audit.models import Finding
 
@@ -80,6 +87,8 @@ SAFETENSORS_DTYPE = {
     "float8_e5m2": "F8_E5M2",
 }
 DEFAULT_MAX_SHARD = 5 * 10**9
+ENGINES = ("auto", "stream", "torch")
+TORCH_EXTRA = "pip install 'ckpt-audit[torch]'"
 TIED = ("lm_head.weight", "model.embed_tokens.weight")
 LEFTOVER_RE = r"\.{name}\.ckpt-audit-(?:tmp|old)-(\d+)-[0-9a-f]{{8}}"  # a killed export's work dirs beside --to
 
@@ -157,6 +166,7 @@ def export_checkpoint(
     allow_corrupt: bool = False,
     protected_roots: Iterable[str] = (),
     progress: Callable[[int, int, str], None] | None = None,
+    engine: str = "auto",
 ) -> ExportResult:
     """Merge `step_dir`'s `role` into a HuggingFace directory at `to`. Raises ExportError with a one-line reason,
     ExportRefused (nothing touched) when `to` or the source fails a safety check.
@@ -166,7 +176,12 @@ def export_checkpoint(
     from `to`, its manifest is what the source is checked against, and the export is recorded in it.
     `protected_roots`: further roots the caller scanned. `allow_corrupt`: export a source that failed its check,
     recorded as an override. The directory appears at `to` only when complete.
+
+    `engine`: "stream" copies tensor bytes without torch (export_stream); "torch" loads the shards with torch (the
+    oracle); "auto" streams and falls back to torch only for what streaming cannot do exactly.
     """
+    if engine not in ENGINES:
+        raise ExportError(f"unknown engine {engine!r} (use {', '.join(ENGINES)})")
     if dtype and dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r} (use bf16, fp16 or fp32)")
     src = Path(step_dir).resolve()
@@ -185,9 +200,6 @@ def export_checkpoint(
     if refused is not None and not allow_corrupt:
         raise refused
 
-    import torch  # lazy: see module docstring
-
-    target = getattr(torch, DTYPES[dtype]) if dtype else None
     out = Path(dest.path)  # not resolved: --force must replace a link, never the dir it points to
     ops = OpCounter.from_env()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -195,27 +207,28 @@ def export_checkpoint(
     tmp = out.parent / f".{out.name}.ckpt-audit-tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        if _model_shards(role_dir):
-            source = _ShardSource(role_dir)
-        elif _hf_weights(hf_dir):
-            source = _HfSource(hf_dir)
-        elif (role_dir / "dist_ckpt").is_dir():
-            raise ExportError(f"{role_dir}: Megatron dist_ckpt without HF weights in huggingface/ is not supported")
-        else:
+        if not _model_shards(role_dir) and not _hf_weights(hf_dir):
+            if (role_dir / "dist_ckpt").is_dir():
+                raise ExportError(f"{role_dir}: Megatron dist_ckpt without HF weights in huggingface/ is not supported")
             raise ExportError(f"{role_dir}: no model shards (model_world_size_W_rank_R.pt) and no HF weights")
-        result = _export(
-            source,
-            src,
-            tmp,
-            out,
-            target=target,
-            max_shard_size=max_shard_size,
-            verify=verify,
-            progress=progress,
-            hf_dir=hf_dir,
-            torch=torch,
-            ops=ops,
-        )
+        args = dict(max_shard_size=max_shard_size, verify=verify, progress=progress, hf_dir=hf_dir, ops=ops)
+        fallback = ""
+        result = None
+        if engine != "torch":
+            try:
+                # --allow-corrupt: the CRCs already failed and the user took the bytes as they are
+                crc = refused is None
+                result = _export_streamed(role_dir, src, tmp, out, dtype=dtype, check_crc=crc, **args)
+            except StreamUnsupported as why:
+                if engine == "stream" or not _torch_available():
+                    raise ExportError(f"{why}: this checkpoint needs the torch engine ({TORCH_EXTRA})") from None
+                fallback = f"exported with torch: {why}"
+                _remove(tmp)
+                tmp.mkdir()
+        if result is None:
+            result = _export_torch(role_dir, src, tmp, out, dtype=dtype, **args)
+            if fallback:
+                result = replace(result, warnings=(*result.warnings, fallback))
         result = _with_source(result, check, dest, override="allow-corrupt" if refused is not None else "")
         _write_marker(tmp, result)
         ops.tick()  # complete and marked: right before the rename
@@ -232,6 +245,97 @@ def export_checkpoint(
     if catalog is not None:
         result = replace(result, export_id=catalog.record_export(result, tick=ops.tick))
     return result
+
+
+def _torch_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def _export_torch(role_dir: Path, src: Path, tmp: Path, out: Path, *, dtype: str | None, **args) -> ExportResult:
+    """The torch engine: every rank file loaded with torch (mmap), tensors joined by torch, read back by safetensors."""
+    try:
+        import torch  # lazy: see module docstring
+    except ImportError:
+        raise ExportError(f"the torch engine needs torch ({TORCH_EXTRA})") from None
+    source = _ShardSource(role_dir) if _model_shards(role_dir) else _HfSource(args["hf_dir"])
+    target = getattr(torch, DTYPES[dtype]) if dtype else None
+    return _export(source, src, tmp, out, target=target, torch=torch, **args)
+
+
+def _export_streamed(
+    role_dir: Path, src: Path, tmp: Path, out: Path, *, dtype, check_crc, max_shard_size, verify, progress, hf_dir, ops
+) -> ExportResult:
+    """The stream engine (export_stream): tensor bytes copied from the shards in blocks, no torch."""
+    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.readers.hashing import digest_file
+
+    try:
+        if by_w := _model_shards(role_dir):
+            world = _world_size(role_dir, by_w)
+            files = by_w[world]
+            if missing := sorted(set(range(world)) - set(files)):
+                raise ExportError(
+                    f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} of {world}"
+                )
+            plan = es.plan_shards(files, world, role_dir)
+        else:
+            plan = es.plan_hf(_hf_weights(hf_dir))
+        total = len(plan.tensors)  # minus a dropped tied head, corrected as the ticks come
+        counter = [0]
+
+        def tick(name: str) -> None:
+            ops.tick()  # one tensor written
+            counter[0] += 1
+            if progress is not None:
+                progress(counter[0], max(total, counter[0]), name)
+
+        outcome = es.export_tensors(
+            plan,
+            tmp,
+            target=DTYPES[dtype] if dtype else None,
+            max_shard_size=max_shard_size,
+            verify=verify,
+            tie=bool(_read_config(hf_dir).get("tie_word_embeddings")),
+            check_crc=check_crc,
+            tick=tick,
+            read_tick=ops.tick,  # one tensor read back
+        )
+    except es.StreamError as exc:
+        raise ExportError(str(exc)) from None
+    lora_dir = None
+    if outcome.lora:
+        adapter_cfg = hf_dir.parent / "lora_adapter" / "adapter_config.json"  # verl writes it beside actor/
+        if adapter_cfg.is_file():
+            shutil.copy2(adapter_cfg, tmp / "lora_adapter" / "adapter_config.json")
+        lora_dir = str(out / "lora_adapter")
+    _copy_hf_files(hf_dir, tmp, outcome.dtype, None)
+    files = []
+    for p in sorted(tmp.rglob("*")):
+        if p.is_file():
+            rel = str(p.relative_to(tmp))
+            size, digest = outcome.hashes[rel] if rel in outcome.hashes else _digest(digest_file, p)
+            files.append(ExportedFile(path=str(out / rel), size_bytes=size, hash=digest))
+    return ExportResult(
+        source=str(src),
+        role_dir=str(hf_dir.parent),
+        out_dir=str(out),
+        source_kind=plan.kind,
+        world_size=plan.world_size,
+        dtype=outcome.dtype,
+        tensors=outcome.tensors,
+        total_bytes=outcome.total_bytes,
+        files=tuple(files),
+        lora_dir=lora_dir,
+        warnings=outcome.warnings,
+        read_back=outcome.read_back,
+    )
+
+
+def _digest(digest_file, p: Path) -> tuple[int, str]:
+    d = digest_file(str(p))
+    return d.size_bytes, d.hash
 
 
 def _files_to_read(role_dir: Path, hf_dir: Path) -> list[tuple[str, bool]]:
