@@ -39,7 +39,6 @@ NOT_YET_ASSERTED = frozenset(
         "metric-window-short",
         "not-loadable",
         "optimizer-step-behind",
-        "resume-trained-nothing",
     }
 )
 
