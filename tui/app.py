@@ -15,7 +15,7 @@ from textual.binding import Binding
 from ckpt_audit.models import Checkpoint, ScanResult, Severity, format_size
 from tui.activity import ActivityBar
 from tui.screens.armed import ArmedModal
-from tui.snapshot import Snapshot, catalog_runs, locked_catalog, scan_roots, verify_paths
+from tui.snapshot import Snapshot, catalog_runs, scan_roots, verify_paths
 
 THROTTLE_NS = 100_000_000  # progress reaches the UI at most ten times a second
 
@@ -149,8 +149,8 @@ class AuditApp(App[None]):
 
     @work(thread=True, group="io", exit_on_error=False)
     def _prune_job(self, plan) -> None:
-        from ckpt_audit.lifecycle.prune import Action, execute
-        from ckpt_audit.lifecycle.survivors import verify_plan
+        from ckpt_audit.lifecycle.prune import Action
+        from ckpt_audit.session import open_session
 
         total = len(plan.delete)
         done = 0
@@ -164,17 +164,17 @@ class AuditApp(App[None]):
         runs = [r for r in self.snapshot.runs if r.path in planned]
         self._busy("re-reading survivors")
         try:
-            with locked_catalog(self.catalog_path) as cat:
+            with open_session(self.catalog_path) as session:
                 # what the plan counts on is re-read first; a changed verdict means the confirmed plan is stale
-                check = self.last_survivors = verify_plan(plan, runs, progress=self._progress("re-reading survivors"))
-                if cat is not None:
-                    cat.record_rereads(check.rereads)  # a failure found here must outlive the next cached scan
-                if {i.path for i in check.plan.delete} != {i.path for i in plan.delete}:
-                    return self._stale_plan(check)
+                check = self.last_survivors = session.check_survivors(
+                    plan, runs, progress=self._progress("re-reading survivors")
+                )
                 self._busy("deleting")
-                result = execute(check.plan, catalog=self._log(cat), progress=progress, reread=check.outcomes())
+                result = session.prune(check, confirmed=plan, progress=progress)
         except Exception as exc:  # noqa: BLE001 - lock.Locked included: a cron run is busy, try again later
             return self._failed("pruning", exc)
+        if result is None:  # the re-read changed what goes: nothing deleted
+            return self._stale_plan(check)
         summary = (
             f"deleted {result.count(Action.DELETED)}, skipped {result.count(Action.SKIPPED)}, "
             f"failed {result.count(Action.FAILED)}; freed {format_size(result.bytes_freed)}, "
@@ -197,17 +197,16 @@ class AuditApp(App[None]):
 
     @work(thread=True, group="io", exit_on_error=False)
     def _export_job(self, ckpt: Checkpoint, to: str, dtype: str | None) -> None:
-        from ckpt_audit.lifecycle.export import export_checkpoint
+        from ckpt_audit.session import open_session
 
         self._busy("exporting")
         tick = self._progress("exporting")
         try:
-            with locked_catalog(self.catalog_path) as cat:
-                result = export_checkpoint(
+            with open_session(self.catalog_path) as session:
+                result = session.export(
                     ckpt.path,
                     to,
                     dtype=dtype,
-                    catalog=self._log(cat),
                     protected_roots=self.scan_targets(),
                     progress=lambda done, total, _name: tick(done, total),
                 )
@@ -225,14 +224,6 @@ class AuditApp(App[None]):
     def scan_targets(self) -> tuple[str, ...]:
         """The roots given on the command line, else the runs the catalog knows."""
         return self.roots or self.catalog_roots
-
-    @staticmethod
-    def _log(cat):
-        if cat is None:
-            return None
-        from ckpt_audit.catalog.lifecycle import LifecycleLog
-
-        return LifecycleLog(cat.db)
 
     def _set_snapshot(self, snap: Snapshot, message: str) -> None:
         self.snapshot = snap

@@ -3,22 +3,20 @@
 Every function here blocks (filesystem, SQLite) and runs in a worker thread. The catalog is opened per call,
 on the calling thread (SQLite connections belong to the thread that made them). Scanning only *reads* the
 catalog (hashes to reuse by stat), which WAL allows while a cron `ckpt-audit scan` writes; recording the
-scan, pruning and exporting take the same non-blocking lock the CLI takes, so they never overlap a cron run.
+scan, pruning and exporting go through ckpt_audit.session, under the same non-blocking lock the CLI takes, so
+they never overlap a cron run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckpt_audit import lock
-from ckpt_audit.catalog.manifest import CatalogError
 from ckpt_audit.models import Run, ScanResult
+from ckpt_audit.session import browse
 
 Progress = Callable[[int, int], None]
 
@@ -49,10 +47,7 @@ def catalog_runs(catalog_path: Path) -> tuple[str, ...]:
 
 def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> Snapshot:
     """Scan `roots`, reusing the hashes the catalog holds, and record the scan unless the catalog is locked."""
-    from ckpt_audit.scanner import scan
-
-    result = scan(list(roots), previous=_previous(catalog_path), progress=progress)
-    unrecorded = record(result, catalog_path)
+    result, unrecorded = browse(roots, catalog_path, progress=progress)
     done = result.finished_ns or time.time_ns()
     return Snapshot(
         runs=result.runs,
@@ -68,46 +63,5 @@ def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Pro
 def verify_paths(paths: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> ScanResult:
     """Deep-verify checkpoints (loads tensors: imports torch) and record the result. Like the CLI's verify, every
     file is re-read by content whatever its stat says."""
-    from ckpt_audit.verify import verify
-
-    result = verify(list(paths), progress=progress, previous=_previous(catalog_path), rehash=True)
-    record(result, catalog_path)
+    result, _unrecorded = browse(paths, catalog_path, deep=True, progress=progress)
     return result
-
-
-def _previous(catalog_path: Path | None):
-    """The catalogued hashes to reuse by stat (a WAL read: fine while a cron scan writes)."""
-    if catalog_path is None or not catalog_path.exists():
-        return None
-    from ckpt_audit.catalog.manifest import read_previous
-
-    return read_previous(catalog_path)
-
-
-def record(result: ScanResult, catalog_path: Path | None) -> str:
-    """Record a scan; returns "" or why it was not recorded. A busy catalog is no error: the view is still
-    right, and the cron run that holds it records its own scan."""
-    if catalog_path is None:
-        return "no catalog"
-    try:
-        with locked_catalog(catalog_path) as cat:
-            cat.record_scan(result)
-    except lock.Locked:
-        return "catalog locked by another run"
-    except sqlite3.OperationalError as exc:  # a writer outside the lock kept the database busy
-        return f"catalog busy ({exc})"
-    except (OSError, CatalogError) as exc:  # a catalog this user may read but not write: browsing goes on
-        return f"catalog not writable ({getattr(exc, 'strerror', None) or exc})"
-    return ""
-
-
-@contextlib.contextmanager
-def locked_catalog(catalog_path: Path | None) -> Iterator:
-    """The catalog open under the CLI's lock (raises lock.Locked at once if a cron run holds it); None without one."""
-    if catalog_path is None:
-        yield None
-        return
-    from ckpt_audit.catalog import open_catalog
-
-    with lock.hold(lock.lock_path_for(catalog_path)), open_catalog(catalog_path) as cat:
-        yield cat

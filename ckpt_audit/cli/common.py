@@ -56,27 +56,27 @@ def resolve_catalog(path: Path | None) -> Path:
 
 
 @contextmanager
-def locked_catalog(ctx: click.Context, roots, catalog: Path | None) -> Iterator[tuple[list[str], Path, dict]]:
-    """The preamble of every command that scans and records: the roots checked, the catalog probed, then held
-    under its lock for the whole body, with the previous scan's manifest read. Yields (real roots, catalog path,
-    previous). A bad root or catalog is a one-line error (exit 3); another run holding the lock exits 4."""
-    from ckpt_audit import lock, scanner
-    from ckpt_audit.catalog.manifest import CatalogError, probe, read_previous
+def session(ctx: click.Context, roots, catalog: Path | None) -> Iterator:
+    """The preamble of every command that writes the catalog: a ckpt_audit.session.Session over the roots given,
+    held under the catalog's lock for the whole body. A bad root or catalog is a one-line error (exit 3); another
+    run holding the lock exits 4 at once."""
+    from ckpt_audit.session import Locked, SessionError, open_session
 
     try:
-        real = [scanner.check_root(r) for r in roots]
-    except scanner.ScanError as exc:
+        with open_session(resolve_catalog(catalog), roots=roots) as s:
+            yield s
+    except SessionError as exc:
         raise CommandError(str(exc)) from None
-    cat_path = resolve_catalog(catalog)
-    try:
-        probe(cat_path)
-        with lock.hold(lock.lock_path_for(cat_path)):
-            yield real, cat_path, read_previous(cat_path)
-    except (CatalogError, scanner.ScanError) as exc:
-        raise CommandError(str(exc)) from None
-    except lock.Locked as exc:
+    except Locked as exc:
         click.echo(f"ckpt-audit: {exc}", err=True)
         ctx.exit(int(ExitCode.LOCKED))
+
+
+@contextmanager
+def locked_catalog(ctx: click.Context, roots, catalog: Path | None) -> Iterator[tuple[list[str], Path, dict]]:
+    """`session`'s older shape, kept while commands move over: yields (real roots, catalog path, previous facts)."""
+    with session(ctx, roots, catalog) as s:
+        yield list(s.roots), s.catalog_path, s.previous or {}
 
 
 def emit_json(document: dict) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, resolve_catalog
+from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, session
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -80,29 +80,25 @@ def export_command(
     Exit codes: 0 exported, 1 refused: the source failed its check (see --allow-corrupt), 2 usage, or --to
     refused (would touch a checkpoint, run or root; exists without --force; --force onto something that is not
     an earlier export or an empty directory), 3 error (unreadable or unsupported checkpoint, verification
-    failed, catalog unusable), 130 interrupted. Nothing is written when it refuses.
+    failed, catalog unusable), 4 another run holds the catalog lock, 130 interrupted. Nothing is written when it
+    refuses.
 
     \b
     Example:
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf-step400
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf --dtype bf16 --max-shard-size 2GB --force
     """
-    from ckpt_audit.catalog import open_catalog
-    from ckpt_audit.catalog.lifecycle import LifecycleLog
-    from ckpt_audit.catalog.manifest import CatalogError, probe
-    from ckpt_audit.lifecycle.export import ExportError, ExportRefused, export_checkpoint
+    from ckpt_audit.lifecycle.export import ExportError, ExportRefused
     from ckpt_audit.units import parse_size
 
     try:
         shard_bytes = parse_size(max_shard_size)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--max-shard-size") from None
-    cat_path = resolve_catalog(catalog)
     bar = _Progress(enabled=not as_json)
     try:
-        probe(cat_path)
-        with open_catalog(cat_path) as cat:
-            result = export_checkpoint(
+        with session(ctx, (), catalog) as s:  # the catalog's lock, as every other command that writes it
+            result = s.export(
                 step_dir,
                 to,
                 dtype=dtype,
@@ -110,7 +106,6 @@ def export_command(
                 role=role,
                 max_shard_size=shard_bytes,
                 verify=not no_verify,
-                catalog=LifecycleLog(cat.db),
                 allow_corrupt=allow_corrupt,
                 progress=bar.update,
                 engine=engine,
@@ -119,7 +114,7 @@ def export_command(
         bar.close()
         click.echo(f"ckpt-audit: error: {exc}", err=True)
         ctx.exit(int(ExitCode.USAGE if exc.about == "destination" else ExitCode.FINDINGS))
-    except (ExportError, CatalogError) as exc:
+    except ExportError as exc:
         raise CommandError(str(exc)) from None
     finally:
         bar.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import DURATION, catalog_option, emit_json, locked_catalog
+from ckpt_audit.cli.common import DURATION, catalog_option, emit_json, session
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -95,7 +95,6 @@ def prune_command(
         ckpt-audit prune /ckpts --keep-last 2 --keep-every 1000 --keep-best 1 --metric loss --yes
         ckpt-audit prune runs/ --keep-within 7d --pin runs/p/e/global_step_500 --json --yes
     """
-    from ckpt_audit import scanner
     from ckpt_audit.lifecycle.prune import find_trash
     from ckpt_audit.lifecycle.retention import (
         KeepBest,
@@ -107,11 +106,11 @@ def prune_command(
         plan_prune,
         read_metric,
     )
-    from ckpt_audit.lifecycle.survivors import verify_plan
 
-    with locked_catalog(ctx, roots, catalog) as (real_roots, cat_path, previous):
+    with session(ctx, roots, catalog) as s:
+        real_roots = list(s.roots)
         now = time.time_ns()
-        result = scanner.scan(real_roots, previous=previous, now_ns=now)
+        result = s.scan(now_ns=now, record=False).result  # recorded only if the plan is executed
         runs = result.runs
         rules: list = []
         if keep_last is not None:
@@ -132,7 +131,7 @@ def prune_command(
         if unknown := sorted(pin_paths - known):
             raise click.UsageError(f"--pin {unknown[0]} matches no scanned checkpoint")
         # the plan shown (and asked about) is the one whose survivors were re-read
-        check = verify_plan(plan_prune(runs, policy, now_ns=now, pins=pin_paths), runs)
+        check = s.check_survivors(plan_prune(runs, policy, now_ns=now, pins=pin_paths), runs)
         plan = check.plan
         trash_dirs = sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints})
         trash = find_trash(trash_dirs)
@@ -159,20 +158,7 @@ def prune_command(
                 click.echo("nothing deleted", err=True)
                 ctx.exit(int(ExitCode.OK))
 
-        from ckpt_audit.catalog import open_catalog
-        from ckpt_audit.catalog.lifecycle import LifecycleLog
-        from ckpt_audit.lifecycle.prune import execute
-
-        with open_catalog(cat_path) as cat:
-            cat.record_scan(result)
-            cat.record_rereads(check.rereads)  # what the survivor check read, failures included, is kept
-            outcome = execute(
-                plan,
-                catalog=LifecycleLog(cat.db),
-                reclaim_dirs=trash_dirs,
-                progress=None if as_json else _progress,
-                reread=check.outcomes(),
-            )
+        outcome = s.prune(check, scanned=result, reclaim_dirs=trash_dirs, progress=None if as_json else _progress)
     _finish(ctx, as_json, check, trash, outcome, roots=real_roots)
 
 

@@ -14,8 +14,8 @@ from ckpt_audit.cli.common import (
     CommandError,
     catalog_option,
     emit_json,
-    locked_catalog,
     resolve_catalog,
+    session,
 )
 from ckpt_audit.exitcodes import ExitCode
 
@@ -143,37 +143,14 @@ def run_scan(
 ) -> None:
     """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`.
     `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead)."""
-    from ckpt_audit import report, scanner
+    from ckpt_audit import report
 
     threshold = report.FAIL_ON[fail_on]
-    with locked_catalog(ctx, paths, catalog) as (real, cat_path, previous):
+    options = dict(workers=workers, rehash=rehash, in_progress_window_s=in_progress_window, scrub=scrub)
+    with session(ctx, paths, catalog) as s:
         with _progress(enabled=not as_json and not quiet) as progress:
-            if deep:
-                from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
-
-                result = verify(
-                    paths,
-                    workers=workers,
-                    rehash=rehash,
-                    previous=previous,
-                    progress=progress,
-                    in_progress_window_s=in_progress_window,
-                    scrub=scrub,
-                )
-            else:
-                result = scanner.scan(
-                    real,
-                    workers=workers,
-                    rehash=rehash,
-                    previous=previous,
-                    progress=progress,
-                    in_progress_window_s=in_progress_window,
-                    scrub=scrub,
-                )
-        from ckpt_audit.catalog import open_catalog
-
-        with open_catalog(cat_path) as cat:
-            scan_id = cat.record_scan(result, rehash=rehash)
+            done = s.verify(paths, progress=progress, **options) if deep else s.scan(progress=progress, **options)
+    result, scan_id, cat_path = done.result, done.scan_id, s.catalog_path
     if metrics_file is not None:
         _write_metrics(metrics_file, result, scrub)
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK

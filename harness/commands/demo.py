@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ckpt_audit.cli.common import CommandError
+from ckpt_audit.exitcodes import ExitCode
 
 
 def break_checkpoint(step_dir: Path) -> Path:
@@ -73,7 +74,7 @@ def demo_command(ctx: click.Context, directory: Path, world_size: int) -> None:
         ckpt-audit demo /tmp/demo && ckpt-audit ls --catalog /tmp/demo/catalog.db
     """
     from ckpt_audit import report, scanner
-    from ckpt_audit.catalog import CatalogError, open_catalog
+    from ckpt_audit.session import Locked, SessionError, open_session
 
     directory.mkdir(parents=True, exist_ok=True)
     click.echo(f"building a demo tree under {directory / 'ckpts'} (reference trainer, W={world_size}) ...", err=True)
@@ -81,12 +82,15 @@ def demo_command(ctx: click.Context, directory: Path, world_size: int) -> None:
         run = build_demo_tree(directory, world_size=world_size)
     except ImportError as exc:
         raise CommandError(f"the demo needs the reference trainer (harness) and torch: {exc}") from None
-    result = scanner.scan([run.parent.parent])
+    result = scanner.scan([run.parent.parent])  # a fresh read, whatever an earlier demo recorded
     try:
-        with open_catalog(directory / "catalog.db") as cat:
-            cat.record_scan(result)
-    except CatalogError as exc:
+        with open_session(directory / "catalog.db") as session:
+            session.record(result)
+    except SessionError as exc:
         raise CommandError(str(exc)) from None
+    except Locked as exc:
+        click.echo(f"ckpt-audit: {exc}", err=True)
+        ctx.exit(int(ExitCode.LOCKED))
     for line in report.render_text(result):
         click.echo(line)
     click.echo(f"\ncatalog: {directory / 'catalog.db'}  (try: ckpt-audit ls --catalog {directory / 'catalog.db'})")

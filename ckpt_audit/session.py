@@ -1,0 +1,256 @@
+"""The one service layer under both front ends: a catalog held under its lock, with the actions as calls.
+
+The CLI and the TUI do the same thing for the same action because both call these: `scan`, `verify`, `prune`,
+`export` (and `record` for a scan made elsewhere). Every catalog write either front end makes goes through a
+`Session`, which exists only while its lock (ckpt_audit/lock.py) is held, so a write never overlaps a cron run.
+Front ends only parse, call, render and map errors to exit codes; nothing here prints.
+
+Opening: `with open_session(catalog_path, roots=...) as s:` checks the roots, probes the catalog, then holds the
+lock for the whole body; it raises SessionError (a bad root or catalog: exit 3) or lock.Locked (exit 4) and
+never waits. The catalog itself is opened on first write, so a scan reads files before sqlite_utils is imported.
+
+Browsing is the one read that does not wait for the lock: `browse` scans with the catalogued hashes (a WAL read,
+fine while a cron run writes) and records through a session only if the lock is free.
+
+A new action (e.g. `latest`, `fix-tracker`) is one more method: do the work, write through `self.catalog`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ckpt_audit import lock, scanner
+from ckpt_audit.models import Run, ScanResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt_audit.catalog.store import Catalog
+    from ckpt_audit.lifecycle.export import ExportResult
+    from ckpt_audit.lifecycle.prune import Outcome, PruneResult
+    from ckpt_audit.lifecycle.retention import PrunePlan
+    from ckpt_audit.lifecycle.survivors import SurvivorCheck
+    from ckpt_audit.scrub import ScrubPolicy
+
+Progress = Callable[[int, int], None]
+Locked = lock.Locked
+
+
+class SessionError(Exception):
+    """A root that cannot be scanned or a catalog that cannot be used: a one-line error (exit 3)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recorded:
+    """A scan (or verify) and the catalog scan id it was recorded under (None: not recorded)."""
+
+    result: ScanResult
+    scan_id: int | None
+
+
+class Session:
+    """A catalog under its lock (made by `open_session`); `catalog_path` None: no catalog, nothing recorded."""
+
+    def __init__(self, catalog_path: Path | None, roots: Sequence[str]) -> None:
+        self.catalog_path = catalog_path
+        self.roots = tuple(roots)  # the checked, real roots the session was opened for
+        self._catalog: Catalog | None = None
+        self._previous: dict | None = None
+
+    # ---------------------------------------------------------------------------------------- reads
+
+    @property
+    def previous(self) -> dict | None:
+        """The catalogued facts a scan may reuse by stat (read once, with bare sqlite3)."""
+        if self._previous is None and self.catalog_path is not None:
+            self._previous = _previous(self.catalog_path)
+        return self._previous
+
+    @property
+    def catalog(self) -> Catalog | None:
+        """The catalog open for writing (opened on first use: sqlite_utils costs a noticeable share of start-up)."""
+        if self._catalog is None and self.catalog_path is not None:
+            from ckpt_audit.catalog import open_catalog
+
+            self._catalog = open_catalog(self.catalog_path)
+        return self._catalog
+
+    # ---------------------------------------------------------------------------------------- actions
+
+    def scan(
+        self,
+        roots: Sequence[str | Path] | None = None,
+        *,
+        workers: int = 2,
+        rehash: bool = False,
+        progress: Progress | None = None,
+        in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+        scrub: ScrubPolicy | None = None,
+        now_ns: int | None = None,
+        record: bool = True,
+    ) -> Recorded:
+        """Scan `roots` (default: the session's) reusing the catalogued hashes; record it unless `record` is False
+        (prune records its scan only once it deletes)."""
+        result = scanner.scan(
+            list(self.roots if roots is None else roots),
+            workers=workers,
+            rehash=rehash,
+            previous=self.previous,
+            progress=progress,
+            in_progress_window_s=in_progress_window_s,
+            scrub=scrub,
+            now_ns=now_ns,
+        )
+        return Recorded(result=result, scan_id=self.record(result, rehash=rehash) if record else None)
+
+    def verify(
+        self,
+        paths: Sequence[str | Path],
+        *,
+        workers: int = 2,
+        rehash: bool = True,
+        progress: Progress | None = None,
+        in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+        scrub: ScrubPolicy | None = None,
+    ) -> Recorded:
+        """Scan `paths`, then deepen, and record it. `rehash` True: every file is re-read by content whatever its
+        stat says, as `ckpt-audit verify` does unless --trust-cache."""
+        result = _verify(
+            paths,
+            workers=workers,
+            rehash=rehash,
+            previous=self.previous,
+            progress=progress,
+            in_progress_window_s=in_progress_window_s,
+            scrub=scrub,
+        )
+        return Recorded(result=result, scan_id=self.record(result, rehash=rehash))
+
+    def record(self, result: ScanResult, *, rehash: bool = False) -> int | None:
+        """Record a scan made elsewhere (the demo's, a browse); returns its scan id (None without a catalog)."""
+        cat = self.catalog
+        return None if cat is None else cat.record_scan(result, rehash=rehash)
+
+    def check_survivors(self, plan: PrunePlan, runs: Sequence[Run], *, progress: Progress | None = None):
+        """Re-read what `plan` counts on (lifecycle.survivors.verify_plan); nothing is written."""
+        from ckpt_audit.lifecycle.survivors import verify_plan
+
+        return verify_plan(plan, runs, progress=progress)
+
+    def prune(
+        self,
+        check: SurvivorCheck,
+        *,
+        confirmed: PrunePlan | None = None,
+        scanned: ScanResult | None = None,
+        reclaim_dirs: Iterable[str] = (),
+        progress: Callable[[Outcome], None] | None = None,
+    ) -> PruneResult | None:
+        """Delete `check.plan` crash-safely, logged in the catalog. First the scan the plan came from (`scanned`)
+        is recorded and what the survivor check read is kept (a failure found must outlive the next cached scan).
+        `confirmed`: the plan the user agreed to before the re-read; if the re-read changed what goes, nothing is
+        deleted and None is returned."""
+        from ckpt_audit.catalog.lifecycle import LifecycleLog
+        from ckpt_audit.lifecycle.prune import execute
+
+        cat = self.catalog
+        if cat is not None:
+            if scanned is not None:
+                cat.record_scan(scanned)
+            cat.record_rereads(check.rereads)
+        if confirmed is not None and {i.path for i in check.plan.delete} != {i.path for i in confirmed.delete}:
+            return None
+        return execute(
+            check.plan,
+            catalog=None if cat is None else LifecycleLog(cat.db),
+            reclaim_dirs=reclaim_dirs,
+            progress=progress,
+            reread=check.outcomes(),
+        )
+
+    def export(self, step_dir: str | Path, to: str | Path, **options) -> ExportResult:
+        """Export one checkpoint to a HuggingFace directory, recorded in the catalog
+        (options: lifecycle.export.export_checkpoint's). Raises ExportError / ExportRefused."""
+        from ckpt_audit.catalog.lifecycle import LifecycleLog
+        from ckpt_audit.lifecycle.export import export_checkpoint
+
+        cat = self.catalog
+        return export_checkpoint(step_dir, to, catalog=None if cat is None else LifecycleLog(cat.db), **options)
+
+    def _close(self) -> None:
+        if self._catalog is not None:
+            self._catalog.close()
+            self._catalog = None
+
+
+@contextlib.contextmanager
+def open_session(catalog_path: Path | None, *, roots: Sequence[str | Path] = ()) -> Iterator[Session]:
+    """Check `roots`, probe the catalog, hold its lock for the body. Raises SessionError or lock.Locked at once."""
+    from ckpt_audit.catalog.manifest import CatalogError, probe
+
+    try:
+        real = [scanner.check_root(r) for r in roots]
+    except scanner.ScanError as exc:
+        raise SessionError(str(exc)) from None
+    if catalog_path is None:
+        yield Session(None, real)
+        return
+    try:
+        probe(catalog_path)
+        with lock.hold(lock.lock_path_for(catalog_path)):
+            session = Session(catalog_path, real)
+            try:
+                yield session
+            finally:
+                session._close()
+    except (CatalogError, scanner.ScanError) as exc:
+        raise SessionError(str(exc)) from None
+
+
+def browse(
+    roots: Sequence[str], catalog_path: Path | None, *, deep: bool = False, progress: Progress | None = None
+) -> tuple[ScanResult, str]:
+    """Scan (`deep`: verify, re-reading every file) `roots` without waiting for the lock, reusing the catalogued
+    hashes, then record it if the lock is free. Returns the result and "" or why it was not recorded: a busy
+    catalog is no error for a viewer (the cron run that holds it records its own scan)."""
+    previous = _previous(catalog_path)
+    if deep:
+        result = _verify(roots, previous=previous, progress=progress, rehash=True)
+    else:
+        result = scanner.scan(list(roots), previous=previous, progress=progress)
+    return result, record_if_free(result, catalog_path)
+
+
+def record_if_free(result: ScanResult, catalog_path: Path | None) -> str:
+    """Record `result` through a session if the lock is free; "" or why it was not recorded."""
+    if catalog_path is None:
+        return "no catalog"
+    try:
+        with open_session(catalog_path) as session:
+            session.record(result)
+    except lock.Locked:
+        return "catalog locked by another run"
+    except sqlite3.OperationalError as exc:  # a writer outside the lock kept the database busy
+        return f"catalog busy ({exc})"
+    except (OSError, SessionError) as exc:  # a catalog this user may read but not write: browsing goes on
+        return f"catalog not writable ({getattr(exc, 'strerror', None) or exc})"
+    return ""
+
+
+def _verify(paths: Sequence[str | Path], **options) -> ScanResult:
+    from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
+
+    return verify(list(paths), **options)
+
+
+def _previous(catalog_path: Path | None) -> dict | None:
+    """The catalogued facts to reuse by stat (a WAL read: fine while a cron scan writes); None without a catalog."""
+    if catalog_path is None or not os.path.exists(catalog_path):
+        return None
+    from ckpt_audit.catalog.manifest import read_previous
+
+    return read_previous(catalog_path)
