@@ -12,7 +12,6 @@ import os
 import stat as statmod
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from ckpt_audit.layouts import Layout, ScanContext, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import Finding, ScanResult, ShardFile, format_size
 from ckpt_audit.readers import hashing, pt_structure
+from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.scrub import Cached, ScrubPlan, ScrubPolicy, plan_scrub
@@ -292,23 +292,10 @@ def _read_text(path: str, st: os.stat_result) -> str | None:
 def _read_all(
     paths: Sequence[str], stats: Mapping[str, os.stat_result], previous: Mapping, *, workers: int, now_ns: int
 ) -> Iterator[tuple[str, FileFacts]]:
-    """read_file over a thread pool (hashing and CRC release the GIL), at most 2*workers files in flight."""
-    it = iter(paths)
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckpt-scan") as pool:
-        pending: dict[Future, str] = {}
-
-        def submit() -> None:
-            p = next(it, None)
-            if p is not None:
-                pending[pool.submit(read_file, p, stats[p], previous.get(p), now_ns=now_ns)] = p
-
-        for _ in range(2 * max(1, workers)):
-            submit()
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                yield pending.pop(fut), fut.result()
-                submit()
+    """read_file over the file thread pool (hashing and CRC release the GIL), as each file completes."""
+    return map_unordered(
+        lambda p: read_file(p, stats[p], previous.get(p), now_ns=now_ns), paths, workers=workers, name="ckpt-scan"
+    )
 
 
 def read_file(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from ckpt_audit.codes import CODES, finding
 from ckpt_audit.deep import dcp_check, safe_load
 from ckpt_audit.deep import rules as deep
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
+from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.rules import status as status_rules
 from ckpt_audit.scrub import ScrubPolicy
 
@@ -61,14 +61,13 @@ def deepen(result: ScanResult, *, workers: int = 2, progress: Progress | None = 
     total = len(jobs)
     done = 0
     runs = [list(r.checkpoints) for r in result.runs]
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckpt-verify") as pool:
-        for (ri, ci), ckpt in zip(
-            jobs, pool.map(lambda j: deepen_checkpoint(result.runs[j[0]].checkpoints[j[1]]), jobs)
-        ):
-            runs[ri][ci] = ckpt
-            done += 1
-            if progress is not None:
-                progress(done, total)
+    for (ri, ci), ckpt in map_unordered(
+        lambda j: deepen_checkpoint(result.runs[j[0]].checkpoints[j[1]]), jobs, workers=workers, name="ckpt-verify"
+    ):
+        runs[ri][ci] = ckpt
+        done += 1
+        if progress is not None:
+            progress(done, total)
     return replace(
         result, runs=tuple(replace(r, checkpoints=tuple(runs[i])) for i, r in enumerate(result.runs)), deep=True
     )

@@ -16,11 +16,11 @@ import stat
 import threading
 import zlib
 from collections.abc import Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import xxhash
 
+from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.readers.problem import Problem
 from ckpt_audit.readers.ptzip import (
     LOCAL_HEADER_LEN,
@@ -223,35 +223,21 @@ def _stream(fd: int, checker: _CrcChecker | None) -> tuple[str, int]:
 def digest_files(
     paths: Iterable[str | os.PathLike[str]], *, workers: int = 2, check_crc: bool = True
 ) -> Iterator[tuple[str, FileDigest | OSError]]:
-    """digest_file over a thread pool, yielding (path, digest or the OSError) as each file completes.
+    """digest_file over the file thread pool (pool.map_unordered), yielding (path, digest or the OSError) as each
+    file completes.
 
     Largest files go first (one stat each, 2 us): a big shard started last would leave one worker idle while it
-    finishes. At most 2*workers files are in flight, so a long list does not become a long queue of futures.
+    finishes.
     """
     order = sorted((os.fspath(p) for p in paths), key=_size_or_zero, reverse=True)
-    it = iter(order)
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckpt-hash") as pool:
-        pending: dict[Future, str] = {}
 
-        def submit_next() -> bool:
-            p = next(it, None)
-            if p is None:
-                return False
-            pending[pool.submit(digest_file, p, check_crc=check_crc)] = p
-            return True
+    def read(path: str) -> FileDigest | OSError:
+        try:
+            return digest_file(path, check_crc=check_crc)
+        except OSError as exc:
+            return exc
 
-        for _ in range(2 * max(1, workers)):
-            if not submit_next():
-                break
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                p = pending.pop(fut)
-                try:
-                    yield p, fut.result()
-                except OSError as exc:
-                    yield p, exc
-                submit_next()
+    yield from map_unordered(read, order, workers=workers, name="ckpt-hash")
 
 
 def _size_or_zero(path: str) -> int:
