@@ -6,7 +6,53 @@ into another module would change an applied migration whenever that module chang
 
 from __future__ import annotations
 
-from sqlite_utils import Migrations
+from typing import Any
+
+
+class Migrations:
+    """sqlite-utils' Migrations, built on first use: registering the bodies (at import) must not import sqlite-utils.
+
+    `pending` and `apply` hand a sqlite_utils.Database (made on the same connection when given a catalog.sqlite.Db)
+    to the real Migrations. Infrastructure, not a migration body: it imports nothing of ckpt_audit.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._bodies: list[tuple[str, Any, bool]] = []
+        self._real = None
+
+    def __call__(self, *, name: str | None = None, transactional: bool = True):
+        def inner(fn):
+            self._bodies.append((name or fn.__name__, fn, transactional))
+            return fn
+
+        return inner
+
+    def pending_names(self, db) -> list[str]:
+        """From plain sqlite3 (`db`: catalog.sqlite.Db): opening an up-to-date catalog never imports sqlite-utils."""
+        applied = db.applied_migrations(self.name) or set()
+        return [n for n, _fn, _t in self._bodies if n not in applied]
+
+    def pending(self, db) -> list:
+        return self._migrations().pending(_as_sqlite_utils(db))
+
+    def apply(self, db) -> None:
+        self._migrations().apply(_as_sqlite_utils(db))
+
+    def _migrations(self):
+        if self._real is None:
+            from sqlite_utils import Migrations as Real
+
+            real = Real(self.name)
+            for n, fn, t in self._bodies:
+                real(name=n, transactional=t)(fn)
+            self._real = real
+        return self._real
+
+
+def _as_sqlite_utils(db):
+    return db.sqlite_utils() if hasattr(db, "sqlite_utils") else db  # a catalog.sqlite.Db, or sqlite-utils' own
+
 
 MIGRATIONS = Migrations("ckpt_audit")
 

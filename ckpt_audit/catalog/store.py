@@ -13,8 +13,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import sqlite_utils
-
 from ckpt_audit import __version__
 from ckpt_audit.catalog.manifest import (
     CatalogError,
@@ -25,6 +23,7 @@ from ckpt_audit.catalog.manifest import (
     read_previous,
 )
 from ckpt_audit.catalog.migrations import MIGRATIONS
+from ckpt_audit.catalog.sqlite import Db
 from ckpt_audit.killpoints import CATALOG_KILL_AFTER_ENV, OpCounter
 from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
 from ckpt_audit.tree import FileFacts
@@ -40,12 +39,13 @@ def open_catalog(path: str | os.PathLike[str]) -> Catalog:
     path = os.fspath(path)
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite_utils.Database(path)
+        db = Db(sqlite3.connect(path))  # plain sqlite3: importing sqlite-utils costs a cron job 0.2-0.35 s
         db.execute("PRAGMA foreign_keys=ON")
         db.execute("PRAGMA busy_timeout=5000")
         db.enable_wal()
         db.execute("PRAGMA synchronous=NORMAL")
-        MIGRATIONS.apply(db)
+        if MIGRATIONS.pending_names(db):  # only then is sqlite-utils imported
+            MIGRATIONS.apply(db)
     except (sqlite3.Error, OSError) as exc:
         raise CatalogError(f"catalog {path} is unusable: {exc}") from None
     return Catalog(db, path, writable=True)
@@ -64,8 +64,8 @@ def read_catalog(path: str | os.PathLike[str]) -> Catalog:
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         conn.execute("PRAGMA busy_timeout=5000")
-        db = sqlite_utils.Database(conn)
-        pending = MIGRATIONS.pending(db)
+        db = Db(conn)
+        pending = MIGRATIONS.pending_names(db)
     except sqlite3.Error as exc:
         raise CatalogError(f"catalog {path} cannot be read: {exc}") from None
     if pending:
@@ -78,7 +78,7 @@ def read_catalog(path: str | os.PathLike[str]) -> Catalog:
 
 
 class Catalog:
-    def __init__(self, db: sqlite_utils.Database, path: str, *, writable: bool) -> None:
+    def __init__(self, db: Db, path: str, *, writable: bool) -> None:
         self.db = db
         self.path = path
         self.writable = writable
