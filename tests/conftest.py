@@ -144,3 +144,43 @@ def copy_run(tmp_path):
         return dst
 
     return copy
+
+
+# -- the fast tier --------------------------------------------------------------------------------------------
+# `pytest -m "not slow"` is the fast tier; the full run (CI) runs everything. A test is `slow` when it needs a tree
+# written by multi-process torch (on a cold cache each is a trainer run: minutes on 2 cores): marked here for the
+# fixtures below, requested directly or through others (run_copy -> base_run -> verl_run) or named by a parametrized
+# value (tests that call request.getfixturevalue(name)); tests that run the trainer themselves, or spend seconds
+# otherwise, carry the mark where they are defined. The guard below fails a test that reaches one of these fixtures
+# unmarked.
+SLOW_FIXTURES = frozenset(
+    {
+        "verl_run",
+        "verl_run_w3",
+        "verl_run_hsdp",
+        "verl_run_w1",
+        "verl_run_critic",
+        "verl_run_sft",
+        "trees",  # test_verify: harness.dcp_tree's gloo runs (DCP, Megatron, FSDP2), built each session
+        "dcp_trees",  # test_scan_cache: the same
+        "megatron_tree",  # test_resume_gate_trees: the same
+        "trainer_logs",  # test_continuity: three trainer runs
+        "dtensor_dir",  # test_pickles: a 2-process gloo group saving DTensors
+    }
+)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        named = {v for v in callspec.params.values() if isinstance(v, str)} if callspec else set()
+        if SLOW_FIXTURES & (set(item.fixturenames) | named):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _slow_fixtures_only_in_slow_tests(request):
+    yield
+    reached = SLOW_FIXTURES & set(request.fixturenames)  # includes fixtures fetched by request.getfixturevalue
+    if reached and request.node.get_closest_marker("slow") is None:
+        pytest.fail(f"uses {sorted(reached)} but is not marked slow: add @pytest.mark.slow", pytrace=False)

@@ -7,11 +7,13 @@ import importlib.util
 import sqlite3
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from ckpt_audit.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # `ckpt-audit demo` runs the reference trainer
 
 
 def shape(db: Path) -> tuple:

@@ -129,6 +129,7 @@ def test_export_equals_concatenated_shards_and_gives_the_same_logits(request, tm
     assert torch.equal(logits(model, ref_config), logits(ref, ref_config))
 
 
+@pytest.mark.slow  # builds, saves and reloads a transformers model: seconds of import and compute
 def test_world_size_1_plain_tensors_as_fsdp1_no_shard_saves_them(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -142,6 +143,7 @@ def test_world_size_1_plain_tensors_as_fsdp1_no_shard_saves_them(tmp_path):
     assert torch.equal(logits(model, config), logits(ref, config))
 
 
+@pytest.mark.slow  # reads the trainer trees through request.getfixturevalue
 def test_shard1_and_uneven_shards_are_covered_by_the_trainer_trees(request):
     """The trainer's trees must exercise Shard(1) and uneven shards, or the export tests above prove less."""
     seen = set()
@@ -150,6 +152,7 @@ def test_shard1_and_uneven_shards_are_covered_by_the_trainer_trees(request):
     assert {"shard0", "shard1", "uneven", "hsdp"} <= seen, seen
 
 
+@pytest.mark.slow  # write_raw: a 3-process gloo group
 def test_empty_trailing_shards_shard0_and_shard1(tmp_path):
     """torch.chunk semantics: 4 rows over 3 ranks are 2/2/0; 7 columns are 3/3/1."""
     step = write_raw(tmp_path / "raw", 3)

@@ -69,6 +69,7 @@ def test_critic_sft_and_sharded_index_byte_identical(verl_run_critic, verl_run_s
     assert both(latest_step(verl_run), tmp_path / "nv", verify=False).read_back is False
 
 
+@pytest.mark.slow  # write_raw: a 3-process gloo group
 def test_empty_trailing_shards_and_plain_tensors_byte_identical(tmp_path):
     raw = write_raw(tmp_path / "raw", 3)  # Shard(0) 2/2/0 and Shard(1) 3/3/1
     for dtype in (None, "bf16", "fp16", "fp32"):

@@ -12,6 +12,8 @@ from click.testing import CliRunner
 
 from ckpt_audit.cli import cli
 
+pytestmark = pytest.mark.slow  # most of these run the reference trainer in subprocesses
+
 
 def _group_members(pgid: int) -> list[int]:
     found = []

@@ -10,6 +10,8 @@ import pytest
 
 from harness.resume import CONTINUITY_STEPS, METRIC_FIELDS, ResumeTestSpec, run_resume_tests
 
+pytestmark = pytest.mark.slow  # the module's reports run the reference trainer a dozen times
+
 DROPS = ("optimizer", "scheduler", "rng", "data")
 SPECS = {
     "w2": ResumeTestSpec(world_size=2, steps=8, resume_step=5),

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import sqlite_utils
 
 from ckpt_audit.catalog.lifecycle import LifecycleLog
@@ -195,6 +196,7 @@ def _ops_needed(tmp_path: Path) -> int:
     return sum(1 + sum(1 for _ in (run / f"global_step_{s}").rglob("*")) + 1 for s in range(1, 6))
 
 
+@pytest.mark.slow  # a Python subprocess per filesystem operation
 def test_sigkill_at_every_filesystem_operation_never_loses_the_newest_and_a_rerun_completes(tmp_path):
     total = _ops_needed(tmp_path)
     assert total > 20

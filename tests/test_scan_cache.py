@@ -235,6 +235,7 @@ def _verdicts(doc: dict) -> tuple[dict[str, str], set[tuple[str, str, str, str]]
     return statuses, found
 
 
+@pytest.mark.slow  # the cases read the trainer trees through request.getfixturevalue
 @pytest.mark.parametrize("case", [*CLEAN, "torch-tree", "plain-dcp", *BROKEN])
 def test_rescan_that_reuses_the_catalog_forgets_nothing(request, tmp_path, case):
     if case == "torch-tree":
