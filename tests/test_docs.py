@@ -110,6 +110,18 @@ def test_every_command_has_a_docs_heading(commands):
     assert missing == [], f"no heading in docs/*.md names these commands: {missing}"
 
 
+def test_every_option_is_documented(helps):
+    """Each --option in a command's help is named on a docs page with a heading for that command (or in cli.md,
+    which documents the shared ones: --json, -q/--quiet, --fail-on, --catalog)."""
+    pages = [(page, page.read_text()) for page in DOCS]
+    undocumented = []
+    for name, text in helps.items():
+        options = set(re.findall(r"^\s+(?:-\w, )?(--[a-z][a-z0-9-]*)", text.split("\nOptions:\n", 1)[1], re.M))
+        own = [t for page, t in pages if page == CLI_DOC or any(names_command(h, name) for h in headings(t))]
+        undocumented += [f"{name} {opt}" for opt in sorted(options - {"--help"}) if not any(opt in t for t in own)]
+    assert undocumented == [], f"options in --help that no docs page of the command names: {undocumented}"
+
+
 def test_every_command_has_a_readme_row_linking_its_docs_page(commands):
     rows = readme_rows()
     assert set(commands) - set(rows) == set(), f"README command table lacks rows for {set(commands) - set(rows)}"
