@@ -255,6 +255,18 @@ def test_every_cited_repository_path_exists():
     assert stale == [], "cited paths not in the repository:\n" + "\n".join(stale)
 
 
+def test_every_cited_markdown_file_is_in_the_repository():
+    """A `.md` named anywhere (e.g. a design note citing `reference/verl-format.md §2`) must be one the reader has:
+    in the repository, relative to the page or to the root. Upstream sources are cited by URL instead."""
+    stale = []
+    for page in [README, *DOCS, REPO / "bench" / "README.md"]:
+        text = re.sub(r"https?://\S+", "", page.read_text())
+        for cited in set(re.findall(r"[\w./-]+\.md\b", text)):
+            if not ((page.parent / cited).exists() or (REPO / cited).exists()):
+                stale.append(f"{page.relative_to(REPO)}: {cited}")
+    assert stale == [], "markdown files cited that are not in the repository:\n" + "\n".join(sorted(stale))
+
+
 def test_codes_doc_is_generated_from_the_registry():
     spec = importlib.util.spec_from_file_location("gen_codes_doc", REPO / "scripts" / "gen_codes_doc.py")
     gen = importlib.util.module_from_spec(spec)
