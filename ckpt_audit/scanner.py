@@ -16,9 +16,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import Layout, ScanContext, load_layouts
+from ckpt_audit.layouts import Layout, ScanContext, file_kind, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
-from ckpt_audit.models import Finding, ScanResult, ShardFile, format_size
+from ckpt_audit.models import FileKind, Finding, ScanResult, ShardFile, format_size
 from ckpt_audit.readers import hashing, pt_structure
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.rules import files as file_rules
@@ -180,9 +180,15 @@ def scan_partial(
     facts: dict[str, FileFacts] = {}
     todo: list[str] = []
     cached: dict[str, FileFacts] = {}
+    kinds = {p: file_kind(p, layouts) for p in paths}  # what each file is meant to be: the file rules depend on it
     for p in paths:
         prev = previous.get(p)
-        if not rehash and isinstance(prev, FileFacts) and _reusable(prev, stats[p]):
+        if (
+            not rehash
+            and isinstance(prev, FileFacts)
+            and _reusable(prev, stats[p])
+            and file_rules.judged_as(kinds[p], prev.findings)
+        ):
             cached[p] = prev
         else:
             todo.append(p)
@@ -206,7 +212,7 @@ def scan_partial(
     total = sum(stats[p].st_size for p in todo)
     done = 0
     hashed = 0
-    for p, fact in _read_all(todo, stats, previous, workers=workers, now_ns=now):
+    for p, fact in _read_all(todo, stats, previous, kinds, workers=workers, now_ns=now):
         facts[p] = fact
         done += stats[p].st_size
         if fact.hash is not None:
@@ -290,18 +296,34 @@ def _read_text(path: str, st: os.stat_result) -> str | None:
 
 
 def _read_all(
-    paths: Sequence[str], stats: Mapping[str, os.stat_result], previous: Mapping, *, workers: int, now_ns: int
+    paths: Sequence[str],
+    stats: Mapping[str, os.stat_result],
+    previous: Mapping,
+    kinds: Mapping[str, FileKind],
+    *,
+    workers: int,
+    now_ns: int,
 ) -> Iterator[tuple[str, FileFacts]]:
     """read_file over the file thread pool (hashing and CRC release the GIL), as each file completes."""
     return map_unordered(
-        lambda p: read_file(p, stats[p], previous.get(p), now_ns=now_ns), paths, workers=workers, name="ckpt-scan"
+        lambda p: read_file(p, stats[p], previous.get(p), kind=kinds[p], now_ns=now_ns),
+        paths,
+        workers=workers,
+        name="ckpt-scan",
     )
 
 
 def read_file(
-    path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, *, now_ns: int | None = None
+    path: str,
+    st: os.stat_result,
+    prev: FileFacts | ShardFile | None,
+    *,
+    kind: FileKind,
+    now_ns: int | None = None,
 ) -> FileFacts:
     """Everything one file tells without judging its neighbours. Never raises for a bad file.
+
+    `kind` is what the layouts call the file by its name (layouts.file_kind); the file rules depend on it.
 
     A clean read (the stat held still) is stamped verified at `now_ns` (default: now); content that differs from
     `prev` under the same stat is hash-drift, and stays so while the stat and the drifted content stay.
@@ -318,6 +340,7 @@ def read_file(
     found = list(
         file_rules.digest_findings(
             path,
+            kind=kind,
             size=d.size_bytes,
             zip_error=d.zip_error,
             crc_bad=d.crc_bad_entries,

@@ -192,3 +192,62 @@ def test_a_writer_leaves_no_wal_a_reader_would_need_to_create(run, tmp_path):
     conn = sqlite3.connect(f"file:{cat}?mode=ro", uri=True)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
     conn.close()
+
+
+# -- file rules run once the layout knows the file's kind ----------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def dcp_trees(tmp_path_factory) -> dict[str, Path]:
+    from harness.dcp_tree import write_dcp_trees
+
+    return write_dcp_trees(tmp_path_factory.mktemp("readers-dcp-trees"), world_size=2)
+
+
+def _distcps(run: Path) -> list[Path]:
+    found = sorted(run.rglob("*.distcp"))
+    assert found and all(p.read_bytes()[:4] == b"PK\x03\x04" for p in found)  # they start like a zip
+    return found
+
+
+def test_a_distcp_starts_like_a_zip_but_no_zip_rule_judges_it(dcp_trees, tmp_path):
+    from ckpt_audit.layouts import file_kind
+    from ckpt_audit.models import FileKind, Status
+    from ckpt_audit.readers.hashing import digest_file
+    from ckpt_audit.rules import files as file_rules
+    from ckpt_audit.scanner import scan
+
+    run = tmp_path / "megatron" / "exp"
+    shutil.copytree(dcp_trees["megatron"], run)
+    distcps = _distcps(run)
+    p = str(distcps[0])
+    d = digest_file(p)
+    facts = dict(size=d.size_bytes, zip_error=d.zip_error, crc_bad=d.crc_bad_entries, prefix=d.prefix, changed=False)
+    # what the zip reader says of it would be a finding for a file meant to be a zip ...
+    assert file_rules.digest_findings(p, kind=FileKind.OTHER, **facts)
+    # ... and is none for what the layout calls it
+    assert file_kind(p) is FileKind.DISTCP
+    assert file_rules.digest_findings(p, kind=FileKind.DISTCP, **facts) == ()
+    result = scan([run], in_progress_window_s=0)
+    assert all(result.file_facts[str(x)].findings == () for x in distcps)
+    assert result.runs[0].checkpoints[0].status is Status.COMPLETE
+
+
+def test_a_cached_distcp_row_with_zip_findings_is_read_again(dcp_trees, tmp_path):
+    """A catalog written before the zip rules knew a .distcp is no zip holds zip findings for it: such a row is not
+    reused (it would now reach the report unfiltered); the file is read again and judged as what it is."""
+    from dataclasses import replace
+
+    from ckpt_audit.codes import finding
+    from ckpt_audit.models import Status
+    from ckpt_audit.scanner import scan
+
+    run = tmp_path / "megatron" / "exp"
+    shutil.copytree(dcp_trees["megatron"], run)
+    target = str(_distcps(run)[0])
+    first = scan([run], in_progress_window_s=0)
+    stale = replace(first.file_facts[target], findings=(finding("bad-zip", target, "damaged: old rules"),))
+    again = scan([run], in_progress_window_s=0, previous={**first.file_facts, target: stale})
+    assert target not in again.reused_paths and len(again.reused_paths) == len(first.file_facts) - 1
+    assert again.file_facts[target].findings == ()
+    assert again.runs[0].checkpoints[0].status is Status.COMPLETE

@@ -14,11 +14,11 @@ Layouts must stay torch-free and do no IO: everything they need is in the `Tree`
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Protocol
 
-from ckpt_audit.models import Component, Run
+from ckpt_audit.models import Component, FileKind, Run
 from ckpt_audit.rules.status import ScanContext  # what judging needs of the scan; re-exported for the layouts
 from ckpt_audit.tree import FileFacts, Tree
 
@@ -36,6 +36,10 @@ class Layout(Protocol):
         """Directories of `tree` that are runs in this layout (absolute paths)."""
         ...
 
+    def file_kind(self, path: str) -> FileKind | None:
+        """What the file at `path` is when its name alone says so in this layout, else None."""
+        ...
+
     def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:
         """The model of one run, findings and statuses included (via `ckpt_audit.rules`)."""
         ...
@@ -50,6 +54,16 @@ class Layout(Protocol):
 @cache
 def load_layouts() -> tuple[Layout, ...]:
     return tuple(importlib.import_module(name).LAYOUT for name in LAYOUTS)
+
+
+def file_kind(path: str, layouts: Sequence[Layout] | None = None) -> FileKind:
+    """What a file is by its name, as the first layout that knows the name says (OTHER when none does). The scanner
+    asks before the file rules run, so a rule applies to what the file is meant to be (a .distcp is no zip)."""
+    for layout in layouts if layouts is not None else load_layouts():
+        kind = layout.file_kind(path)
+        if kind is not None:
+            return kind
+    return FileKind.OTHER
 
 
 def component_for(

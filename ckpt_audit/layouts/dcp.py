@@ -31,19 +31,6 @@ STEP_RE = re.compile(r"global_step_\d+")
 TRAILING_INT_RE = re.compile(r"(\d+)$")
 KNOWN_SHARDED_BACKENDS = frozenset({"torch_dist", "zarr"})
 KNOWN_COMMON_BACKENDS = frozenset({"torch"})
-NOT_A_ZIP_NOISE = frozenset(
-    {
-        "bad-zip",
-        "truncated",
-        "not-a-zip",
-        "zip-prefix-mismatch",
-        "not-a-torch-archive",
-        "bad-pickle",
-        "storage-size-mismatch",
-        "crc-mismatch",
-        "unsafe-pickle",
-    }
-)
 
 
 def classify(rel_parts: tuple[str, ...]) -> FileKind:
@@ -86,12 +73,7 @@ def dcp_files(comp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tupl
         kind = classify(parts)
         m = DISTCP_RE.fullmatch(parts[-1]) if kind is FileKind.DISTCP else None
         files.append(_shard_file(fact, kind, int(m.group(1)) if m else None))
-        if kind is FileKind.DISTCP:
-            # a .distcp is torch.save blobs back to back: it starts like a zip but is not one, so what the zip
-            # reader said about it is noise; its byte ranges are checked against .metadata by verify instead
-            found.extend(f for f in fact.findings if f.code not in NOT_A_ZIP_NOISE)
-        else:
-            found.extend(fact.findings)
+        found.extend(fact.findings)  # the zip rules never ran on a .distcp (file_kind): nothing to filter
     return files, found
 
 
@@ -182,6 +164,13 @@ class DcpLayout:
         return Component(
             role=role, path=ckpt_dir, layout=DCP, world_size=ws, files=tuple(files), findings=tuple(found) + more
         )
+
+    def file_kind(self, path: str) -> FileKind | None:
+        """DCP's own names: .metadata, and a .distcp (torch.save blobs back to back: it starts like a zip, is none)."""
+        name = path.rsplit("/", 1)[-1]
+        if DISTCP_RE.fullmatch(name):
+            return FileKind.DISTCP
+        return FileKind.DCP_METADATA if name == METADATA else None
 
     # -- plain DCP runs -----------------------------------------------------------------------------------------
 

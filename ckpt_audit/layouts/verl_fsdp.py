@@ -97,6 +97,10 @@ class VerlFsdp:
                 if step_of(d.rsplit("/", 1)[-1])[0] is None:
                     yield d
 
+    def file_kind(self, path: str) -> FileKind | None:
+        kind = classify(path.rsplit("/", 1)[-1], ())[0]
+        return None if kind is FileKind.OTHER else kind
+
     def build_component(
         self, role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext
     ) -> Component | None:

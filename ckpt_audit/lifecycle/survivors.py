@@ -190,6 +190,7 @@ def _compare(path: str, was, got: hashing.FileDigest | OSError) -> list[Finding]
         f
         for f in file_rules.digest_findings(
             path,
+            kind=was.kind,
             size=got.size_bytes,
             zip_error=got.zip_error,
             crc_bad=got.crc_bad_entries,

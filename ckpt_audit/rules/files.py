@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import Finding
+from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.readers.problem import Problem
 
 ZIP_SUFFIXES = (".pt", ".pth")
@@ -25,21 +26,58 @@ def reads_structure(path: str, *, kind: str, is_zip: bool, zip_error: Problem | 
     return path.endswith(PICKLE_SUFFIXES) and (kind in PICKLE_KINDS or (is_zip and zip_error is None))
 
 
+# Kinds the layouts name that are never torch.save zips though their bytes may start like one: a .distcp is
+# torch.save blobs back to back (verify checks its byte ranges against .metadata). The zip rules skip them.
+NOT_TORCH_ZIP = frozenset({FileKind.DISTCP})
+# what the zip rules (a digest's zip error, CRCs, prefix) and the structure rules can say of a file
+ZIP_RULE_CODES = frozenset(
+    {
+        "bad-zip",
+        "truncated",
+        "not-a-zip",
+        "zip-prefix-mismatch",
+        "not-a-torch-archive",
+        "bad-pickle",
+        "storage-size-mismatch",
+        "crc-mismatch",
+        "unsafe-pickle",
+        "legacy-pickle-format",
+        "raw-pickle",
+    }
+)
+
+
+def judged_as(kind: FileKind, findings: Iterable[Finding]) -> bool:
+    """Whether cached findings are what the rules say of a file of this kind now: a row recorded before the zip
+    rules knew a .distcp is no zip holds zip findings for it, so the file is read again rather than reused."""
+    return kind not in NOT_TORCH_ZIP or not any(f.code in ZIP_RULE_CODES for f in findings)
+
+
 def stem(path: str) -> str:
     name = os.path.basename(path)
     return name.rsplit(".", 1)[0] if "." in name else name
 
 
 def digest_findings(
-    path: str, *, size: int, zip_error: Problem | None, crc_bad: tuple[str, ...], prefix: str | None, changed: bool
+    path: str,
+    *,
+    kind: FileKind,
+    size: int,
+    zip_error: Problem | None,
+    crc_bad: tuple[str, ...],
+    prefix: str | None,
+    changed: bool,
 ) -> tuple[Finding, ...]:
-    """Findings from one FileDigest (passed as plain values so this stays a pure function)."""
+    """Findings from one FileDigest (passed as plain values so this stays a pure function), for a file of `kind`
+    (what the layouts call it, from its name): the zip rules apply to every kind but NOT_TORCH_ZIP."""
     out: list[Finding] = []
     if changed:
         out.append(finding("file-changed-during-scan", path, "size or mtime changed while the file was read"))
     if size == 0:
         if path.endswith(NONEMPTY_SUFFIXES):
             out.append(finding("zero-byte", path, "empty file (0 bytes)"))
+        return tuple(out)
+    if kind in NOT_TORCH_ZIP:
         return tuple(out)
     if zip_error is not None:
         out.append(zip_finding(path, zip_error))
