@@ -38,7 +38,7 @@ class TrackerState:
 class TrackerFix:
     run_path: str
     tracker_path: str
-    problem: str  # ok | missing | garbage | dangling | names-<status> | behind
+    problem: str  # ok | missing | unreadable | garbage | dangling | names-<status> | published-early | behind
     old_content: bytes | None
     old_step: int | None
     new_step: int | None = None  # None: nothing to write
@@ -84,8 +84,9 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         problem = "garbage"
     elif named is None:
         problem = "dangling"
-    elif why_not(named, run) is not None:
-        problem = f"names-{named.status.value}"
+    elif (no := why_not(named, run)) is not None:
+        early = no.reasons == ("tracker-published-early",)
+        problem = "published-early" if early else f"names-{named.status.value}"
     elif target is not None and target.step > named.step:
         problem = "behind"
     else:
