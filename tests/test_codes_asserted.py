@@ -27,18 +27,9 @@ NEGATIVE = (ast.NotIn, ast.NotEq, ast.IsNot)
 NOT_YET_ASSERTED = frozenset(
     {
         "dcp-chunk-unstored",
-        "dcp-metadata-missing",
-        "dcp-no-data",
-        "dcp-unreferenced-file",
         "dtensor-mismatch",
         "global-shape-mismatch",
-        "lr-scheduler-behind",
-        "megatron-common-missing",
-        "megatron-model-missing",
         "mesh-names-unknown",
-        "metric-window-short",
-        "not-loadable",
-        "optimizer-step-behind",
     }
 )
 
