@@ -188,7 +188,7 @@ _TABLE: tuple[Code, ...] = (
     # saves that finish out of order (rules/save_order.py)
     Code(
         code="untracked-complete",
-        severity=E,
+        severity=W,  # as tracker-missing: a job resuming with resume_path is unharmed
         explanation="complete checkpoints but no tracker (FSDP async_save never writes it, verl #7952): "
         "resume_mode=auto trains from step 0 and overwrites them; fix-tracker repairs it",
     ),

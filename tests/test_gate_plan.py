@@ -6,7 +6,7 @@ import pytest
 
 from ckpt_audit.codes import finding
 from ckpt_audit.lifecycle.latest import Passed, gate
-from ckpt_audit.lifecycle.tracker_fix import TrackerFix, TrackerState, content_for, plan_fix
+from ckpt_audit.lifecycle.tracker_fix import FixError, TrackerFix, TrackerState, apply_fix, content_for, plan_fix
 from ckpt_audit.models import Checkpoint, Component, FileKind, Run, ShardFile, Status
 
 RUN = "/ckpts/p/e"
@@ -169,3 +169,25 @@ def test_plan_refuses(r, st, why):
     assert why in fix.refused
     if "changing" in why:
         assert fix.problem == "published-early" and fix.new_step == 4
+
+
+def test_apply_refuses_when_a_save_began_since_the_scan(tmp_path):
+    run_dir = tmp_path / "exp"
+    (run_dir / "global_step_4").mkdir(parents=True)
+    (run_dir / "latest_checkpointed_iteration.txt").write_text("2")
+    fix = TrackerFix(
+        run_path=str(run_dir),
+        tracker_path=str(run_dir / "latest_checkpointed_iteration.txt"),
+        problem="dangling",
+        old_content=b"2",
+        old_step=2,
+        new_step=4,
+        new_path=str(run_dir / "global_step_4"),
+    )
+    (run_dir / "global_step_6").mkdir()  # verl's next save, made after the scan
+    with pytest.raises(FixError, match="gained or lost a step directory"):
+        apply_fix(fix, step_names=frozenset({"global_step_4"}))
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "2" and len(list(run_dir.iterdir())) == 3
+    backup = apply_fix(fix, step_names=frozenset({"global_step_4", "global_step_6"}))
+    assert open(backup).read() == "2"
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "4"

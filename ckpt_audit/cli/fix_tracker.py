@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
         backup, done = None, False
         if yes and fix.needed and not fix.refused:
             try:
-                backup = apply_fix(fix)
+                scanned_steps = frozenset(os.path.basename(c.path) for c in the_run.checkpoints)
+                backup = apply_fix(fix, step_names=scanned_steps)
             except FixError as exc:
                 raise CommandError(str(exc)) from None
             done = True

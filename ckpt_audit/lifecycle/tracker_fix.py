@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 
 from ckpt_audit.layouts.tracker import resume_step
+from ckpt_audit.layouts.verl_fsdp import step_of
 from ckpt_audit.lifecycle.latest import why_not
-from ckpt_audit.models import Run, Status
+from ckpt_audit.models import MAX_STEP, Run, Status
 
 BACKUP_INFIX = ".ckpt-audit-old-"  # <tracker>.ckpt-audit-old-<ns>: the content before a fix
 TMP_INFIX = ".ckpt-audit-tmp-"
@@ -140,10 +141,11 @@ class FixError(Exception):
     """The fix could not be written (one line); the tracker is as it was."""
 
 
-def apply_fix(fix: TrackerFix) -> str | None:
+def apply_fix(fix: TrackerFix, *, step_names: frozenset[str] | None = None) -> str | None:
     """Write `fix` (needed, not refused). Returns the backup path (None when there was no tracker).
 
-    Re-checks that the tracker still holds what the plan read; writes the old bytes beside it first, then the new
+    Re-checks that the tracker still holds what the plan read (and, given `step_names`, that the run holds the same
+    step directories: a save that began since the scan wins); writes the old bytes beside it first, then the new
     content to a temporary file in the same directory, fsync, rename over the tracker, fsync the directory.
     """
     assert fix.needed and not fix.refused
@@ -155,6 +157,8 @@ def apply_fix(fix: TrackerFix) -> str | None:
         raise FixError(f"cannot re-read {path}: {exc.strerror or exc}") from None
     if current != fix.old_content:
         raise FixError(f"{path} changed since it was read: not rewriting it (run again)")
+    if step_names is not None and _step_names(fix.run_path) != step_names:
+        raise FixError(f"{fix.run_path} gained or lost a step directory since it was read: not rewriting (run again)")
     stamp = time.time_ns()
     backup = None
     tmp = f"{directory}/.{os.path.basename(path)}{TMP_INFIX}{os.getpid()}"
@@ -171,6 +175,13 @@ def apply_fix(fix: TrackerFix) -> str | None:
             _unlink_quietly(backup)  # nothing changed: leave no litter
         raise FixError(f"cannot write the tracker in {directory}: {exc.strerror or exc}") from None
     return backup
+
+
+def _step_names(run_path: str) -> frozenset[str]:
+    try:
+        return frozenset(n for n in os.listdir(run_path) if (step_of(n)[0] or MAX_STEP + 1) <= MAX_STEP)
+    except OSError:
+        return frozenset()
 
 
 def _unchanged(path: str, old: bytes | None) -> bool:
