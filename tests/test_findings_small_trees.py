@@ -1,5 +1,6 @@
 """Finding codes that no test asserted before (see test_codes_asserted.py), each on a small real tree: shards written
-by torch.save, DCP directories written by a single-process torch.distributed.checkpoint.save, real metric logs.
+by torch.save, DCP directories written by a single-process torch.distributed.checkpoint.save, real metric logs, and
+for DTensor properties a copy of the reference trainer's tree.
 
 Each test starts from a tree that verifies clean (or from the same tree unbroken) and breaks one property, so the
 finding is the break's and not the tree's.
@@ -63,6 +64,15 @@ def test_optimizer_step_behind_the_scheduler(tmp_path):
     assert new_codes(run, clean) == {"optimizer-step-behind"}
 
 
+def test_plain_tensor_shards_of_different_shapes(tmp_path):
+    clean, run = write_torch_tree(tmp_path / "a"), write_torch_tree(tmp_path / "b")
+    p = run / "global_step_6" / "actor" / "model_world_size_2_rank_1.pt"
+    sd = torch.load(p, weights_only=True)
+    sd["model.embed.weight"] = sd["model.embed.weight"][:60].clone()  # rank 0 holds 64 rows
+    torch.save(sd, p)
+    assert new_codes(run, clean) == {"global-shape-mismatch"}
+
+
 def test_a_raw_pickle_is_not_loaded(tmp_path):
     clean, run = write_torch_tree(tmp_path / "a"), write_torch_tree(tmp_path / "b")
     (run / "global_step_6" / "data.pt").write_bytes(pickle.dumps({"_num_yielded": 6}))
@@ -110,6 +120,16 @@ def test_dcp_data_file_the_metadata_does_not_name(tmp_path):
     assert verdict(step.parent)[0] == {"dcp-unreferenced-file"}
 
 
+def test_dcp_chunk_without_a_storage_entry(tmp_path):
+    step = plain_dcp(tmp_path)
+    with open(step / ".metadata", "rb") as f:
+        meta = pickle.load(f)  # the test's own fresh save, not a scanned file
+    del meta.storage_data[next(k for k in meta.storage_data if k.fqn == "model.decoder.weight")]
+    with open(step / ".metadata", "wb") as f:
+        pickle.dump(meta, f)
+    assert verdict(step.parent) == ({"dcp-chunk-unstored"}, [Status.CORRUPT])
+
+
 def test_megatron_dist_ckpt_without_dcp_metadata(tmp_path):
     dist = megatron(tmp_path)
     (dist / ".metadata").unlink()
@@ -125,6 +145,47 @@ def test_megatron_without_common_pt(tmp_path):
 def test_megatron_without_model_state_or_hf_weights(tmp_path):
     dist = megatron(tmp_path, {"optimizer.state.exp_avg": torch.zeros(3, 4)})
     assert verdict(dist.parents[3]) == ({"megatron-model-missing"}, [Status.INCOMPLETE])
+
+
+# -- DTensor shards from the reference trainer -----------------------------------------------------------------
+
+
+def _rewrite(path: Path, change) -> None:
+    """Load with weights_only, change, save under the same name (the zip's record prefix is the file's stem) from a
+    side directory, then rename over: never write into a file that is mmapped."""
+    sd = torch.load(path, weights_only=True)
+    change(sd)
+    side = path.parent / ".rewrite"
+    side.mkdir(exist_ok=True)
+    torch.save(sd, side / path.name)
+    (side / path.name).replace(path)
+    side.rmdir()
+
+
+def _newest_actor(run: Path) -> Path:
+    return max(run.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1])) / "actor"
+
+
+def test_a_dtensor_on_one_rank_is_a_plain_tensor_on_another(verl_run, copy_run):
+    run = copy_run(verl_run)
+    assert verdict(run)[0] == set()
+    shard = _newest_actor(run) / "model_world_size_2_rank_1.pt"
+    key = next(k for k, v in torch.load(shard, weights_only=True).items() if hasattr(v, "placements"))
+    _rewrite(shard, lambda sd: sd.update({key: sd[key].to_local().clone()}))
+    assert "dtensor-mismatch" in verdict(run)[0]
+
+
+def test_a_mesh_with_dimension_names_verl_does_not_use(verl_run, copy_run):
+    run = copy_run(verl_run)
+
+    def rename(sd):
+        for v in sd.values():
+            if hasattr(v, "placements"):
+                v.device_mesh._mesh_dim_names = ("shard",)  # verl: ("fsdp",) or ("ddp", "fsdp")
+
+    for shard in sorted(_newest_actor(run).glob("model_world_size_*")):
+        _rewrite(shard, rename)
+    assert verdict(run)[0] == {"mesh-names-unknown"}
 
 
 # -- continuity on real metric logs ---------------------------------------------------------------------------
