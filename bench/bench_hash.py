@@ -1,5 +1,5 @@
-"""Hash + CRC throughput of ckpt_audit.readers.hashing over multi-GB torch shards, as a ratio against `cat` (and `dd bs=8M`)
-of the same files in the same run, warm and cold page cache. Target: ratio >= 0.9.
+"""Hash + CRC throughput of ckpt_audit.readers.hashing over multi-GB torch shards, as a ratio against `cat`
+(and `dd bs=8M`) of the same files in the same run, warm and cold page cache. Target: ratio >= 0.9.
 
     python bench/bench_hash.py [--gib 5] [--world 4] [--reps 3] [--workers 2] [--no-cold] [--zip64] [--chunk-kib N]
 

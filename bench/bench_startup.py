@@ -22,7 +22,8 @@ CHILD = r"""
 import os, sys, time
 root = sys.argv[1]
 def hook(event, args, _root=root, _done=[]):
-    if event == "open" and not _done and isinstance(args[0], str) and args[0].startswith(_root) and args[0].endswith(".pt"):
+    path = args[0] if event == "open" and isinstance(args[0], str) else ""
+    if not _done and path.startswith(_root) and path.endswith(".pt"):
         _done.append(1)
         os.write(2, f"FIRST {time.time()}\n".encode())
 sys.addaudithook(hook)

@@ -341,8 +341,8 @@ TENSORS = 27  # tensors in verl_run's export (asserted below): the kill points a
 
 
 def kill_points(t: int) -> dict[str, int]:
-    """export's counted steps (ckpt_audit.lifecycle.export docstring): t written, t read back, marker, rename, old removed,
-    then the catalog transaction."""
+    """export's counted steps (ckpt_audit.lifecycle.export docstring): t written, t read back, marker, rename, old
+    removed, then the catalog transaction."""
     return {
         "writing the first tensor": 1,
         "writing the last tensor": t,

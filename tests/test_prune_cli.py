@@ -165,8 +165,9 @@ def test_killed_cli_prune_leaves_marked_trash_and_the_next_run_finishes(tree, tm
 
 def test_prune_and_export_modules_do_not_import_torch():
     code = (
-        "import sys, ckpt_audit.cli.prune, ckpt_audit.cli.export, ckpt_audit.lifecycle.prune, ckpt_audit.lifecycle.retention, "
-        "ckpt_audit.lifecycle.survivors, ckpt_audit.lifecycle.export; bad = {'torch', 'textual'} & set(sys.modules); assert not bad, bad"
+        "import sys, ckpt_audit.cli.prune, ckpt_audit.cli.export, ckpt_audit.lifecycle.prune, "
+        "ckpt_audit.lifecycle.retention, ckpt_audit.lifecycle.survivors, ckpt_audit.lifecycle.export; "
+        "bad = {'torch', 'textual'} & set(sys.modules); assert not bad, bad"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

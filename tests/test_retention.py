@@ -28,7 +28,7 @@ from ckpt_audit.units import format_duration, parse_duration
 RUN = "/ck/proj/exp"
 S = 1_000_000_000
 NOW = 1_800_000_000 * S
-C, I, X, H, U, P = (
+C, N, X, H, U, P = (  # N for incomplete: an I reads as 1 or l
     Status.COMPLETE,
     Status.INCOMPLETE,
     Status.CORRUPT,
@@ -66,7 +66,7 @@ drop = keep  # same constructor; which list it sits in says what happens
 
 
 def test_keep_last_counts_only_complete_and_deletes_broken_first():
-    c10, c20, c30, c40, c50, c60 = ck(10), ck(20, I), ck(30), ck(40, X), ck(50, H), ck(60)
+    c10, c20, c30, c40, c50, c60 = ck(10), ck(20, N), ck(30), ck(40, X), ck(50, H), ck(60)
     policy = Policy(rules=(KeepLast(n=2),))
     plan = plan_prune([run_of(c10, c20, c30, c40, c50, c60, tracker=60)], policy, now_ns=NOW)
     assert plan == PrunePlan(
@@ -126,7 +126,7 @@ def test_uncommitted_is_deleted_only_when_stale():
 
 
 def test_no_rules_keeps_every_complete_and_removes_only_broken():
-    c1, i2, c3 = ck(1), ck(2, I), ck(3)
+    c1, i2, c3 = ck(1), ck(2, N), ck(3)
     plan = plan_prune([run_of(c1, i2, c3, tracker=3)], Policy(), now_ns=NOW)
     assert plan.delete == (drop(i2, R.INCOMPLETE),)
     assert plan.keep == (keep(c1, R.NO_RULES), keep(c3, R.NEWEST_COMPLETE, R.TRACKER_TARGET, R.NO_RULES))
@@ -156,7 +156,7 @@ def test_selection_overrides_rules_but_not_invariants():
 def test_runs_are_judged_independently():
     other = "/ck/proj/other"
     a1, a2 = ck(1), ck(2)
-    b1, b2 = ck(1, run=other), ck(2, I, run=other)
+    b1, b2 = ck(1, run=other), ck(2, N, run=other)
     policy = Policy(rules=(KeepLast(n=1),))
     plan = plan_prune([run_of(b1, b2, tracker=1, path=other), run_of(a1, a2, tracker=2)], policy, now_ns=NOW)
     assert plan.delete == (drop(b2, R.INCOMPLETE), drop(a1, R.NOT_KEPT))
@@ -168,7 +168,7 @@ def test_runs_are_judged_independently():
 
 def test_run_with_nothing_complete_keeps_its_newest_partial():
     """One node's disk of a multi-node run holds only its own ranks: every step looks incomplete there."""
-    i1, i2, i3 = ck(1, I), ck(2, I), ck(3, I)
+    i1, i2, i3 = ck(1, N), ck(2, N), ck(3, N)
     plan = plan_prune([run_of(i1, i2, i3)], Policy(rules=(KeepLast(n=1),)), now_ns=NOW)
     assert plan.delete == (drop(i1, R.INCOMPLETE), drop(i2, R.INCOMPLETE))
     assert plan.keep == (keep(i3, R.NEWEST_OF_PARTIAL_RUN, R.INCOMPLETE),)
@@ -184,7 +184,7 @@ def everything(*runs: Run) -> frozenset[str]:
 
 
 def test_cannot_delete_newest_complete():
-    c1, c2, i3 = ck(1), ck(2), ck(3, I)
+    c1, c2, i3 = ck(1), ck(2), ck(3, N)
     run = run_of(c1, c2, i3, tracker=None)
     plan = plan_prune([run], HOSTILE, now_ns=NOW, select=everything(run))
     assert [i.path for i in plan.keep] == [c2.path]
@@ -265,7 +265,7 @@ def test_random_runs_policies_and_selections_never_break_an_invariant():
 
 
 def test_plan_serialises_to_json():
-    c1, i2, c3 = ck(1), ck(2, I), ck(3)
+    c1, i2, c3 = ck(1), ck(2, N), ck(3)
     plan = plan_prune([run_of(c1, i2, c3, tracker=3)], Policy(rules=(KeepLast(n=1),)), now_ns=NOW)
     doc = json.loads(json.dumps(plan.to_dict()))
     assert doc["bytes_freed"] == 200
