@@ -153,6 +153,7 @@ def latest_command(ctx: click.Context, run, verified, period, in_progress_window
                 "passed_over": [p.to_dict() for p in g.passed_over],
                 "reason": g.reason or None,
                 "recorded": not not_recorded,
+                "not_recorded": not_recorded or None,  # why not (a cron scan holds the lock, read-only catalog)
                 "exit_code": int(code),
             }
         )
