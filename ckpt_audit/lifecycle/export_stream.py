@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
     from zlib import crc32 as _crc32
 
 BLOCK = 8 * 1024 * 1024  # source bytes per block: the memory budget is a few of these, never a tensor
+_MARGIN = 256 * 1024  # dropped around each block as well (see _Maps.release)
 FLOATS = frozenset({"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 ITEMSIZE = {
     "float64": 8,
@@ -551,8 +552,10 @@ class _Maps:
         m = self.maps[p.path]
         base = block.__array_interface__["data"][0] - self.addresses[p.path]
         extent = block.itemsize + sum((n - 1) * s for n, s in zip(block.shape, block.strides))
-        lo = base // mmap.PAGESIZE * mmap.PAGESIZE
-        hi = min(len(m), base + extent)
+        # with a margin: the kernel maps pages around a faulting one (fault-around, 64 KiB), so pages of the pieces
+        # before and after get mapped too and would stay resident, ~100 KiB a tensor, growing with the model
+        lo = max(0, (base - _MARGIN) // mmap.PAGESIZE * mmap.PAGESIZE)
+        hi = min(len(m), base + extent + _MARGIN)
         if hi > lo:
             m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
