@@ -1,8 +1,9 @@
 """The one service layer under both front ends: a catalog held under its lock, with the actions as calls.
 
-The CLI and the TUI do the same thing for the same action because both call these: `scan`, `verify`, `prune`,
-`export` (and `record` for a scan made elsewhere). Every catalog write either front end makes goes through a
-`Session`, which exists only while its lock (ckpt_audit/lock.py) is held, so a write never overlaps a cron run.
+The CLI and the TUI do the same thing for the same action because both call these: `scan`, `verify`,
+`plan_prune` then `prune`, `export` (and `record` for a scan made elsewhere). Every catalog write either front end
+makes goes through a `Session`, which exists only while its lock (ckpt_audit/lock.py) is held, so a write never
+overlaps a cron run.
 Front ends only parse, call, render and map errors to exit codes; nothing here prints.
 
 Opening: `with open_session(catalog_path, roots=...) as s:` checks the roots, probes the catalog, then holds the
@@ -31,8 +32,8 @@ from ckpt_audit.models import Run, ScanResult
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.catalog.store import Catalog
     from ckpt_audit.lifecycle.export import ExportResult
-    from ckpt_audit.lifecycle.prune import Outcome, PruneResult
-    from ckpt_audit.lifecycle.retention import PrunePlan
+    from ckpt_audit.lifecycle.prune import Outcome, PruneResult, TrashDir
+    from ckpt_audit.lifecycle.retention import Policy, PrunePlan
     from ckpt_audit.lifecycle.survivors import SurvivorCheck
     from ckpt_audit.scrub import ScrubPolicy
 
@@ -42,6 +43,26 @@ Locked = lock.Locked
 
 class SessionError(Exception):
     """A root that cannot be scanned or a catalog that cannot be used: a one-line error (exit 3)."""
+
+
+class PlanError(ValueError):
+    """A prune request the scanned tree cannot honour (a --pin that is no checkpoint, a metric no record has):
+    a wrong input, a usage error (exit 2)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrunePreview:
+    """What a prune would do, from a fresh scan: the plan whose survivors were re-read (`check.plan`), and the
+    trash an interrupted prune left in `reclaim_dirs`. Shown, confirmed, then given to `Session.prune`."""
+
+    scanned: ScanResult
+    check: SurvivorCheck
+    trash: tuple[TrashDir, ...]
+    reclaim_dirs: tuple[str, ...]
+
+    @property
+    def plan(self) -> PrunePlan:
+        return self.check.plan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +155,34 @@ class Session:
         """Record a scan made elsewhere (the demo's, a browse); returns its scan id (None without a catalog)."""
         cat = self.catalog
         return None if cat is None else cat.record_scan(result, rehash=rehash)
+
+    def plan_prune(self, policy: Policy, *, pins: Iterable[str] = (), now_ns: int) -> PrunePreview:
+        """Scan the session's roots (not recorded: prune records its scan only once it deletes), fill any best-N
+        rule with its metric's values, plan, and re-read what the plan counts on. Writes nothing. Raises PlanError."""
+        import dataclasses
+
+        from ckpt_audit.lifecycle.prune import find_trash
+        from ckpt_audit.lifecycle.retention import KeepBest, metric_problem, plan_prune, read_metric
+
+        scanned = self.scan(now_ns=now_ns, record=False).result
+        runs = scanned.runs
+        rules = []
+        for rule in policy.rules:
+            if isinstance(rule, KeepBest):
+                values = read_metric(runs, rule.metric)
+                if problem := metric_problem(runs, rule.metric, values):
+                    raise PlanError(problem)
+                rule = dataclasses.replace(rule, values=values)
+            rules.append(rule)
+        known = {c.path for r in runs for c in r.checkpoints}
+        pin_paths = frozenset(os.path.realpath(p) for p in pins)
+        if unknown := sorted(pin_paths - known):
+            raise PlanError(f"--pin {unknown[0]} matches no scanned checkpoint")
+        plan = plan_prune(runs, dataclasses.replace(policy, rules=tuple(rules)), now_ns=now_ns, pins=pin_paths)
+        # the plan shown (and asked about) is the one whose survivors were re-read
+        check = self.check_survivors(plan, runs)
+        reclaim = tuple(sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints}))
+        return PrunePreview(scanned=scanned, check=check, trash=tuple(find_trash(reclaim)), reclaim_dirs=reclaim)
 
     def check_survivors(self, plan: PrunePlan, runs: Sequence[Run], *, progress: Progress | None = None):
         """Re-read what `plan` counts on (lifecycle.survivors.verify_plan); nothing is written."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -95,57 +94,34 @@ def prune_command(
         ckpt-audit prune /ckpts --keep-last 2 --keep-every 1000 --keep-best 1 --metric loss --yes
         ckpt-audit prune runs/ --keep-within 7d --pin runs/p/e/global_step_500 --json --yes
     """
-    from ckpt_audit.lifecycle.prune import find_trash
-    from ckpt_audit.lifecycle.retention import (
-        KeepBest,
-        KeepEvery,
-        KeepLast,
-        KeepWithin,
-        Policy,
-        metric_problem,
-        plan_prune,
-        read_metric,
-    )
+    from ckpt_audit.lifecycle.retention import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy
+    from ckpt_audit.session import PlanError
+
+    rules: list = []
+    if keep_last is not None:
+        rules.append(KeepLast(n=keep_last))
+    if keep_every is not None:
+        rules.append(KeepEvery(k=keep_every))
+    if keep_within is not None:
+        rules.append(KeepWithin(duration_ns=keep_within))
+    if keep_best is not None:
+        rules.append(KeepBest(n=keep_best, metric=metric, mode=mode))  # the session reads the metric's values
+    policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
 
     with session(ctx, roots, catalog) as s:
-        real_roots = list(s.roots)
-        now = time.time_ns()
-        result = s.scan(now_ns=now, record=False).result  # recorded only if the plan is executed
-        runs = result.runs
-        rules: list = []
-        if keep_last is not None:
-            rules.append(KeepLast(n=keep_last))
-        if keep_every is not None:
-            rules.append(KeepEvery(k=keep_every))
-        if keep_within is not None:
-            rules.append(KeepWithin(duration_ns=keep_within))
-        if keep_best is not None:
-            values = read_metric(runs, metric)
-            if problem := metric_problem(runs, metric, values):
-                raise click.UsageError(problem)
-            rules.append(KeepBest(n=keep_best, metric=metric, mode=mode, values=values))
-        policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
-
-        known = {c.path for r in runs for c in r.checkpoints}
-        pin_paths = frozenset(os.path.realpath(p) for p in pins)
-        if unknown := sorted(pin_paths - known):
-            raise click.UsageError(f"--pin {unknown[0]} matches no scanned checkpoint")
-        # the plan shown (and asked about) is the one whose survivors were re-read
-        check = s.check_survivors(plan_prune(runs, policy, now_ns=now, pins=pin_paths), runs)
-        plan = check.plan
-        trash_dirs = sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints})
-        trash = find_trash(trash_dirs)
-
+        try:
+            preview = s.plan_prune(policy, pins=pins, now_ns=time.time_ns())
+        except PlanError as exc:
+            raise click.UsageError(str(exc)) from None
+        roots, plan, check, trash = list(s.roots), preview.plan, preview.check, list(preview.trash)
         if not as_json:
             _render_plan(plan, trash, check)
-        if plan.empty and not trash:
-            _finish(ctx, as_json, check, trash, None, roots=real_roots)
-        if dry_run:
-            _finish(ctx, as_json, check, trash, None, roots=real_roots)
+        if (plan.empty and not trash) or dry_run:
+            _finish(ctx, as_json, check, trash, None, roots=roots)
         if not yes:
             if not sys.stdin.isatty():
                 if as_json:
-                    emit_json(_document(check, trash, None, real_roots))
+                    emit_json(_document(check, trash, None, roots))
                 click.echo(
                     "ckpt-audit: refusing to prompt: stdin is not a terminal; re-run with --yes to "
                     "delete, or --dry-run to only show the plan",
@@ -157,9 +133,13 @@ def prune_command(
             ):
                 click.echo("nothing deleted", err=True)
                 ctx.exit(int(ExitCode.OK))
-
-        outcome = s.prune(check, scanned=result, reclaim_dirs=trash_dirs, progress=None if as_json else _progress)
-    _finish(ctx, as_json, check, trash, outcome, roots=real_roots)
+        outcome = s.prune(
+            check,
+            scanned=preview.scanned,
+            reclaim_dirs=preview.reclaim_dirs,
+            progress=None if as_json else _progress,
+        )
+    _finish(ctx, as_json, check, trash, outcome, roots=roots)
 
 
 def _finish(ctx, as_json, check, trash, outcome, *, roots) -> None:
