@@ -69,9 +69,12 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
         if own:
             conn.close()
     out: dict[str, FileFacts] = {}
+    pts: dict[str | None, tuple[PtFacts | None, bool]] = {}  # many files share one document; PtFacts is frozen
     for path, size, mtime, inode, h, crc, ff, pt_doc, verified in rows:
         found = findings_from_json(ff, path)
-        pt, pt_whole = pt_from_json(pt_doc)
+        if (parsed := pts.get(pt_doc)) is None:
+            parsed = pts[pt_doc] = pt_from_json(pt_doc)
+        pt, pt_whole = parsed
         out[path] = FileFacts(
             path=path,
             size_bytes=size,

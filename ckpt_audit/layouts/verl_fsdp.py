@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -31,6 +32,7 @@ ROLE_NAMES = frozenset({"actor", "critic", "ref", "reward", "rm"})
 _KINDS = {"model": FileKind.MODEL, "optim": FileKind.OPTIM, "extra_state": FileKind.EXTRA_STATE}
 
 
+@functools.lru_cache(maxsize=8192)  # pure; a tree repeats the same few names in every step (re-scan: 2 calls a file)
 def classify(name: str, rel_parts: tuple[str, ...]) -> tuple[FileKind, int | None, int | None]:
     """(kind, rank, world_size) of a file inside a component, from its name and its path below the component."""
     if rel_parts and rel_parts[0] == "huggingface":
