@@ -72,13 +72,6 @@ def session(ctx: click.Context, roots, catalog: Path | None) -> Iterator:
         ctx.exit(int(ExitCode.LOCKED))
 
 
-@contextmanager
-def locked_catalog(ctx: click.Context, roots, catalog: Path | None) -> Iterator[tuple[list[str], Path, dict]]:
-    """`session`'s older shape, kept while commands move over: yields (real roots, catalog path, previous facts)."""
-    with session(ctx, roots, catalog) as s:
-        yield list(s.roots), s.catalog_path, s.previous or {}
-
-
 def emit_json(document: dict) -> None:
     click.echo(json.dumps({"schema_version": SCHEMA_VERSION, **document}, indent=2, sort_keys=False))
 
