@@ -166,7 +166,10 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
             zip_error = not_a_zip_problem(head, st.st_size)
         crc_wanted = check_crc and archive is not None and not archive.crc_disabled
         checker = _CrcChecker(archive) if crc_wanted else None
-        digest, nread = _stream(fd, checker)
+        if _mappable(st):
+            digest, nread = _stream_mapped(fd, checker, st.st_size)
+        else:
+            digest, nread = _stream(fd, checker)
         st_end = os.fstat(fd)
     finally:
         os.close(fd)
@@ -197,6 +200,43 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
         inode=st.st_ino,
         stat_size=st.st_size,
     )
+
+
+MAP_MIN_BYTES = 64 * 1024 * 1024  # below this a mapping's set-up costs more than the copy it saves
+MAP_MIN_AGE_S = 120  # a file written this recently may be rewritten (truncated) under us: read() it instead
+MAP_SLICE = 8 * 1024 * 1024
+MAP_DROP = 64 * 1024 * 1024  # pages hashed are dropped from this process every this many bytes
+
+
+def _mappable(st: os.stat_result) -> bool:
+    """Hash large settled files through a read-only mapping: no copy into a buffer, so xxh3 and CRC-32 together keep
+    up with `cat` where the CPU lacks AVX-512 (readinto: 0.83x, mapped: 1.01x on 2 threads; bench/README.md). A file
+    truncated while mapped would raise SIGBUS, so only files unmodified for MAP_MIN_AGE_S are mapped."""
+    import time
+
+    return st.st_size >= MAP_MIN_BYTES and time.time() - st.st_mtime >= MAP_MIN_AGE_S and hasattr(mmap, "MADV_DONTNEED")
+
+
+def _stream_mapped(fd: int, checker: _CrcChecker | None, size: int) -> tuple[str, int]:
+    m = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    try:
+        m.madvise(mmap.MADV_SEQUENTIAL)
+        mv = memoryview(m)
+        h = xxhash.xxh3_128()
+        for pos in range(0, size, MAP_SLICE):
+            piece = mv[pos : pos + MAP_SLICE]
+            h.update(piece)
+            if checker is not None:
+                checker.feed(pos, piece)
+            n = len(piece)
+            piece.release()
+            done = pos + n
+            if done % MAP_DROP == 0 or done == size:  # keep the process's RSS flat, in a few calls
+                m.madvise(mmap.MADV_DONTNEED, done - ((done - 1) % MAP_DROP + 1), (done - 1) % MAP_DROP + 1)
+        mv.release()
+    finally:
+        m.close()
+    return h.hexdigest(), size
 
 
 def _stream(fd: int, checker: _CrcChecker | None) -> tuple[str, int]:
