@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class LifecycleLog:
-    """Writes prunes and exports into an open catalog (`db`: sqlite_utils.Database)."""
+    """Writes prunes and exports into an open catalog (`db`: catalog.sqlite.Db, the sqlite-utils calls on sqlite3)."""
 
     def __init__(self, db) -> None:
         self.db = db

@@ -9,7 +9,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def record_fix(db, fix: TrackerFix, *, at_ns: int, backup_path: str | None) -> None:
-    """One row per rewrite (`db`: the catalog's sqlite_utils.Database)."""
+
     with db.atomic():
         db["tracker_fixes"].insert(
             {
