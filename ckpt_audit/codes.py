@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ckpt_audit.models import Finding, Severity
 
-E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,7 +38,10 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="stale-world-size",
         severity=W,
-        explanation="a second shard set with another world size sits beside the current one; it misleads the merger and a resume at that W",
+        explanation=(
+            "a second shard set with another world size sits beside the current one; it misleads the merger and a "
+            "resume at that W"
+        ),
     ),
     Code(
         code="missing-model",
@@ -62,7 +65,7 @@ _TABLE: tuple[Code, ...] = (
     ),
     Code(
         code="missing-fsdp-config",
-        severity=I,
+        severity=INFO,
         explanation="no fsdp_config.json (written since verl v0.4.1): the current model merger refuses the directory",
     ),
     Code(code="fsdp-config-invalid", severity=W, explanation="fsdp_config.json is not the JSON object verl writes"),
@@ -70,7 +73,10 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="mesh-size-mismatch",
         severity=E,
-        explanation="the DeviceMesh recorded in a shard has a size that matches neither the file name's W nor an HSDP split of it",
+        explanation=(
+            "the DeviceMesh recorded in a shard has a size that matches neither the file name's W nor an HSDP split"
+            " of it"
+        ),
     ),
     # per file
     Code(
@@ -89,13 +95,19 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="hash-drift",
         severity=E,
-        explanation="a re-read (scrub, verify, --rehash) found the content changed while size, mtime and inode did not (bit rot or an in-place rewrite)",
+        explanation=(
+            "a re-read (scrub, verify, --rehash) found the content changed while size, mtime and inode did not (bit"
+            " rot or an in-place rewrite)"
+        ),
         corrupts=True,
     ),
     Code(
         code="scrub-overdue",
         severity=W,
-        explanation="files last verified by content a scrub period or more ago were not re-read: --scrub-budget is too small for --scrub-period",
+        explanation=(
+            "files last verified by content a scrub period or more ago were not re-read: --scrub-budget is too "
+            "small for --scrub-period"
+        ),
     ),
     Code(
         code="not-a-zip",
@@ -111,13 +123,16 @@ _TABLE: tuple[Code, ...] = (
     ),
     Code(
         code="legacy-pickle-format",
-        severity=I,
+        severity=INFO,
         explanation="a .pt saved in torch's legacy non-zip format: no CRCs to check",
     ),
     Code(
         code="raw-pickle",
         severity=E,
-        explanation="a .pt that is a bare pickle stream, not a torch.save file: torch.load unpickles its first object and then refuses it",
+        explanation=(
+            "a .pt that is a bare pickle stream, not a torch.save file: torch.load unpickles its first object and "
+            "then refuses it"
+        ),
     ),
     Code(
         code="not-a-torch-archive",
@@ -128,7 +143,9 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="zip-prefix-mismatch",
         severity=W,
-        explanation="the folder inside the zip differs from the file stem: the shard was renamed or copied from elsewhere",
+        explanation=(
+            "the folder inside the zip differs from the file stem: the shard was renamed or copied from elsewhere"
+        ),
     ),
     Code(
         code="bad-pickle",
@@ -139,7 +156,10 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="unsafe-pickle",
         severity=E,
-        explanation="a pickle in the file (zip, legacy or raw) names a global outside the allowlist: loading it as verl loads extra_state and data.pt would run code; the checkpoint is unsafe to resume",
+        explanation=(
+            "a pickle in the file (zip, legacy or raw) names a global outside the allowlist: loading it as verl "
+            "loads extra_state and data.pt would run code; the checkpoint is unsafe to resume"
+        ),
     ),
     Code(
         code="storage-size-mismatch",
@@ -173,17 +193,26 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="tracker-dangling",
         severity=E,
-        explanation="the tracker names a step that is missing or not complete: verl silently trains from scratch or fails to load",
+        explanation=(
+            "the tracker names a step that is missing or not complete: verl silently trains from scratch or fails "
+            "to load"
+        ),
     ),
     Code(
         code="tracker-unread",
         severity=W,
-        explanation="the tracker exists but could not be read (permission, I/O error, a link out of the root, past 64 KiB): which step resume loads is unknown, so prune keeps every checkpoint of the run",
+        explanation=(
+            "the tracker exists but could not be read (permission, I/O error, a link out of the root, past 64 KiB):"
+            " which step resume loads is unknown, so prune keeps every checkpoint of the run"
+        ),
     ),
     Code(
         code="tracker-behind",
         severity=W,
-        explanation="whole checkpoints are newer than the tracker's step: resume loads an older one; prune keeps them (protected) until the tracker moves or a person decides",
+        explanation=(
+            "whole checkpoints are newer than the tracker's step: resume loads an older one; prune keeps them "
+            "(protected) until the tracker moves or a person decides"
+        ),
     ),
     # saves that finish out of order (rules/save_order.py)
     Code(
@@ -216,12 +245,14 @@ _TABLE: tuple[Code, ...] = (
     ),
     Code(
         code="in-progress",
-        severity=I,
-        explanation="the checkpoint is being written now (recent and not yet committed by the tracker); judged on a later scan",
+        severity=INFO,
+        explanation=(
+            "the checkpoint is being written now (recent and not yet committed by the tracker); judged on a later scan"
+        ),
     ),
     Code(
         code="husk",
-        severity=I,
+        severity=INFO,
         explanation="only data.pt (or nothing resumable) is left: the usual remains of retention",
     ),
     Code(code="no-complete-checkpoint", severity=E, explanation="the run has checkpoints but none is complete"),
@@ -229,12 +260,17 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="not-loadable",
         severity=E,
-        explanation="torch.load(weights_only=True; mmap=True for zip files) refuses or fails on the file: resume cannot read it either",
+        explanation=(
+            "torch.load(weights_only=True; mmap=True for zip files) refuses or fails on the file: resume cannot "
+            "read it either"
+        ),
     ),
     Code(
         code="rank-keys-differ",
         severity=E,
-        explanation="a rank's model shard holds a different key set from rank 0's: the ranks did not save the same model",
+        explanation=(
+            "a rank's model shard holds a different key set from rank 0's: the ranks did not save the same model"
+        ),
     ),
     Code(
         code="dtensor-mismatch",
@@ -253,7 +289,10 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="shard-shape-mismatch",
         severity=E,
-        explanation="a rank's local shard is not the torch.chunk piece its placement gives: the shards do not tile the global tensor",
+        explanation=(
+            "a rank's local shard is not the torch.chunk piece its placement gives: the shards do not tile the "
+            "global tensor"
+        ),
         corrupts=True,
     ),
     Code(
@@ -263,7 +302,7 @@ _TABLE: tuple[Code, ...] = (
     ),
     Code(
         code="mesh-names-unknown",
-        severity=I,
+        severity=INFO,
         explanation="DeviceMesh dimension names are not verl's ('fsdp',) or ('ddp', 'fsdp')",
     ),
     Code(
@@ -275,7 +314,9 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="tied-embedding-missing",
         severity=E,
-        explanation="config.json ties word embeddings but only one of lm_head.weight / model.embed_tokens.weight is saved",
+        explanation=(
+            "config.json ties word embeddings but only one of lm_head.weight / model.embed_tokens.weight is saved"
+        ),
     ),
     Code(
         code="optimizer-param-count",
@@ -285,12 +326,17 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="optimizer-state-mismatch",
         severity=E,
-        explanation="an optimizer state tensor (exp_avg, exp_avg_sq) differs from its parameter in local shape, global shape or placements",
+        explanation=(
+            "an optimizer state tensor (exp_avg, exp_avg_sq) differs from its parameter in local shape, global "
+            "shape or placements"
+        ),
     ),
     Code(
         code="optimizer-step-differs",
         severity=E,
-        explanation="the AdamW step differs across parameters or ranks: the ranks did not take the same optimizer steps",
+        explanation=(
+            "the AdamW step differs across parameters or ranks: the ranks did not take the same optimizer steps"
+        ),
     ),
     Code(
         code="param-groups-differ",
@@ -311,17 +357,25 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="lr-scheduler-behind",
         severity=W,
-        explanation="lr_scheduler.last_epoch is behind the checkpoint's step (expected only for an actor with critic_warmup)",
+        explanation=(
+            "lr_scheduler.last_epoch is behind the checkpoint's step (expected only for an actor with critic_warmup)"
+        ),
     ),
     Code(
         code="optimizer-step-behind",
         severity=W,
-        explanation="the optimizer's step is below the scheduler's last_epoch (steps skipped on non-finite gradients, or mismatched files)",
+        explanation=(
+            "the optimizer's step is below the scheduler's last_epoch (steps skipped on non-finite gradients, or "
+            "mismatched files)"
+        ),
     ),
     Code(
         code="rng-missing",
         severity=W,
-        explanation="extra_state lacks the rng entry or one of its streams (cpu, numpy, random, cuda): a resume is not reproducible",
+        explanation=(
+            "extra_state lacks the rng entry or one of its streams (cpu, numpy, random, cuda): a resume is not "
+            "reproducible"
+        ),
     ),
     Code(
         code="dataloader-state-invalid",
@@ -372,12 +426,16 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="megatron-metadata-missing",
         severity=E,
-        explanation="dist_ckpt/ has no metadata.json (written last): the save did not finish, or this node is not rank 0's",
+        explanation=(
+            "dist_ckpt/ has no metadata.json (written last): the save did not finish, or this node is not rank 0's"
+        ),
     ),
     Code(
         code="megatron-backend-unknown",
         severity=E,
-        explanation="dist_ckpt/metadata.json names no known backend (sharded_backend torch_dist/zarr, common_backend torch)",
+        explanation=(
+            "dist_ckpt/metadata.json names no known backend (sharded_backend torch_dist/zarr, common_backend torch)"
+        ),
     ),
     Code(
         code="megatron-common-missing",
@@ -398,7 +456,10 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="safetensors-offsets",
         severity=E,
-        explanation="a .safetensors tensor's dtype x shape disagrees with its offsets, or offsets leave gaps/overlaps or do not end at the file size",
+        explanation=(
+            "a .safetensors tensor's dtype x shape disagrees with its offsets, or offsets leave gaps/overlaps or do"
+            " not end at the file size"
+        ),
         corrupts=True,
     ),
     # the walk
@@ -420,8 +481,11 @@ _TABLE: tuple[Code, ...] = (
     Code(code="broken-symlink", severity=W, explanation="a symbolic link whose target does not exist"),
     Code(
         code="prune-leftover",
-        severity=I,
-        explanation="an interrupted prune left an entry renamed to .ckpt-audit-trash-*: it is not a checkpoint any more, is not hashed, and the next prune deletes it",
+        severity=INFO,
+        explanation=(
+            "an interrupted prune left an entry renamed to .ckpt-audit-trash-*: it is not a checkpoint any more, is"
+            " not hashed, and the next prune deletes it"
+        ),
     ),
     Code(
         code="non-utf8-name",
@@ -432,7 +496,10 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="metric-jump",
         severity=E,
-        explanation="after a resume the watched metric left its recent trend by more than --threshold times its own noise (MAD): the resume did not restore the training state",
+        explanation=(
+            "after a resume the watched metric left its recent trend by more than --threshold times its own noise "
+            "(MAD): the resume did not restore the training state"
+        ),
     ),
     Code(
         code="step-duplicated",
@@ -442,17 +509,26 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="step-skipped",
         severity=W,
-        explanation="steps are missing from the log: the counter jumped, or a resume started counting past the checkpoint it loaded",
+        explanation=(
+            "steps are missing from the log: the counter jumped, or a resume started counting past the checkpoint "
+            "it loaded"
+        ),
     ),
     Code(
         code="resumed-from-older",
         severity=W,
-        explanation="a resume loaded an older checkpoint than the newest complete one it had: the steps in between were silently thrown away",
+        explanation=(
+            "a resume loaded an older checkpoint than the newest complete one it had: the steps in between were "
+            "silently thrown away"
+        ),
     ),
     Code(
         code="steps-redone",
-        severity=I,
-        explanation="steps logged before a crash were trained again after resuming from the last checkpoint (expected after a crash between saves)",
+        severity=INFO,
+        explanation=(
+            "steps logged before a crash were trained again after resuming from the last checkpoint (expected after"
+            " a crash between saves)"
+        ),
     ),
     Code(
         code="resume-trained-nothing",
@@ -460,7 +536,9 @@ _TABLE: tuple[Code, ...] = (
         explanation="an attempt after a resume logged no training step: at an epoch boundary verl restores an "
         "exhausted dataloader and exits 0 having trained zero steps (verl #5725)",
     ),
-    Code(code="metric-window-short", severity=I, explanation="too few points before or after a resume to judge a jump"),
+    Code(
+        code="metric-window-short", severity=INFO, explanation="too few points before or after a resume to judge a jump"
+    ),
     Code(
         code="metrics-bad-line",
         severity=W,

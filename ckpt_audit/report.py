@@ -142,8 +142,9 @@ def render_text(result: ScanResult, *, quiet: bool = False, fail_on: Severity = 
         yield finding_line(f)
     for run in result.runs:
         latest = run.latest_complete
+        tracker = run.tracker_step if run.tracker_step is not None else "-"
         yield (
-            f"{run.name}  ({run.path})  layout {run.layout}  tracker {run.tracker_step if run.tracker_step is not None else '-'}"
+            f"{run.name}  ({run.path})  layout {run.layout}  tracker {tracker}"
             f"  latest complete {latest.step if latest else '-'}"
         )
         yield f"  {'step':>8}  {'status':<12} {'W':>3}  {'size':>10}  {'age':>5}  findings"

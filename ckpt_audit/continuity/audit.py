@@ -103,9 +103,9 @@ def audit_log(
                         "metric-jump",
                         path,
                         (
-                            f"resume from step {point.resume_step}: {name} moved {j.after_residual:+.4g} from its trend "
-                            f"({j.score:+.1f} x its noise {j.noise:.3g} over steps {j.window_first_step}-{j.window_last_step}; "
-                            f"threshold {threshold:g})"
+                            f"resume from step {point.resume_step}: {name} moved {j.after_residual:+.4g} "
+                            f"from its trend ({j.score:+.1f} x its noise {j.noise:.3g} "
+                            f"over steps {j.window_first_step}-{j.window_last_step}; threshold {threshold:g})"
                         ),
                     )
                 )
@@ -137,7 +137,7 @@ def audit_log(
 def _boundary_findings(
     p: ResumePoint, path: str, first_time: float | None, ckpts: tuple[CheckpointRef, ...], st: int
 ) -> list[Finding]:
-    """Counter checks where a new attempt begins: counted twice, skipped, redone, or resumed from an older checkpoint."""
+    """Counter checks where a new attempt begins: counted twice, skipped, redone, or resumed from an older one."""
     out: list[Finding] = []
     r, first, prev = p.resume_step, p.first_step, p.prev_step
     assert prev is not None
@@ -158,7 +158,8 @@ def _boundary_findings(
                 "step-skipped",
                 path,
                 (
-                    f"{_span(r + 1, first - 1)} never trained: the attempt resumed from step {r} starts counting at {first}"
+                    f"{_span(r + 1, first - 1)} never trained: "
+                    f"the attempt resumed from step {r} starts counting at {first}"
                 ),
             )
         )

@@ -120,7 +120,7 @@ def expected_local_shape(t: TensorView, rank: int) -> tuple[int, ...] | None:
         flat //= n
     coords.reverse()
     shape = list(t.global_shape)
-    for dim, (p, n, c) in enumerate(zip(t.placements, t.mesh_shape, coords)):
+    for p, n, c in zip(t.placements, t.mesh_shape, coords):
         if p.startswith("Shard("):
             d = int(p[6:-1])
             if d >= len(shape):
