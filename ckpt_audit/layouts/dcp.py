@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import ScanContext
+from ckpt_audit.layouts.verl_fsdp import STEP_RE
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import status
 from ckpt_audit.tree import FileFacts, Tree
@@ -27,7 +28,6 @@ DCP = "dcp"
 DIST_CKPT = "dist_ckpt"
 METADATA = ".metadata"
 DISTCP_RE = re.compile(r"__(\d{1,9})_(\d{1,9})\.distcp")  # a longer number is no rank (nor an SQLite INTEGER)
-STEP_RE = re.compile(r"global_step_\d+")
 TRAILING_INT_RE = re.compile(r"(\d+)$")
 KNOWN_SHARDED_BACKENDS = frozenset({"torch_dist", "zarr"})
 KNOWN_COMMON_BACKENDS = frozenset({"torch"})

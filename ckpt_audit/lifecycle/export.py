@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckpt_audit.killpoints import OpCounter
+from ckpt_audit.layouts.verl_fsdp import classify
 from ckpt_audit.lifecycle.export_guard import (
     MARKER,
     Destination,
@@ -65,11 +66,11 @@ from ckpt_audit.lifecycle.export_guard import (
 )
 from ckpt_audit.lifecycle.export_stream import StreamUnsupported
 from ckpt_audit.lifecycle.prune import _fsync_dir
-from ckpt_audit.models import Finding
+from ckpt_audit.models import FileKind, Finding
+from ckpt_audit.rules.shards import current_world_size, parse_fsdp_config
 
 __all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "export_checkpoint"]
 
-MODEL_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 WEIGHT_FILE_RE = re.compile(r"(\.safetensors|\.bin)$|^(model\.safetensors|pytorch_model\.bin)\.index\.json$")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 SAFETENSORS_DTYPE = {
@@ -392,14 +393,16 @@ def _role_dir(src: Path, role: str) -> Path:
 
 
 def _model_shards(d: Path) -> dict[int, dict[int, Path]]:
+    """world size -> rank -> model shard, named as the verl layout reads them (with the world size in the name)."""
     by_w: dict[int, dict[int, Path]] = {}
     try:
         names = os.listdir(d)
     except OSError:
         return {}
     for name in names:
-        if m := MODEL_RE.match(name):
-            by_w.setdefault(int(m[1]), {})[int(m[2])] = d / name
+        kind, rank, ws = classify(name, ())
+        if kind is FileKind.MODEL and rank is not None and ws is not None:
+            by_w.setdefault(ws, {})[rank] = d / name
     return by_w
 
 
@@ -502,17 +505,22 @@ class _HfSource:
 
 
 def _world_size(role_dir: Path, by_w: dict[int, dict[int, Path]]) -> int:
-    if len(by_w) == 1:
-        return next(iter(by_w))
+    """The shard set the scan judged (one policy: `rules.shards.current_world_size`)."""
+    config = role_dir / "fsdp_config.json"
     try:
-        w = int(json.loads((role_dir / "fsdp_config.json").read_text())["world_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        w = None
-    if w in by_w:
-        return w
-    raise ExportError(
-        f"{role_dir}: shard sets for several world sizes ({sorted(by_w)}) and no fsdp_config.json naming one of them"
-    )
+        text: str | None = config.read_text()
+    except (OSError, ValueError):
+        text = None
+    config_ws, _ = parse_fsdp_config(str(config), text)
+    newest = {w: max(_mtime_ns(p) for p in files.values()) for w, files in by_w.items()}
+    return current_world_size(newest, config_ws)  # type: ignore[return-value]  # by_w has no None key
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _load(path: Path):

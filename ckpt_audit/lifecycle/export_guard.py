@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ckpt_audit.codes import finding
+from ckpt_audit.layouts.dcp import DISTCP_RE
 from ckpt_audit.layouts.tracker import TRACKER
 from ckpt_audit.layouts.verl_fsdp import SHARD_RE, STEP_RE, enclosing_step_dir
 from ckpt_audit.models import Finding, Severity
@@ -28,7 +28,6 @@ from ckpt_audit.rules.files import zip_finding
 MARKER = ".ckpt-audit-export.json"  # written into every export: what makes `--force` allowed to replace it
 MARKER_KIND = "ckpt-audit-export"
 REFUSED_STATUSES = frozenset({"corrupt", "unsafe", "unknown"})
-DISTCP_RE = re.compile(r"__\d+_\d+\.distcp")
 
 
 class ExportError(Exception):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding
@@ -14,6 +15,18 @@ _PREFIX = {FileKind.MODEL: "model", FileKind.OPTIM: "optim", FileKind.EXTRA_STAT
 def shard_name(kind: FileKind, rank: int, world_size: int | None) -> str:
     ws = f"world_size_{world_size}_" if world_size is not None else ""
     return f"{_PREFIX[kind]}_{ws}rank_{rank}.pt"
+
+
+def current_world_size(newest_mtime_ns: Mapping[int | None, int], config_ws: int | None) -> int | None:
+    """Which shard set of a role directory is the checkpoint, given each set's world size (None: named without
+    one) and its newest file's mtime: the one fsdp_config.json names, else the only one, else the most recently
+    written (a resume at another world size writes beside the old set). The one policy: the scan judges this set
+    and export reads it."""
+    if config_ws is not None and config_ws in newest_mtime_ns:
+        return config_ws
+    if len(newest_mtime_ns) == 1:
+        return next(iter(newest_mtime_ns))
+    return max(newest_mtime_ns, key=lambda w: newest_mtime_ns[w]) if newest_mtime_ns else None
 
 
 def parse_fsdp_config(path: str, text: str | None) -> tuple[int | None, tuple[Finding, ...]]:
@@ -43,12 +56,8 @@ def check_fsdp_shards(comp: Component, *, config_text: str | None) -> tuple[int 
         return config_ws, tuple(found)
 
     named = {f.world_size for f in shards}
-    if config_ws is not None and config_ws in named:
-        current = config_ws
-    elif len(named) == 1:
-        current = next(iter(named))
-    else:  # several sets and no config to arbitrate: the most recently written set is the live one
-        current = max(named, key=lambda w: max(f.mtime_ns for f in shards if f.world_size == w))
+    newest = {w: max(f.mtime_ns for f in shards if f.world_size == w) for w in named}
+    current = current_world_size(newest, config_ws)
 
     if config_ws is not None and current is not None and config_ws != current:
         found.append(
