@@ -16,7 +16,8 @@ from ckpt_audit.models import FileFacts, Finding, PtFacts
 __all__ = ["FileFacts", "Partial", "PtFacts", "Tree", "TRASH_PREFIX", "trash_entry"]  # the facts live in models
 
 TRASH_PREFIX = ".ckpt-audit-trash-"
-"""What `prune` renames an entry to before deleting it: the walker lists such entries but never reads them."""
+"""What `prune` renames an entry to before deleting it: the walker lists such entries but never reads them.
+The one definition (prune's TRASH_RE is built from it)."""
 
 
 def trash_entry(path: str) -> str | None:

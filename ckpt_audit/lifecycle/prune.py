@@ -32,7 +32,7 @@ from ckpt_audit.layouts.tracker import resume_step, tracker_path
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.tree import TRASH_PREFIX
 
-TRASH_RE = re.compile(r"^\.ckpt-audit-trash-(?P<name>.+)-(?P<exec_id>[0-9a-f]{12})$")
+TRASH_RE = re.compile(rf"^{re.escape(TRASH_PREFIX)}(?P<name>.+)-(?P<exec_id>[0-9a-f]{{12}})$")
 
 
 class Action(StrEnum):
