@@ -93,7 +93,7 @@ def test_data_pt_is_a_multiworker_stateful_dataloader_state(verl_run):
         state = load(verl_run / f"global_step_{n}/data.pt")
         assert set(state) == {"_snapshot", "_steps_since_snapshot", "_iterator_finished"}
         consumed = state["_snapshot"]["_snapshot_step"] + state["_steps_since_snapshot"]
-        assert consumed == (n - 1) % 4 + 1  # 4 batches per epoch, one batch per step (verl-format 1.9)
+        assert consumed == (n - 1) % 4 + 1  # 4 batches per epoch, one batch per step
 
 
 def test_w3_shards_are_uneven_torch_chunks(verl_run_w3):

@@ -1,7 +1,7 @@
 """The resume gate and tracker repair, through the real CLI (a subprocess) on trainer-written trees.
 
 `latest` answers a job script's resume_from_path; `fix-tracker` points the tracker at the same checkpoint. Each
-test builds one failure verl users meet (reference/verl-format.md §1.2, §2.4, §4): a bit-flipped shard, a tracker
+test builds one failure verl users meet (docs/verl-format.md §1.2, §2.4, §4): a bit-flipped shard, a tracker
 missing (FSDP async_save), garbage, dangling, naming a corrupt step or lagging behind, a save still being written
 under a tracker published early; then the hostile cases: a read-only run, a tracker linked out of the run, a
 directory created a second ago, a second copy holding the catalog lock, a typo'd flag.

@@ -1,6 +1,6 @@
 """The gate and the repair on saves written in verl's own order, and on a Megatron run.
 
-verl's FSDP save (reference/verl-format.md §1.2): every rank writes model, optim, extra_state to their final names,
+verl's FSDP save (docs/verl-format.md §1.2): every rank writes model, optim, extra_state to their final names,
 rank 0 writes fsdp_config.json, the driver writes data.pt, then the tracker, last. With FSDP `async_save` the
 tracker is never written (verl #7952). A Megatron run keeps the tracker in the run directory too, with
 dist_ckpt/metadata.json written last inside each checkpoint (§2.1), and its async queue may publish the tracker and

@@ -1,6 +1,6 @@
 """The previous manifest, read with bare sqlite3 so a scan starts reading files before sqlite_utils is imported.
 
-(`import sqlite_utils` alone costs 0.15-0.35 s here, the whole start-up budget: perf-limits.md §7.7.)
+(`import sqlite_utils` alone costs 0.15-0.35 s here, the whole start-up budget: bench/README.md, bench_startup.)
 """
 
 from __future__ import annotations

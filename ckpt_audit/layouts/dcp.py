@@ -1,4 +1,4 @@
-"""torch.distributed.checkpoint trees: verl's Megatron `dist_ckpt/` (reference/verl-format.md §2.1) and plain DCP.
+"""torch.distributed.checkpoint trees: verl's Megatron `dist_ckpt/` (docs/verl-format.md §2.1) and plain DCP.
 
     <run>/global_step_N/actor/dist_ckpt/{.metadata, __R_k.distcp, common.pt, metadata.json}
     <run>/global_step_N/actor/{huggingface/, transformer_config.json, adapter_checkpoint/}

@@ -1,7 +1,7 @@
 """The tracker `latest_checkpointed_iteration.txt`: the one place that knows its name, where it sits and how it parses.
 
 verl (and Megatron) write the step of the last finished save into `<run>/latest_checkpointed_iteration.txt` and
-resume with `int(f.read().decode())` (reference/verl-format.md §1.2, §4). Everything else that names, reads or
+resume with `int(f.read().decode())` (docs/verl-format.md §1.2, §4). Everything else that names, reads or
 writes the tracker (the scan's rules, prune's re-check, export's guard, the CLI) imports it from here; a command
 that rewrites the tracker should add its writer here too. No IO: callers read the bytes.
 """

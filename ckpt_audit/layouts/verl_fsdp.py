@@ -1,4 +1,4 @@
-"""verl's FSDP checkpoint trees (reference/verl-format.md §0-§1): PPO/GRPO, SFT and the older names.
+"""verl's FSDP checkpoint trees (docs/verl-format.md §1): PPO/GRPO, SFT and the older names.
 
 <run>/latest_checkpointed_iteration.txt
 <run>/global_step_N/{actor,critic}/model_world_size_W_rank_R.pt (+ optim_, extra_state_, fsdp_config.json,

@@ -32,7 +32,7 @@ import xxhash
 from ckpt_audit.readers.pt_structure import PtStructure, TensorInfo, read_pt_structure
 from ckpt_audit.readers.ptzip import ZipEntry, ZipFormatError, payload_offset
 
-try:  # isal's crc32 runs ~4x faster than the system zlib's (perf-limits.md, section 3.1)
+try:  # isal's crc32 runs ~4x faster than the system zlib's (bench/README.md, bench_hash)
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:  # pragma: no cover - isal is a declared dependency
     from zlib import crc32 as _crc32

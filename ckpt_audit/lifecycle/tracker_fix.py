@@ -1,7 +1,7 @@
 """Tracker repair: point `latest_checkpointed_iteration.txt` at the newest checkpoint a resume can use.
 
 verl resumes (`resume_mode=auto`) from whatever the tracker names, and trains from step 0 when it names nothing it
-can find (reference/verl-format.md §4). `plan_fix` decides from a fresh scan (pure, tested by equality);
+can find (docs/verl-format.md §4). `plan_fix` decides from a fresh scan (pure, tested by equality);
 `apply_fix` writes it: the old content kept beside the tracker, the new one written to a temporary file, fsynced
 and renamed over the tracker (what verl's SFT trainer does), after checking the tracker did not change since the
 plan. Same target as the resume gate (`lifecycle.latest`): complete, or whole beyond a lagging tracker.

@@ -36,7 +36,7 @@ from ckpt_audit.readers.ptzip import (
     sniff,
 )
 
-try:  # isal's crc32 runs ~4x faster than the system zlib's here (perf-limits.md, section 3.1)
+try:  # isal's crc32 runs ~4x faster than the system zlib's here (bench/README.md, bench_hash)
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:  # pragma: no cover - isal is a declared dependency
     _crc32 = zlib.crc32

@@ -1,4 +1,4 @@
-"""Rules for saves that finish out of order: async saves and remote copies (reference/verl-format.md §1.2, §2.4).
+"""Rules for saves that finish out of order: async saves and remote copies (docs/verl-format.md §1.2, §2.4).
 
 verl's synchronous save writes the tracker last, so the tracker is its commit marker. Three ways that breaks:
 

@@ -1,4 +1,4 @@
-"""Completeness of one FSDP shard set (reference/verl-format.md §7.3) and of a step directory (§7.2)."""
+"""Completeness of one FSDP shard set (docs/verl-format.md §7.3) and of a step directory (§7.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rules on the tracker and the run as a whole (reference/verl-format.md §4, §7.1).
+"""Rules on the tracker and the run as a whole (docs/verl-format.md §4, §7.1).
 
 The tracker's name, place and parsing belong to `ckpt_audit.layouts.tracker`; the layout passes the paths in."""
 
