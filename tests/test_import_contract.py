@@ -29,6 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckpt_audit.deep", "ckpt_audit.lifecycle"),
     ("ckpt_audit.verify",),
     ("ckpt_audit.catalog", "ckpt_audit.report", "ckpt_audit.metrics_textfile"),  # metrics: a rendering of a scan
+    # cluster: the scan's map half placed on Ray nodes; above the scanner it runs, below the session that drives it
+    ("ckpt_audit.cluster",),
     ("ckpt_audit.session",),
     ("ckpt_audit.cli", "ckpt_audit.__main__"),
 )

@@ -1,0 +1,86 @@
+"""Node-local placement on Ray: one map task per alive node, pinned to it, scanning that node's copy of each root.
+
+Ray is imported inside the functions only (the cron path without --ray never loads it). Each task runs exactly
+`scanner.scan_partial` on the node's directory (noderoots: CKPT_AUDIT_NODE_ROOTS) and rebases the partial onto the
+logical root; the driver reduces the partials with `scanner.reduce`, so completeness is judged over the union.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ckpt_audit.layouts import ScanContext, load_layouts
+from ckpt_audit.models import ScanResult
+from ckpt_audit.scanner import reduce, scan_partial
+from ckpt_audit.tree import Partial
+
+from .noderoots import ENV, parse_node_roots, rebase
+
+RAY_MISSING = "scan --ray needs the optional extra: pip install 'ckpt-audit[ray]'"
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed: the one-line message above."""
+
+
+def import_ray():
+    try:
+        import ray  # noqa: PLC0415 - optional extra, loaded only for --ray
+    except ImportError:
+        raise RayUnavailable(RAY_MISSING) from None
+    return ray
+
+
+@dataclass(frozen=True, slots=True)
+class NodePartials:
+    """What one node returned: its id and one partial per logical root (already rebased)."""
+
+    node_id: str
+    partials: tuple[Partial, ...]
+
+
+def scan_on_this_node(roots: Sequence[str], node_id: str) -> NodePartials:
+    """The map task body (runs on the worker): scan this node's copy of each logical root."""
+    mapping = parse_node_roots(os.environ.get(ENV), node_id=node_id)
+    layouts = load_layouts()
+    out = []
+    for root in roots:
+        local = mapping.get(root, root)
+        if not os.path.isdir(local):
+            continue  # this node holds nothing of that root
+        out.append(rebase(scan_partial(local, workers=1, layouts=layouts), local=local, logical=root))
+    return NodePartials(node_id=node_id, partials=tuple(out))
+
+
+def node_local_map(roots: Sequence[str], *, address: str | None = None, timeout_s: float = 600.0):
+    """One pinned task per alive node; returns (answers, silent node ids)."""
+    ray = import_ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
+
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    task = ray.remote(num_cpus=0)(scan_on_this_node)
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    refs = {
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n, soft=False)).remote(
+            list(roots), n
+        ): n
+        for n in nodes
+    }
+    answers: list[NodePartials] = []
+    silent: list[str] = []
+    for ref, node in refs.items():
+        try:
+            answers.append(ray.get(ref, timeout=timeout_s))
+        except Exception:  # noqa: BLE001 - a dead node, a lost task or a timeout all mean: this node did not answer
+            silent.append(node)
+    return answers, silent
+
+
+def reduce_nodes(answers: Sequence[NodePartials], *, now_ns: int, in_progress_window_ns: int) -> ScanResult:
+    """The driver's reduce over every node's partials: exactly the local scan's reduce."""
+    parts = [p for a in answers for p in a.partials]
+    ctx = ScanContext(now_ns=now_ns, in_progress_window_ns=in_progress_window_ns)
+    return reduce(parts, ctx=ctx, layouts=load_layouts())

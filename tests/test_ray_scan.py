@@ -1,0 +1,73 @@
+"""Node-local placement on a real local Ray cluster (3 nodes, ray.cluster_utils.Cluster): a reference-trainer tree
+split by rank over node directories is judged exactly as the same tree on one disk."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from ckpt_audit import scanner
+from ckpt_audit.cluster import ray_scan
+from ckpt_audit.cluster.noderoots import ENV
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = pytest.mark.slow
+LOGICAL = "/ckpt-audit-logical/ckpts"  # exists on no node: every node maps it to its own directory
+RANK = re.compile(r"_rank_(\d+)\.")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    table = tmp_path_factory.mktemp("roots") / "node_roots.json"
+    table.write_text("{}")
+    mp = pytest.MonkeyPatch()
+    mp.setenv(ENV, f"@{table}")  # the nodes start below and inherit it; the table is filled once ids are known
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
+    nodes = [c.head_node] + [c.add_node(num_cpus=1, object_store_memory=80 * 2**20) for _ in range(2)]
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+    yield c, [n.node_id for n in nodes], table
+    ray.shutdown()
+    c.shutdown()
+    mp.undo()
+
+
+def split_by_rank(run: Path, base: Path, n_nodes: int) -> list[Path]:
+    """Copy `run`'s tree into base/node<i>/<project>/<exp>: rank r's files on node r % n, the rest on node 0."""
+    top = run.parent.parent
+    dirs = [base / f"node{i}" for i in range(n_nodes)]
+    for f in sorted(p for p in top.rglob("*") if p.is_file() and not p.name.startswith(".fixture")):
+        m = RANK.search(f.name)
+        dst = dirs[int(m.group(1)) % n_nodes if m else 0] / f.relative_to(top)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dst)
+    return dirs
+
+
+def summary(result, root: str) -> tuple:
+    ckpts = sorted((c.path.replace(root, "<root>"), c.status.name) for r in result.runs for c in r.checkpoints)
+    found = sorted((f.code, f.path.replace(root, "<root>"), f.rank) for f in result.all_findings)
+    hashes = sorted((p.replace(root, "<root>"), f.hash) for p, f in result.file_facts.items())
+    return ckpts, found, hashes
+
+
+def test_ranks_split_over_three_nodes_judged_as_one_disk(cluster, verl_run, tmp_path):
+    _, ids, table = cluster
+    dirs = split_by_rank(verl_run, tmp_path, 3)
+    table.write_text(json.dumps({nid: {LOGICAL: str(d)} for nid, d in zip(ids, dirs)}))
+    now = time.time_ns() + 86_400 * 10**9
+    answers, silent = ray_scan.node_local_map([LOGICAL], address=None)
+    assert silent == []
+    assert sorted(a.node_id for a in answers) == sorted(ids)
+    got = ray_scan.reduce_nodes(answers, now_ns=now, in_progress_window_ns=60 * 10**9)
+    whole = tmp_path / "whole"
+    shutil.copytree(verl_run.parent.parent, whole, ignore=shutil.ignore_patterns(".fixture*"))
+    want = scanner.scan([str(whole)], now_ns=now, in_progress_window_s=60)
+    assert summary(got, LOGICAL) == summary(want, str(whole))
+    assert len([c for r in got.runs for c in r.checkpoints]) == 3
