@@ -10,10 +10,12 @@ Opening: `with open_session(catalog_path, roots=...) as s:` checks the roots, pr
 lock for the whole body; it raises SessionError (a bad root or catalog: exit 3) or lock.Locked (exit 4) and
 never waits. The catalog itself is opened on first write, so a scan reads files before sqlite_utils is imported.
 
-Browsing is the one read that does not wait for the lock: `browse` scans with the catalogued hashes (a WAL read,
-fine while a cron run writes) and records through a session only if the lock is free.
+Reads never wait for the lock: `browse` scans with the catalogued hashes (a WAL read, fine while a cron run
+writes) and records through a session only if the lock is free; `latest` (the resume gate) does the same for one
+run; `reading` opens the catalog read-only for `ls`, `show` and viewers.
 
-A new action (e.g. `latest`, `fix-tracker`) is one more method: do the work, write through `self.catalog`.
+A new action is one more method (as `plan_fix_tracker` then `fix_tracker`): do the work, write through
+`self.catalog`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,9 +35,11 @@ from ckpt_audit.models import Run, ScanResult
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.catalog.store import Catalog
     from ckpt_audit.lifecycle.export import ExportResult
+    from ckpt_audit.lifecycle.latest import Gate
     from ckpt_audit.lifecycle.prune import Outcome, PruneResult, TrashDir
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
     from ckpt_audit.lifecycle.survivors import SurvivorCheck
+    from ckpt_audit.lifecycle.tracker_fix import TrackerFix
     from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
@@ -71,6 +76,29 @@ class Recorded:
 
     result: ScanResult
     scan_id: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrackerPlan:
+    """What fix-tracker would write (`fix`), planned from a fresh scan of the run at `planned_ns`; shown, then
+    given to `Session.fix_tracker`. `step_names`: the run's step directories as scanned (a save begun since wins)."""
+
+    fix: TrackerFix
+    step_names: frozenset[str]
+    planned_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LatestAnswer:
+    """The resume gate's answer for one run (`gate.chosen`, or `gate.reason` why none), and what it read."""
+
+    run: Run
+    gate: Gate
+    verified_ns: int | None  # when the answer was last read by content in full (None: no answer, or never)
+    reread: tuple[str, ...]  # checkpoints read by content just now for --verified
+    files_reused: int  # the catalog's cache at work: files reused by stat ...
+    files_read: int  # ... vs read by content for this answer
+    not_recorded: str  # "" when the scans were recorded, else why not (a cron run holds the lock, read-only catalog)
 
 
 class Session:
@@ -230,6 +258,38 @@ class Session:
         cat = self.catalog
         return export_checkpoint(step_dir, to, catalog=None if cat is None else LifecycleLog(cat.db), **options)
 
+    def plan_fix_tracker(
+        self,
+        run: str | Path,
+        *,
+        in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+        now_ns: int | None = None,
+    ) -> TrackerPlan:
+        """Scan `run` (recorded: the catalog sees the run now), read its tracker and plan the repair
+        (lifecycle.tracker_fix.plan_fix). Writes no tracker. Raises SessionError when `run` is not one run."""
+        from ckpt_audit.layouts.tracker import tracker_path
+        from ckpt_audit.lifecycle.tracker_fix import plan_fix, read_state
+
+        scanned = self.scan([run], in_progress_window_s=in_progress_window_s)
+        the_run = run_named(scanned.result, run)
+        state = read_state(tracker_path(the_run.path))
+        now = time.time_ns() if now_ns is None else now_ns
+        fix = plan_fix(the_run, state, now_ns=now, in_progress_window_ns=int(in_progress_window_s * 1e9))
+        steps = frozenset(os.path.basename(c.path) for c in the_run.checkpoints)
+        return TrackerPlan(fix=fix, step_names=steps, planned_ns=now)
+
+    def fix_tracker(self, plan: TrackerPlan) -> str | None:
+        """Rewrite the tracker as `plan.fix` says (needed, not refused) and log it in the catalog (tracker_fixes).
+        Returns where the old content was kept (None: there was no tracker). Raises tracker_fix.FixError."""
+        from ckpt_audit.lifecycle.tracker_fix import apply_fix
+
+        backup = apply_fix(plan.fix, step_names=plan.step_names)
+        if self.catalog is not None:
+            from ckpt_audit.catalog.tracker_log import record_fix
+
+            record_fix(self.catalog.db, plan.fix, at_ns=plan.planned_ns, backup_path=backup)
+        return backup
+
     def _close(self) -> None:
         if self._catalog is not None:
             self._catalog.close()
@@ -290,6 +350,92 @@ def record_if_free(result: ScanResult, catalog_path: Path | None) -> str:
     return ""
 
 
+def latest(
+    run: str | Path,
+    catalog_path: Path | None,
+    *,
+    verified: bool = False,
+    period_ns: int = 0,
+    in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+) -> LatestAnswer:
+    """The resume gate for `run` (lifecycle.latest.gate): scan it with the catalogued hashes (a stale or absent
+    catalog still gives a true answer), re-read by content what `verified` needs (last read over `period_ns` ago),
+    then record the scans if the lock is free: a job script's gate never waits for, nor fails on, a cron scan
+    holding the lock or a catalog it may not write. Raises SessionError when `run` is not one run."""
+    from ckpt_audit.lifecycle.latest import gate, oldest_verified
+
+    previous = _previous_or_empty(catalog_path)
+    try:
+        real = scanner.check_root(run)
+        result = scanner.scan([real], previous=previous, in_progress_window_s=in_progress_window_s)
+    except scanner.ScanError as exc:
+        raise SessionError(str(exc)) from None
+    the_run = run_named(result, run)
+    scans = [result]
+    verified_at = {p: f.verified_ns for p, f in result.file_facts.items()}
+    reread: set[str] = set()
+    now = time.time_ns()
+    while True:
+        g = gate(
+            the_run,
+            verified=verified_at if verified else None,
+            now_ns=now,
+            period_ns=period_ns,
+            reread=frozenset(reread),
+        )
+        if g.reread is None:
+            break
+        # read the candidate by content now; what that read finds (hash drift, a bad CRC) is its verdict
+        focused = scanner.scan(
+            [g.reread.path], previous=previous, in_progress_window_s=in_progress_window_s, rehash=True
+        )
+        scans.append(focused)
+        fresh = {c.path: c for r in focused.runs for c in r.checkpoints}
+        the_run = replace(the_run, checkpoints=tuple(fresh.get(c.path, c) for c in the_run.checkpoints))
+        verified_at.update({p: f.verified_ns for p, f in focused.file_facts.items()})
+        reread.add(g.reread.path)
+    not_recorded = ""
+    for s in scans:
+        if not_recorded := record_if_free(s, catalog_path):
+            break
+    return LatestAnswer(
+        run=the_run,
+        gate=g,
+        verified_ns=None if g.chosen is None else oldest_verified(g.chosen, verified_at),
+        reread=tuple(sorted(reread)),
+        files_reused=scans[0].files_reused,
+        files_read=sum(s.files_hashed for s in scans),
+        not_recorded=not_recorded,
+    )
+
+
+def run_named(result: ScanResult, run: str | Path) -> Run:
+    """The run `run` names in a scan of it; a path that is not one run directory is a SessionError (exit 3)."""
+    real = os.path.realpath(run)
+    match = [r for r in result.runs if r.path == real]
+    if match:
+        return match[0]
+    if len(result.runs) > 1:
+        raise SessionError(f"{real} holds {len(result.runs)} runs; name one of them")
+    if result.runs:
+        raise SessionError(f"{real} is not a run directory (its run is {result.runs[0].path})")
+    raise SessionError(f"{real} is not a checkpoint run (no tracker, no global_step_N)")
+
+
+@contextlib.contextmanager
+def reading(catalog_path: Path) -> Iterator[Catalog]:
+    """The catalog opened read-only, without the lock: `ls`, `show` and viewers answer while a cron run writes (a
+    WAL read), for a user who can write neither the catalog nor its directory. Raises SessionError."""
+    from ckpt_audit.catalog import CatalogError, read_catalog
+
+    try:
+        cat = read_catalog(catalog_path)
+    except CatalogError as exc:
+        raise SessionError(str(exc)) from None
+    with cat:
+        yield cat
+
+
 def _verify(paths: Sequence[str | Path], **options) -> ScanResult:
     from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
 
@@ -303,3 +449,13 @@ def _previous(catalog_path: Path | None) -> dict | None:
     from ckpt_audit.catalog.manifest import read_previous
 
     return read_previous(catalog_path)
+
+
+def _previous_or_empty(catalog_path: Path | None) -> dict:
+    """The catalogued facts; {} when the catalog is absent or unreadable (the run is then read in full)."""
+    from ckpt_audit.catalog.manifest import CatalogError
+
+    try:
+        return _previous(catalog_path) or {}
+    except CatalogError:
+        return {}

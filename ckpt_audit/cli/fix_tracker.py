@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
 import click
 
 from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, session
-from ckpt_audit.cli.latest import pick_run
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -46,27 +43,17 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
         ckpt-audit fix-tracker /ckpts/proj/exp          # dry run: what is wrong and what it would write
         ckpt-audit fix-tracker --yes /ckpts/proj/exp    # rewrite it (old content kept beside it)
     """
-    from ckpt_audit.layouts.tracker import tracker_path
-    from ckpt_audit.lifecycle.tracker_fix import FixError, apply_fix, plan_fix, read_state
+    from ckpt_audit.lifecycle.tracker_fix import FixError
 
     with session(ctx, [run], catalog) as s:
-        scanned = s.scan([run], in_progress_window_s=in_progress_window)  # recorded: the catalog sees the run now
-        the_run = pick_run(scanned.result, run)
-        state = read_state(tracker_path(the_run.path))
-        now = time.time_ns()
-        fix = plan_fix(the_run, state, now_ns=now, in_progress_window_ns=int(in_progress_window * 1e9))
-        backup, done = None, False
+        plan = s.plan_fix_tracker(run, in_progress_window_s=in_progress_window)
+        fix, backup, done = plan.fix, None, False
         if yes and fix.needed and not fix.refused:
             try:
-                scanned_steps = frozenset(os.path.basename(c.path) for c in the_run.checkpoints)
-                backup = apply_fix(fix, step_names=scanned_steps)
+                backup = s.fix_tracker(plan)
             except FixError as exc:
                 raise CommandError(str(exc)) from None
             done = True
-            if s.catalog is not None:
-                from ckpt_audit.catalog.tracker_log import record_fix
-
-                record_fix(s.catalog.db, fix, at_ns=now, backup_path=backup)
     if done:
         code = ExitCode.OK
     elif fix.refused or fix.needed:
