@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -198,13 +199,16 @@ class _progress:
             self.bar.__exit__(*exc)
 
 
+@contextmanager
 def _open(catalog: Path | None):
-    """The catalog, read-only: `ls` and `show` work for a user who can write neither it nor its directory."""
-    from ckpt_audit.catalog import CatalogError, read_catalog
+    """The catalog through the session's read path (read-only, no lock: `ls` and `show` never wait for a cron run,
+    and work for a user who can write neither the catalog nor its directory)."""
+    from ckpt_audit.session import SessionError, reading
 
     try:
-        return read_catalog(resolve_catalog(catalog))
-    except CatalogError as exc:
+        with reading(resolve_catalog(catalog)) as cat:
+            yield cat
+    except SessionError as exc:
         raise CommandError(str(exc)) from None
 
 
