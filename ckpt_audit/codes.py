@@ -544,6 +544,24 @@ _TABLE: tuple[Code, ...] = (
         severity=W,
         explanation="a metrics log line could not be parsed (cut by a crash, or not a step record); it was skipped",
     ),
+    # scan --ray (ckpt_audit.cluster): node-local placement
+    Code(
+        code="ranks-spread-over-nodes",
+        severity=INFO,
+        explanation="no one node holds all of a checkpoint's ranks (normal for node-local saves); export and a "
+        "single-node resume need them gathered first",
+    ),
+    Code(
+        code="replica-differs",
+        severity=E,
+        corrupts=True,
+        explanation="the same file is on several nodes with different content: which one a resume loads is chance",
+    ),
+    Code(
+        code="node-silent",
+        severity=W,
+        explanation="a Ray node did not answer the scan: checkpoints it may complete are unknown, not incomplete",
+    ),
 )
 
 CODES: dict[str, Code] = {c.code: c for c in _TABLE}

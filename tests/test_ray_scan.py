@@ -13,6 +13,7 @@ import pytest
 
 from ckpt_audit import scanner
 from ckpt_audit.cluster import ray_scan
+from ckpt_audit.cluster.findings import judge_nodes
 from ckpt_audit.cluster.noderoots import ENV
 
 ray = pytest.importorskip("ray")
@@ -71,3 +72,55 @@ def test_ranks_split_over_three_nodes_judged_as_one_disk(cluster, verl_run, tmp_
     want = scanner.scan([str(whole)], now_ns=now, in_progress_window_s=60)
     assert summary(got, LOGICAL) == summary(want, str(whole))
     assert len([c for r in got.runs for c in r.checkpoints]) == 3
+
+
+def _scan(table, mapping, ids, now):
+    table.write_text(json.dumps({nid: {LOGICAL: str(d)} for nid, d in zip(ids, mapping)}))
+    answers, silent = ray_scan.node_local_map([LOGICAL])
+    reduced = ray_scan.reduce_nodes(answers, now_ns=now, in_progress_window_ns=60 * 10**9)
+    return judge_nodes(reduced, answers, silent), silent
+
+
+def _codes(result):
+    return [(f.code, f.path.replace(LOGICAL, "<root>"), f.message) for f in result.all_findings]
+
+
+def test_spread_ranks_named_by_node_and_a_differing_replica_is_an_error(cluster, verl_run, tmp_path):
+    _, ids, table = cluster
+    dirs = split_by_rank(verl_run, tmp_path, 2) + [tmp_path / "node2"]
+    now = time.time_ns() + 86_400 * 10**9
+    got, silent = _scan(table, dirs, ids, now)
+    assert silent == []
+    spread = [f for f in got.all_findings if f.code.startswith("ranks-spread")]
+    assert [f.code for f in spread] == ["ranks-spread-over-nodes"] * 3  # one per checkpoint's actor component
+    assert all(f"ranks 0 on node {ids[0]}" in f.message and f"ranks 1 on node {ids[1]}" in f.message for f in spread)
+    assert {c.status.name for r in got.runs for c in r.checkpoints} == {"COMPLETE"}
+    # node 2 holds a copy of one rank-1 shard with one byte changed
+    shard = next(p for p in dirs[1].rglob("model_world_size_2_rank_1.pt") if "global_step_4" in str(p))
+    twin = dirs[2] / shard.relative_to(dirs[1])
+    twin.parent.mkdir(parents=True)
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    twin.write_bytes(bytes(data))
+    got, _ = _scan(table, dirs, ids, now)
+    [bad] = [f for f in got.all_findings if f.code == "replica-differs"]
+    assert bad.path == LOGICAL + str(shard)[len(str(dirs[1])) :]
+    step4 = next(c for r in got.runs for c in r.checkpoints if c.step == 4)
+    assert step4.status.name == "CORRUPT"
+
+
+def test_a_dead_node_makes_its_checkpoints_unknown_never_incomplete(cluster, verl_run, tmp_path):
+    """Runs last in this module: it kills node 2, which holds rank 1 of every checkpoint."""
+    c, ids, table = cluster
+    dirs = [tmp_path / "node0", tmp_path / "node1"] + split_by_rank(verl_run, tmp_path / "x", 2)[1:]
+    split_by_rank(verl_run, tmp_path / "y", 2)[0].rename(dirs[0])
+    dirs[1].mkdir()
+    now = time.time_ns() + 86_400 * 10**9
+    got, silent = _scan(table, dirs, ids, now)
+    assert {c.status.name for r in got.runs for c in r.checkpoints} == {"COMPLETE"}
+    c.remove_node(c.list_all_nodes()[2])
+    got, silent = _scan(table, dirs, ids, now)
+    assert silent == [ids[2]]
+    statuses = {c.step: c.status.name for r in got.runs for c in r.checkpoints}
+    assert statuses == {2: "UNKNOWN", 4: "UNKNOWN", 6: "UNKNOWN"}
+    assert any(f.code == "node-silent" and ids[2] in f.message for f in got.all_findings)

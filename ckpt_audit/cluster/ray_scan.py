@@ -62,7 +62,9 @@ def node_local_map(roots: Sequence[str], *, address: str | None = None, timeout_
     if not ray.is_initialized():
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     task = ray.remote(num_cpus=0)(scan_on_this_node)
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    listed = ray.nodes()
+    nodes = [n["NodeID"] for n in listed if n.get("Alive")]
+    dead = [n["NodeID"] for n in listed if not n.get("Alive")]  # died since joining: it may hold the missing ranks
     refs = {
         task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n, soft=False)).remote(
             list(roots), n
@@ -70,7 +72,7 @@ def node_local_map(roots: Sequence[str], *, address: str | None = None, timeout_
         for n in nodes
     }
     answers: list[NodePartials] = []
-    silent: list[str] = []
+    silent: list[str] = list(dead)
     for ref, node in refs.items():
         try:
             answers.append(ray.get(ref, timeout=timeout_s))

@@ -1,0 +1,72 @@
+"""The multi-node judgement, on the driver after the reduce: which node holds what, replicas that differ, and
+nodes that did not answer. Pure: answers and the reduced result in, a new result out."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from ckpt_audit.codes import finding
+from ckpt_audit.models import Checkpoint, ScanResult, Status
+
+from .ray_scan import NodePartials
+
+
+def holders(answers: Sequence[NodePartials]) -> dict[str, dict[str, str | None]]:
+    """logical path -> {node id: hash} over every node's partials."""
+    out: dict[str, dict[str, str | None]] = defaultdict(dict)
+    for a in answers:
+        for part in a.partials:
+            for path, facts in part.facts.items():
+                out[path][a.node_id] = facts.hash
+    return dict(out)
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    spans, start = [], None
+    for r in sorted(set(ranks)):
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            spans.append((start, prev))
+            start = prev = r
+    if start is not None:
+        spans.append((start, prev))
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _judge(ckpt: Checkpoint, held: Mapping[str, dict[str, str | None]], silent: Sequence[str]) -> Checkpoint:
+    found = list(ckpt.findings)
+    status = ckpt.status
+    for comp in ckpt.components:
+        by_node: dict[str, list[int]] = defaultdict(list)
+        ranks = {f.rank for f in comp.files if f.rank is not None}
+        for f in comp.files:
+            if f.rank is None:
+                continue
+            for node in held.get(f.path, {}):
+                by_node[node].append(f.rank)
+            hashes = set(held.get(f.path, {}).values())
+            if len(hashes) > 1:
+                nodes = ", ".join(sorted(held[f.path]))
+                found.append(finding("replica-differs", f.path, f"different content on nodes {nodes}", rank=f.rank))
+                status = Status.CORRUPT
+        if ranks and by_node and not any(set(r) >= ranks for r in by_node.values()):
+            where = "; ".join(f"ranks {_ranges(r)} on node {n}" for n, r in sorted(by_node.items()))
+            found.append(finding("ranks-spread-over-nodes", comp.path, where))
+    if silent and status == Status.INCOMPLETE:
+        status = Status.UNKNOWN
+        found.append(
+            finding("node-silent", ckpt.path, f"node(s) {', '.join(silent)} did not answer: they may hold the rest")
+        )
+    return replace(ckpt, findings=tuple(found), status=status)
+
+
+def judge_nodes(result: ScanResult, answers: Sequence[NodePartials], silent: Sequence[str]) -> ScanResult:
+    held = holders(answers)
+    runs = tuple(replace(r, checkpoints=tuple(_judge(c, held, silent) for c in r.checkpoints)) for r in result.runs)
+    extra = tuple(finding("node-silent", "", f"node {n} did not answer the scan") for n in silent)
+    return replace(result, runs=runs, findings=result.findings + extra)
