@@ -97,9 +97,19 @@ def scrub_options(f):
     help="Also write Prometheus metrics here for node_exporter's textfile collector (written atomically; e.g. "
     "/var/lib/node_exporter/textfile/ckpt_audit.prom). Sample alerts: docs/alerts.yml.",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="auto",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Scan on a Ray cluster, one task per alive node on its own copy of each root (docs/ray.md; needs the "
+    "extra: pip install 'ckpt-audit[ray]', else exit 2). Example: ckpt-audit scan --ray auto /ckpts",
+)
 @click.pass_context
 def scan_command(
-    ctx: click.Context, roots, deep, scrub_period, scrub_budget, no_scrub, metrics_file, **options
+    ctx: click.Context, roots, deep, scrub_period, scrub_budget, no_scrub, metrics_file, ray_address=None, **options
 ) -> None:
     """Hash, validate and catalog every checkpoint under ROOT... (cron-ready).
 
@@ -124,6 +134,10 @@ def scan_command(
     from ckpt_audit.scrub import ScrubPolicy
 
     scrub = None if no_scrub else ScrubPolicy(period_ns=scrub_period, budget_bytes=scrub_budget)
+    if ray_address is not None:  # Ray is loaded only here (ckpt_audit.cluster imports it lazily)
+        from ckpt_audit.cli.ray import run_ray_scan
+
+        return run_ray_scan(ctx, roots, address=ray_address, **options)
     run_scan(ctx, roots, deep=deep, scrub=scrub, metrics_file=metrics_file, **options)
 
 
@@ -144,13 +158,13 @@ def run_scan(
 ) -> None:
     """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`.
     `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead)."""
-    from ckpt_audit import report
-
-    threshold = report.FAIL_ON[fail_on]
     options = dict(workers=workers, rehash=rehash, in_progress_window_s=in_progress_window, scrub=scrub)
     with session(ctx, paths, catalog) as s:
         with _progress(enabled=not as_json and not quiet) as progress:
             done = s.verify(paths, progress=progress, **options) if deep else s.scan(progress=progress, **options)
+    from ckpt_audit import report  # after the scan: rendering is not on the path to the first file read
+
+    threshold = report.FAIL_ON[fail_on]  # fail_on is a click.Choice of FAIL_ON's keys
     result, scan_id, cat_path = done.result, done.scan_id, s.catalog_path
     if metrics_file is not None:
         _write_metrics(metrics_file, result, scrub)

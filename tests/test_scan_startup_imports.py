@@ -1,0 +1,75 @@
+"""What `ckpt-audit scan` imports before it opens the first file (issue 16: start-up <= 0.15 s).
+
+An audit hook (the stdlib's `open` event) snapshots sys.modules the moment the first .pt under the tree is opened;
+rendering, the catalog's write path, sqlite-utils (and numpy behind it), torch and the plug-ins must not be in it.
+An import-set check, not a timing check: it fails when someone adds an eager import to the scan's start-up path.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CHILD = r"""
+import json, sys
+root = sys.argv[1]
+seen = []
+def hook(event, args):
+    path = args[0] if event == "open" and isinstance(args[0], str) else ""
+    if not seen and path.startswith(root) and path.endswith(".pt"):
+        seen.append(sorted(sys.modules))
+sys.addaudithook(hook)
+from ckpt_audit.cli import cli
+try:
+    cli.main(["scan", "-q", "--catalog", sys.argv[2], root], standalone_mode=False)
+except SystemExit:
+    pass
+print(json.dumps({"before_first_open": seen[0] if seen else None, "after": sorted(sys.modules)}))
+"""
+
+# must not be loaded when the first file is opened (the scan needs none of them to start reading)
+NOT_BEFORE_FIRST_FILE = (
+    "ckpt_audit.report",
+    "ckpt_audit.catalog.store",
+    "ckpt_audit.metrics_textfile",
+    "ckpt_audit.verify",
+    "ckpt_audit.lifecycle",
+    "sqlite_utils",
+    "numpy",
+    "torch",
+    "textual",
+    "prometheus_client",
+)
+
+
+def _tree(tmp_path):
+    actor = tmp_path / "root" / "p" / "e" / "global_step_1" / "actor"
+    actor.mkdir(parents=True)
+    for r in range(2):
+        for k in ("model", "optim", "extra_state"):
+            (actor / f"{k}_world_size_2_rank_{r}.pt").write_bytes(b"x" * 1024)
+    (actor.parent.parent / "latest_checkpointed_iteration.txt").write_text("1")
+    return tmp_path / "root"
+
+
+def _run(tmp_path, root, db):
+    out = subprocess.run([sys.executable, "-c", CHILD, str(root), str(db)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _loaded(modules, prefix):
+    return [m for m in modules if m == prefix or m.startswith(prefix + ".")]
+
+
+def test_scan_opens_its_first_file_before_rendering_or_catalog_writes(tmp_path):
+    doc = _run(tmp_path, _tree(tmp_path), tmp_path / "c.db")
+    before = doc["before_first_open"]
+    assert before is not None, "the scan never opened a .pt file"
+    assert "ckpt_audit.readers.hashing" in before  # the hook fired where the reading starts
+    early = {p: _loaded(before, p) for p in NOT_BEFORE_FIRST_FILE if _loaded(before, p)}
+    assert early == {}
+    # the check can fail: rendering and the catalog's write path do load, after the first file
+    assert "ckpt_audit.report" in doc["after"]
+    assert "ckpt_audit.catalog.store" in doc["after"]
