@@ -104,6 +104,11 @@ class Series:
     def __len__(self) -> int:
         return len(self.steps)
 
+    def by_step(self) -> dict[int, float]:
+        """One value per step, the last logged winning: a resumed run logs a step again, and the later attempt
+        is the one whose checkpoint sits on disk (retention ranks checkpoints by this)."""
+        return dict(zip(self.steps, self.values, strict=True))
+
 
 def read_metrics(paths: Sequence[str | os.PathLike[str]]) -> MetricLog:
     """Read each file in the order given (one file per attempt is a common layout) into one MetricLog.

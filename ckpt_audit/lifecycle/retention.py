@@ -8,19 +8,20 @@ target, pinned and in-progress checkpoints, whole checkpoints newer than a laggi
 could not be read in full are kept.
 
 `plan_prune()` is pure (no clock, no filesystem): the caller passes `now_ns` and, for best-N, the metric
-values (`read_metric()` reads them; `metric_problem()` refuses a metric that would rank nothing).
-`ckpt_audit.lifecycle.survivors` re-reads what a plan counts on before `ckpt_audit.lifecycle.prune.execute()` carries it out.
+values (`read_metric()` reads them with continuity's metrics reader; `metric_problem()` refuses a metric that
+would rank nothing). `ckpt_audit.lifecycle.survivors` re-reads what a plan counts on before
+`ckpt_audit.lifecycle.prune.execute()` carries it out.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, Protocol
 
+from ckpt_audit.continuity.metrics import MetricLog, MetricsError, read_metrics
 from ckpt_audit.models import Checkpoint, Run, Status
 from ckpt_audit.rules.tracker import ahead_of_tracker
 from ckpt_audit.units import NS_PER_S, format_duration
@@ -396,26 +397,13 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
 
 
 def read_metric(runs: Sequence[Run], metric: str) -> dict[str, dict[int, float]]:
-    """Read `metric` per step from each run's metrics JSONL (the last record of a step wins: resumed runs
-    log a step again). Unreadable lines and runs without a metrics file are skipped."""
+    """Read `metric` per step from each run's metrics log with continuity's reader (`ckpt-audit continuity` reads
+    the same values: flat, nested or verl-logger records, console lines; the last record of a step wins, since
+    resumed runs log a step again). Runs without a readable log are left out; unparsable lines are skipped."""
     out: dict[str, dict[int, float]] = {}
     for run in runs:
-        if not run.metrics_path:
-            continue
-        series: dict[int, float] = {}
-        try:
-            # a torn write can leave bytes that are not UTF-8: that line is unreadable, not the whole log
-            with open(run.metrics_path, encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    try:
-                        rec = json.loads(line)
-                        step, value = int(rec["step"]), float(rec[metric])
-                    except (ValueError, KeyError, TypeError):
-                        continue
-                    series[step] = value
-        except OSError:
-            continue
-        out[run.path] = series
+        if run.metrics_path and not isinstance(log := _metric_log(run.metrics_path), str):
+            out[run.path] = log.series(metric).by_step() if metric in log.metric_names else {}
     return out
 
 
@@ -434,7 +422,8 @@ def metric_problem(runs: Sequence[Run], metric: str, values: Mapping[str, Mappin
             return f"--keep-best: run {run.path} has no metrics log (metrics.jsonl) to rank its checkpoints by"
         series = values.get(run.path)
         if series is None:
-            return f"--keep-best: cannot read {run.metrics_path}"
+            log = _metric_log(run.metrics_path)
+            return f"--keep-best: {log}" if isinstance(log, str) else f"--keep-best: cannot read {run.metrics_path}"
         if not series:
             names = metric_names(run.metrics_path)
             return f"--metric {metric!r}: no record in {run.metrics_path} has it" + (
@@ -449,17 +438,14 @@ def metric_problem(runs: Sequence[Run], metric: str, values: Mapping[str, Mappin
 
 
 def metric_names(path: str) -> list[str]:
-    """The numeric fields a metrics JSONL logs (besides the step), to name them when --metric has a typo."""
-    names: set[str] = set()
+    """The metrics a log holds, to name them when --metric has a typo."""
+    log = _metric_log(path)
+    return [] if isinstance(log, str) else sorted(log.metric_names)
+
+
+def _metric_log(path: str) -> MetricLog | str:
+    """The run's metrics log, or the one-line reason it cannot be read."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict):
-                    names.update(k for k, v in rec.items() if isinstance(v, int | float) and k != "step")
-    except OSError:
-        return []
-    return sorted(names)
+        return read_metrics([path])
+    except MetricsError as exc:
+        return str(exc)
