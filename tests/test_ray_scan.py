@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from ckpt_audit import scanner
+from ckpt_audit.cli import cli
 from ckpt_audit.cluster import ray_scan
 from ckpt_audit.cluster.findings import judge_nodes
 from ckpt_audit.cluster.noderoots import ENV
@@ -109,6 +111,20 @@ def test_spread_ranks_named_by_node_and_a_differing_replica_is_an_error(cluster,
     assert step4.status.name == "CORRUPT"
 
 
+def test_scan_ray_cli_records_the_union_in_the_catalog(cluster, verl_run, tmp_path):
+    """The head node's directory is the logical root itself (no entry: identity); the others are mapped to it."""
+    _, ids, table = cluster
+    dirs = split_by_rank(verl_run, tmp_path, 2)
+    table.write_text(json.dumps({ids[1]: {str(dirs[0]): str(dirs[1])}, ids[2]: {str(dirs[0]): str(tmp_path / "none")}}))
+    out = CliRunner().invoke(cli, ["scan", "--ray", "--json", "--catalog", str(tmp_path / "c.db"), str(dirs[0])])
+    doc = json.loads(out.output)
+    want = CliRunner().invoke(cli, ["scan", "--json", "--catalog", str(tmp_path / "w.db"), str(verl_run)])
+    statuses = sorted(c["status"] for r in doc["runs"] for c in r["checkpoints"])
+    assert statuses == sorted(c["status"] for r in json.loads(want.output)["runs"] for c in r["checkpoints"])
+    assert statuses == ["complete"] * 3
+    assert doc["ray"] is True and out.exit_code == 0
+
+
 def test_a_dead_node_makes_its_checkpoints_unknown_never_incomplete(cluster, verl_run, tmp_path):
     """Runs last in this module: it kills node 2, which holds rank 1 of every checkpoint."""
     c, ids, table = cluster
@@ -118,7 +134,7 @@ def test_a_dead_node_makes_its_checkpoints_unknown_never_incomplete(cluster, ver
     now = time.time_ns() + 86_400 * 10**9
     got, silent = _scan(table, dirs, ids, now)
     assert {c.status.name for r in got.runs for c in r.checkpoints} == {"COMPLETE"}
-    c.remove_node(c.list_all_nodes()[2])
+    c.remove_node(next(n for n in c.list_all_nodes() if n.node_id == ids[2]))
     got, silent = _scan(table, dirs, ids, now)
     assert silent == [ids[2]]
     statuses = {c.step: c.status.name for r in got.runs for c in r.checkpoints}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ckpt_audit.layouts import ScanContext, load_layouts
 from ckpt_audit.models import ScanResult
@@ -86,3 +86,19 @@ def reduce_nodes(answers: Sequence[NodePartials], *, now_ns: int, in_progress_wi
     parts = [p for a in answers for p in a.partials]
     ctx = ScanContext(now_ns=now_ns, in_progress_window_ns=in_progress_window_ns)
     return reduce(parts, ctx=ctx, layouts=load_layouts())
+
+
+def scan_cluster(
+    roots: Sequence[str], *, address: str | None, in_progress_window_s: float, now_ns: int | None = None
+) -> ScanResult:
+    """scan --ray: the node-local map, the driver's reduce and the multi-node findings, as one ScanResult."""
+    import time
+
+    from .findings import judge_nodes  # noqa: PLC0415 - findings imports this module's NodePartials
+
+    started = time.time_ns()
+    answers, silent = node_local_map(roots, address=address)
+    now = now_ns if now_ns is not None else started
+    reduced = reduce_nodes(answers, now_ns=now, in_progress_window_ns=int(in_progress_window_s * 1e9))
+    result = judge_nodes(reduced, answers, silent)
+    return replace(result, roots=tuple(roots), started_ns=started, finished_ns=time.time_ns())
