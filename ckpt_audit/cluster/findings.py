@@ -10,7 +10,7 @@ from dataclasses import replace
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Checkpoint, ScanResult, Status
 
-from .ray_scan import NodePartials
+from .noderoots import NodePartials
 
 
 def holders(answers: Sequence[NodePartials]) -> dict[str, dict[str, str | None]]:

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ckpt_audit.tree import FileFacts, Partial, Tree
 
 ENV = "CKPT_AUDIT_NODE_ROOTS"
+
+
+@dataclass(frozen=True, slots=True)
+class NodePartials:
+    """What one node returned: its id and one partial per logical root (already rebased)."""
+
+    node_id: str
+    partials: tuple[Partial, ...]
 
 
 class NodeRootsError(ValueError):

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ckpt_audit.layouts import ScanContext, load_layouts
 from ckpt_audit.models import ScanResult
 from ckpt_audit.scanner import reduce, scan_partial
-from ckpt_audit.tree import Partial
 
-from .noderoots import ENV, parse_node_roots, rebase
+from .noderoots import ENV, NodePartials, parse_node_roots, rebase
 
 RAY_MISSING = "scan --ray needs the optional extra: pip install 'ckpt-audit[ray]'"
 
@@ -31,14 +30,6 @@ def import_ray():
     except ImportError:
         raise RayUnavailable(RAY_MISSING) from None
     return ray
-
-
-@dataclass(frozen=True, slots=True)
-class NodePartials:
-    """What one node returned: its id and one partial per logical root (already rebased)."""
-
-    node_id: str
-    partials: tuple[Partial, ...]
 
 
 def scan_on_this_node(roots: Sequence[str], node_id: str) -> NodePartials:
