@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 
+# the one size formatter lives with the other units; models.format_size stays importable for its many callers
+from ckpt_audit.units import format_size
+
 MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
 
 
@@ -215,12 +218,3 @@ class ScanResult:
             for ckpt in run.checkpoints:
                 out.extend(ckpt.all_findings)
         return tuple(out)
-
-
-def format_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")

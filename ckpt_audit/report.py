@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Mapping
 
-from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile, format_size
+from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
+from ckpt_audit.units import format_age, format_size
 
 FAIL_ON = {"info": Severity.INFO, "warning": Severity.WARNING, "error": Severity.ERROR}
 
@@ -118,13 +119,8 @@ def scan_document(result: ScanResult, *, scan_id: int | None, catalog: str | Non
 
 
 def age_str(mtime_ns: int, now_ns: int | None = None) -> str:
-    if not mtime_ns:
-        return "-"
-    s = max(0, ((now_ns or time.time_ns()) - mtime_ns) // 10**9)
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= n:
-            return f"{s // n}{unit}"
-    return f"{s}s"
+    """`units.format_age` against the clock unless `now_ns` is given."""
+    return format_age(mtime_ns, now_ns or time.time_ns())
 
 
 def finding_line(f: Finding) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from ckpt_audit.models import Severity, Status
+from ckpt_audit.units import format_age
 
 BADGE: dict[Status, tuple[str, str]] = {
     Status.COMPLETE: ("✓ complete", "bold green"),
@@ -59,13 +60,8 @@ def status_counts(statuses) -> Text:
 
 
 def age(ns: int | None, now_ns: int) -> str:
-    if not ns:
-        return "-"
-    s = max(0, (now_ns - ns) // 1_000_000_000)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size}{unit}"
-    return f"{s}s"
+    """'3d', '5h', '12m', '40s' or '-': the CLI's ages (`units.format_age`), so both front ends print alike."""
+    return format_age(ns, now_ns)
 
 
 def crc(ok: bool | None) -> Text:

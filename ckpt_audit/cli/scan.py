@@ -323,9 +323,11 @@ def show_command(path, as_json, catalog) -> None:
 
 def verified_ago(ns: int | None) -> str:
     """When content was last read in full, as an age ('3h ago'); 'never' for a file the catalog never read whole."""
-    from ckpt_audit.report import age_str
+    import time
 
-    return "never" if ns is None else f"{age_str(ns)} ago"
+    from ckpt_audit.units import format_ago
+
+    return format_ago(ns, time.time_ns())
 
 
 def _dash(v) -> str:

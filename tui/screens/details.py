@@ -15,14 +15,10 @@ from textual.widgets import DataTable, Footer, Header, Static
 from ckpt_audit.codes import explain
 from ckpt_audit.models import Checkpoint
 from ckpt_audit.report import oldest_verified
+from ckpt_audit.units import format_ago
 from tui import cells
 from tui.activity import ActivityBar
 from tui.snapshot import Snapshot
-
-
-def _ago(ns: int | None, now_ns: int) -> str:
-    """When content was last read in full: '3h ago', or 'never'."""
-    return "never" if ns is None else f"{cells.age(ns, now_ns)} ago"
 
 
 class DetailsScreen(Screen):
@@ -83,7 +79,7 @@ class DetailsScreen(Screen):
                 (f"step {ckpt.step} ", "bold"),
                 cells.badge(ckpt.status),
                 f" · {ckpt.size_str} · W={ckpt.world_size or '-'} · {len(ckpt.all_files)} files · "
-                f"{cells.age(ckpt.mtime_ns, now)} old · verified {_ago(verified, now)} · {roles}\n",
+                f"{cells.age(ckpt.mtime_ns, now)} old · verified {format_ago(verified, now)} · {roles}\n",
                 (ckpt.path, "dim"),
             )
         )
@@ -94,7 +90,7 @@ class DetailsScreen(Screen):
                 f.size_str,
                 (f.hash or "unreadable")[:10],
                 cells.crc(f.crc_ok),
-                _ago(snap.verified_ns.get(f.path), now),
+                format_ago(snap.verified_ns.get(f.path), now),
                 os.path.relpath(f.path, ckpt.path),
                 key=f.path,
             )

@@ -11,7 +11,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from ckpt_audit.lifecycle.retention import read_metric
-from ckpt_audit.models import Run, format_size
+from ckpt_audit.models import Run
+from ckpt_audit.units import format_size
 from tui import cells
 from tui.activity import ActivityBar
 from tui.snapshot import Snapshot
