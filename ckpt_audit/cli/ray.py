@@ -34,9 +34,7 @@ def run_ray_scan(
     threshold = report.FAIL_ON[fail_on]
     logical = [os.path.abspath(os.fspath(r)) for r in roots]
     with session(ctx, roots, catalog) as s:
-        result = ray_scan.scan_cluster(
-            logical, address=address, in_progress_window_s=in_progress_window
-        )
+        result = ray_scan.scan_cluster(logical, address=address, in_progress_window_s=in_progress_window)
         scan_id = s.record(result)
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
     if as_json:

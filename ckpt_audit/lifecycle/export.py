@@ -64,7 +64,7 @@ from ckpt_audit.lifecycle.export_guard import (
     refusal,
     step_and_run,
 )
-from ckpt_audit.lifecycle.export_stream import StreamUnsupported
+from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, StreamUnsupported
 from ckpt_audit.lifecycle.prune import _fsync_dir
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.rules.shards import current_world_size, parse_fsdp_config
@@ -73,20 +73,6 @@ __all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "expo
 
 WEIGHT_FILE_RE = re.compile(r"(\.safetensors|\.bin)$|^(model\.safetensors|pytorch_model\.bin)\.index\.json$")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-SAFETENSORS_DTYPE = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-}
 DEFAULT_MAX_SHARD = 5 * 10**9
 ENGINES = ("auto", "stream", "torch")
 TORCH_EXTRA = "pip install 'ckpt-audit[torch]'"
