@@ -1,7 +1,7 @@
 """Saving exactly as verl's FSDPCheckpointManager and ray_trainer do, and loading back, re-sharding when the world
 size changed (which verl itself cannot do, verl #2265).
 
-Save order (verl-format.md 1.2): per role, mkdir + barrier; every rank writes model_, optim_, extra_state_ (final
+Save order (docs/verl-format.md §1.2): per role, mkdir + barrier; every rank writes model_, optim_, extra_state_ (final
 names, no temp files); rank 0 writes huggingface/ (generation config, config, tokenizer) then fsdp_config.json;
 barrier. Then rank 0 writes global_step_N/data.pt and last the tracker (plain write; tmp + rename for SFT).
 Loads use torch.load(weights_only=True, map_location="cpu") plus exactly numpy's RNG globals as safe globals.

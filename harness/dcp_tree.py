@@ -3,7 +3,7 @@
 `write_dcp_trees(root, world_size=2)` spawns `world_size` CPU processes; each builds the same tiny model, shards
 it with FSDP2 (`fully_shard`) on a 1-D mesh, takes one AdamW + LambdaLR step, then writes:
 
-- `root/megatron/exp/`: verl's Megatron layout (reference/verl-format.md §2.1): `global_step_1/actor/dist_ckpt/`
+- `root/megatron/exp/`: verl's Megatron layout (docs/verl-format.md §2.1): `global_step_1/actor/dist_ckpt/`
   from `dcp.save` with two writer threads per rank (`__R_0.distcp`, `__R_1.distcp`, `.metadata`), rank 0's
   `common.pt` (lr_scheduler) and `metadata.json` last; `actor/huggingface/` with config.json and the full model as
   safetensors (the mbridge variant); `data.pt` from a real StatefulDataLoader; the tracker.

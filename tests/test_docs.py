@@ -256,13 +256,16 @@ def test_every_cited_repository_path_exists():
 
 
 def test_every_cited_markdown_file_is_in_the_repository():
-    """A `.md` named anywhere (e.g. a design note citing `reference/verl-format.md §2`) must be one the reader has:
-    in the repository, relative to the page or to the root. Upstream sources are cited by URL instead."""
+    """A `.md` named anywhere, in the docs or in a code comment, must be one the reader has: in the repository,
+    relative to the page or to the root. Upstream sources are cited by URL instead."""
     stale = []
-    for page in [README, *DOCS, REPO / "bench" / "README.md"]:
+    code = [
+        p for top in ("ckpt_audit", "tui", "harness", "tests", "bench", "scripts") for p in (REPO / top).rglob("*.py")
+    ]
+    for page in [README, *DOCS, REPO / "bench" / "README.md", *code]:
         text = re.sub(r"https?://\S+", "", page.read_text())
         for cited in set(re.findall(r"[\w./-]+\.md\b", text)):
-            if not ((page.parent / cited).exists() or (REPO / cited).exists()):
+            if not any((base / cited).exists() for base in (page.parent, REPO, REPO / "docs")):
                 stale.append(f"{page.relative_to(REPO)}: {cited}")
     assert stale == [], "markdown files cited that are not in the repository:\n" + "\n".join(sorted(stale))
 
