@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import ScanContext
+from ckpt_audit.layouts import ScanContext, shard_file
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import status
@@ -49,19 +49,6 @@ def classify(rel_parts: tuple[str, ...]) -> FileKind:
     return FileKind.OTHER
 
 
-def _shard_file(fact: FileFacts, kind: FileKind, rank: int | None) -> ShardFile:
-    return ShardFile(
-        path=fact.path,
-        kind=kind,
-        size_bytes=fact.size_bytes,
-        mtime_ns=fact.mtime_ns,
-        inode=fact.inode,
-        rank=rank,
-        hash=fact.hash,
-        crc_ok=fact.crc_ok,
-    )
-
-
 def dcp_files(comp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[list[ShardFile], list[Finding]]:
     files, found = [], []
     cut = len(comp_dir) + 1
@@ -72,7 +59,7 @@ def dcp_files(comp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tupl
         parts = tuple(path[cut:].split("/"))
         kind = classify(parts)
         m = DISTCP_RE.fullmatch(parts[-1]) if kind is FileKind.DISTCP else None
-        files.append(_shard_file(fact, kind, int(m.group(1)) if m else None))
+        files.append(shard_file(fact, kind, int(m.group(1)) if m else None))
         found.extend(fact.findings)  # the zip rules never ran on a .distcp (file_kind): nothing to filter
     return files, found
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import ScanContext, component_for
+from ckpt_audit.layouts import ScanContext, component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Run, ShardFile, Status
 from ckpt_audit.rules import save_order, shards, status, tracker
@@ -73,20 +73,6 @@ def enclosing_step_dir(path: str) -> str | None:
             return p
         p = p.rsplit("/", 1)[0]
     return None
-
-
-def shard_file(facts: FileFacts, kind: FileKind, rank: int | None, world_size: int | None) -> ShardFile:
-    return ShardFile(
-        path=facts.path,
-        kind=kind,
-        size_bytes=facts.size_bytes,
-        mtime_ns=facts.mtime_ns,
-        inode=facts.inode,
-        rank=rank,
-        world_size=world_size,
-        hash=facts.hash,
-        crc_ok=facts.crc_ok,
-    )
 
 
 class VerlFsdp:
