@@ -141,9 +141,11 @@ class Session:
         scrub: ScrubPolicy | None = None,
         now_ns: int | None = None,
         record: bool = True,
+        reader: scanner.Reader | None = None,
     ) -> Recorded:
         """Scan `roots` (default: the session's) reusing the catalogued hashes; record it unless `record` is False
-        (prune records its scan only once it deletes)."""
+        (prune records its scan only once it deletes). `reader`: who reads the files (scanner.Reader; default this
+        process; scan --ray's shared placement spreads them over the cluster's nodes)."""
         result = scanner.scan(
             list(self.roots if roots is None else roots),
             workers=workers,
@@ -153,6 +155,7 @@ class Session:
             in_progress_window_s=in_progress_window_s,
             scrub=scrub,
             now_ns=now_ns,
+            reader=reader,
         )
         return Recorded(result=result, scan_id=self.record(result, rehash=rehash) if record else None)
 
