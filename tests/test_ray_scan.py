@@ -140,20 +140,3 @@ def test_a_dead_node_makes_its_checkpoints_unknown_never_incomplete(cluster, ver
     statuses = {c.step: c.status.name for r in got.runs for c in r.checkpoints}
     assert statuses == {2: "UNKNOWN", 4: "UNKNOWN", 6: "UNKNOWN"}
     assert any(f.code == "node-silent" and ids[2] in f.message for f in got.all_findings)
-
-
-def test_shared_root_split_by_run_over_nodes_equals_a_local_scan(cluster, verl_run, verl_run_sft, tmp_path):
-    """Two runs on one shared root, scanned by two nodes: the same statuses, findings and hashes as one client."""
-    from ckpt_audit.cluster import shared
-
-    root = tmp_path / "shared"
-    shutil.copytree(verl_run.parent.parent, root, ignore=shutil.ignore_patterns(".fixture*"))
-    shutil.copytree(verl_run_sft.parent, root / "sft" / "exp")
-    now = time.time_ns() + 86_400 * 10**9
-    answers, plan = shared.shared_map(str(root))
-    assert sorted(len(b) for b in plan if b) == [1, 1]  # two runs, two nodes used
-    assert len({a.node_id for a in answers}) == 2
-    got = ray_scan.reduce_nodes(answers, now_ns=now, in_progress_window_ns=60 * 10**9)
-    want = scanner.scan([str(root)], now_ns=now, in_progress_window_s=60)
-    assert summary(got, str(root)) == summary(want, str(root))
-    assert len(got.file_facts) > 20

@@ -107,6 +107,15 @@ def scrub_options(f):
     help="Scan on a Ray cluster, one task per alive node on its own copy of each root (docs/ray.md; needs the "
     "extra: pip install 'ckpt-audit[ray]', else exit 2). Example: ckpt-audit scan --ray auto /ckpts",
 )
+@click.option(
+    "--placement",
+    type=click.Choice(["auto", "node-local", "shared"]),
+    default="auto",
+    show_default=True,
+    help="With --ray: node-local (each node scans its own disk's copy of each root), shared (one shared root's files "
+    "are read by all nodes at once) or auto: shared only when the root is on a network filesystem and every node "
+    "sees the same root directory (docs/ray.md).",
+)
 @click.pass_context
 def scan_command(
     ctx: click.Context, roots, deep, scrub_period, scrub_budget, no_scrub, metrics_file, ray_address=None, **options
@@ -134,6 +143,22 @@ def scan_command(
     from ckpt_audit.scrub import ScrubPolicy
 
     scrub = None if no_scrub else ScrubPolicy(period_ns=scrub_period, budget_bytes=scrub_budget)
+    placement = options.pop("placement")
+    if ray_address is None and placement != "auto":
+        raise click.UsageError("--placement needs --ray")
+    if ray_address is not None:  # a shared store: the local scan with its reads spread over the nodes
+        from ckpt_audit.cli.ray_shared import run_if_shared
+
+        run_if_shared(
+            ctx,
+            roots,
+            address=ray_address,
+            placement=placement,
+            deep=deep,
+            scrub=scrub,
+            metrics_file=metrics_file,
+            **options,
+        )  # returns only when the placement is node-local
     if ray_address is not None:  # Ray is loaded only here (ckpt_audit.cluster imports it lazily)
         from ckpt_audit.cli.ray import run_ray_scan
 
@@ -155,13 +180,20 @@ def run_scan(
     catalog: Path | None,
     scrub=None,
     metrics_file: Path | None = None,
+    reader=None,
+    extra=None,
 ) -> None:
     """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`.
-    `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead)."""
+    `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead).
+    `reader`: who reads the files (scan --ray's shared placement); `extra`: a callable adding keys to the JSON."""
     options = dict(workers=workers, rehash=rehash, in_progress_window_s=in_progress_window, scrub=scrub)
     with session(ctx, paths, catalog) as s:
         with _progress(enabled=not as_json and not quiet) as progress:
-            done = s.verify(paths, progress=progress, **options) if deep else s.scan(progress=progress, **options)
+            done = (
+                s.verify(paths, progress=progress, **options)
+                if deep
+                else s.scan(progress=progress, reader=reader, **options)
+            )
     from ckpt_audit import report  # after the scan: rendering is not on the path to the first file read
 
     threshold = report.FAIL_ON[fail_on]  # fail_on is a click.Choice of FAIL_ON's keys
@@ -171,7 +203,7 @@ def run_scan(
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
     if as_json:
         doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
-        emit_json({**doc, "command": ctx.info_name, "deep": deep})
+        emit_json({**doc, "command": ctx.info_name, "deep": deep, **(extra() if extra else {})})
     else:
         for line in report.render_text(result, quiet=quiet, fail_on=threshold):
             click.echo(line)

@@ -1,0 +1,53 @@
+"""scan --ray --placement: shared placement (a shared root's files read on every alive node) or the node-local
+one (cli/ray.py). Shared is the local scan (cli/scan.run_scan) with the reads spread over the nodes."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from ckpt_audit.exitcodes import ExitCode
+
+PLACEMENTS = ("auto", "node-local", "shared")
+
+
+def run_if_shared(ctx: click.Context, roots, *, address: str, placement: str, deep: bool, **options) -> bool:
+    """Run the scan shared and exit when `placement` is or resolves to shared; False: the caller runs node-local.
+    Without Ray: one line, exit 2 (as node-local). --deep is left to node-local, which refuses it."""
+    if placement == "node-local" or deep:
+        return False
+    from ckpt_audit.cluster import ray_scan, shared
+
+    try:
+        ray = ray_scan.import_ray()
+    except ray_scan.RayUnavailable as exc:
+        click.echo(f"ckpt-audit: {exc}", err=True)
+        ctx.exit(int(ExitCode.USAGE))
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    logical = [os.path.realpath(os.path.abspath(os.fspath(r))) for r in roots]
+    chosen, nodes = shared.resolve_placement(ray, placement, logical)
+    if chosen != "shared":
+        return False
+    from ckpt_audit.cli.scan import run_scan
+
+    reader = shared.RayReader(nodes=nodes)
+
+    def extra() -> dict:
+        return {"ray": True, "placement": placement_doc(reader)}
+
+    run_scan(ctx, roots, deep=False, reader=reader, extra=extra, **options)
+    return True  # run_scan exits; not reached
+
+
+def placement_doc(reader) -> dict:
+    """The JSON's view of a shared scan: who read what, and what the driver read itself."""
+    return {
+        "mode": "shared",
+        "nodes": {
+            n: {"files": t.files, "bytes": t.bytes, "handed_back": t.handed_back, "failed": t.failed}
+            for n, t in sorted(reader.tally.items())
+        },
+        "read_by_driver": reader.read_here,
+    }

@@ -1,0 +1,113 @@
+"""scan --ray --placement shared on a real local Ray cluster (3 nodes, ray.cluster_utils.Cluster), through the
+CLI: a shared root's files are read on every node and the catalog is the local scan's, row for row."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ckpt_audit.cli import cli
+from ckpt_audit.cluster.noderoots import ENV
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = pytest.mark.slow
+# columns that name the scan, not the tree: they differ between any two scans
+SCAN_COLUMNS = {"id", "scan_id", "last_scan_id", "verified_ns", "started_ns", "finished_ns"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    table = tmp_path_factory.mktemp("roots") / "node_roots.json"
+    table.write_text("{}")
+    mp = pytest.MonkeyPatch()
+    mp.setenv(ENV, f"@{table}")  # the nodes inherit it; a test maps one node's view of the root elsewhere
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
+    nodes = [c.head_node] + [c.add_node(num_cpus=1, object_store_memory=80 * 2**20) for _ in range(2)]
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+    yield [n.node_id for n in nodes], table
+    ray.shutdown()
+    c.shutdown()
+    mp.undo()
+
+
+def catalog_rows(db: Path) -> dict[str, list[tuple]]:
+    """Every row of the tables a scan writes, without the columns that name the scan."""
+    out = {}
+    with sqlite3.connect(db) as con:
+        for table in ("runs", "checkpoints", "files", "findings", "hash_history"):
+            cols = [r[1] for r in con.execute(f"PRAGMA table_info({table})") if r[1] not in SCAN_COLUMNS]
+            out[table] = sorted(con.execute(f"SELECT {', '.join(cols)} FROM {table}").fetchall(), key=repr)
+    return out
+
+
+def scan(root: Path, db: Path, *args: str) -> dict:
+    out = CliRunner().invoke(cli, ["scan", *args, "--json", "--catalog", str(db), str(root)])
+    assert out.exit_code in (0, 1), out.output
+    return json.loads(out.output)
+
+
+@pytest.fixture
+def shared_root(verl_run, verl_run_sft, tmp_path) -> Path:
+    root = tmp_path / "shared"
+    shutil.copytree(verl_run.parent.parent, root, ignore=shutil.ignore_patterns(".fixture*"))
+    shutil.copytree(verl_run_sft, root / "sft" / "exp", ignore=shutil.ignore_patterns(".fixture*"))
+    (root / "sft" / "exp" / "global_step_4" / "model_world_size_2_rank_1.pt").write_bytes(b"torn")  # a finding
+    return root
+
+
+def test_shared_scan_records_the_local_scans_catalog_reading_on_every_node(cluster, shared_root, tmp_path):
+    ids, table = cluster
+    table.write_text("{}")
+    got = scan(shared_root, tmp_path / "ray.db", "--ray", "--placement", "shared")
+    want = scan(shared_root, tmp_path / "local.db")
+    assert catalog_rows(tmp_path / "ray.db") == catalog_rows(tmp_path / "local.db")
+    rows = catalog_rows(tmp_path / "local.db")
+    assert len(rows["files"]) > 40 and ("error", "not-a-zip") in {r[:2] for r in rows["findings"]}
+    assert got["exit_code"] == want["exit_code"] == 1
+    assert (got["files_hashed"], got["bytes_hashed"]) == (want["files_hashed"], want["bytes_hashed"])
+    placed = got["placement"]
+    assert placed["mode"] == "shared" and placed["read_by_driver"] == 0
+    assert sorted(placed["nodes"]) == sorted(ids)  # every node read a share, none handed any back
+    assert sum(n["files"] for n in placed["nodes"].values()) == want["files_hashed"]
+    assert all(n["files"] > 5 and n["handed_back"] == 0 for n in placed["nodes"].values())
+    # the next scan reuses the catalogued hashes exactly as a local scan does: nothing is sent to the nodes
+    again = scan(shared_root, tmp_path / "ray.db", "--ray", "--placement", "shared")
+    local_again = scan(shared_root, tmp_path / "local.db")
+    assert again["files_reused"] == local_again["files_reused"] > 40
+    sent = sum(n["files"] for n in again["placement"]["nodes"].values())
+    assert sent == again["files_hashed"] == local_again["files_hashed"]
+    assert catalog_rows(tmp_path / "ray.db") == catalog_rows(tmp_path / "local.db")
+
+
+def test_a_node_that_sees_other_files_hands_them_back_and_the_catalog_is_still_the_local_one(
+    cluster, shared_root, tmp_path
+):
+    """A wrong placement guess: node 1's view of the root is a copy (same names and bytes, other inodes)."""
+    ids, table = cluster
+    copy = tmp_path / "copy"
+    shutil.copytree(shared_root, copy)
+    (copy / "sft" / "exp" / "global_step_2" / "model_world_size_2_rank_0.pt").write_bytes(b"other bytes")
+    table.write_text(json.dumps({ids[1]: {str(shared_root): str(copy)}}))
+    try:
+        got = scan(shared_root, tmp_path / "ray.db", "--ray", "--placement", "shared")
+    finally:
+        table.write_text("{}")
+    scan(shared_root, tmp_path / "local.db")
+    assert catalog_rows(tmp_path / "ray.db") == catalog_rows(tmp_path / "local.db")
+    node1 = got["placement"]["nodes"][ids[1]]
+    assert node1["files"] == 0 and node1["handed_back"] > 5
+    assert got["placement"]["read_by_driver"] == node1["handed_back"]
+
+
+def test_auto_on_a_local_filesystem_is_node_local(cluster, shared_root, tmp_path):
+    ids, table = cluster
+    table.write_text("{}")
+    got = scan(shared_root, tmp_path / "ray.db", "--ray")
+    assert "placement" not in got and got["ray"] is True  # the node-local path answered
