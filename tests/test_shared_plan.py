@@ -120,3 +120,14 @@ def test_a_nodes_share_is_what_the_local_read_gives_and_other_files_are_handed_b
     shutil.copytree(root, copy, copy_function=os.link)
     answer = read_share(jobs, "n1", workers=2, now_ns=now)
     assert answer.unseen == () and answer.facts == want
+
+
+def test_placement_without_ray_is_a_usage_error(tmp_path):
+    from click.testing import CliRunner
+
+    from ckpt_audit.cli import cli
+
+    out = CliRunner().invoke(cli, ["scan", "--placement", "shared", "--catalog", str(tmp_path / "c.db"), str(tmp_path)])
+    assert out.exit_code == 2
+    assert "--placement needs --ray" in out.output
+    assert not (tmp_path / "c.db").exists()
