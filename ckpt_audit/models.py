@@ -193,6 +193,27 @@ class FileFacts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NodeCopy:
+    """One node's copy of a file, as a `scan --ray` saw it (the stat is that node's own; the path is logical)."""
+
+    node_id: str
+    size_bytes: int
+    mtime_ns: int
+    inode: int
+    hash: str | None = None
+    verified_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterView:
+    """Which node holds what, for a scan made on a Ray cluster (`scan --ray`): what the catalog records per node."""
+
+    answered: tuple[str, ...] = ()  # nodes whose scan came back
+    silent: tuple[str, ...] = ()  # nodes that did not answer (or that held files before and are gone now)
+    copies: Mapping[str, tuple[NodeCopy, ...]] = field(default_factory=dict)  # logical path -> copy per node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ScanResult:
     roots: tuple[str, ...]
     runs: tuple[Run, ...] = ()
@@ -209,6 +230,7 @@ class ScanResult:
     # path -> what the readers (or the catalog, for reused files) said of each file: the catalog records it whole,
     # so a re-scan that reuses a file reuses every fact a verdict depends on
     file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
+    cluster: ClusterView | None = None  # scan --ray: the nodes and each file's copies; None for a local scan
 
     @property
     def all_findings(self) -> tuple[Finding, ...]:

@@ -21,12 +21,16 @@ from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import FileKind, Finding, ScanResult, ShardFile, format_size
 from ckpt_audit.readers import hashing, pt_structure
 from ckpt_audit.readers.pool import map_unordered
+from ckpt_audit.readers.safetensors_header import check_extent
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.scrub import Cached, ScrubPlan, ScrubPolicy, plan_scrub
 from ckpt_audit.tree import FileFacts, Partial, PtFacts, Tree, trash_entry
 
 TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json", "config.yaml"})
+# HF Trainer's JSON grows with the run (log_history, weight_map): the first TEXT_LIMIT bytes are read, and the HF
+# rules read what they need from a prefix (trainer_state.json is dumped with sorted keys: global_step comes first)
+PREFIX_TEXT_NAMES = frozenset({"trainer_state.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"})
 TEXT_LIMIT = 64 * 1024
 DEFAULT_IN_PROGRESS_WINDOW_S = 300.0
 
@@ -145,7 +149,7 @@ def only_checkpoints(result: ScanResult, focus: frozenset[str], *, whole: frozen
 
 
 # findings about a run's checkpoints taken together: a focused scan did not read them all
-RUN_WIDE_CODES = frozenset({"no-complete-checkpoint", "tracker-behind"})
+RUN_WIDE_CODES = frozenset({"no-complete-checkpoint", "tracker-behind", "hf-last-checkpoint-unusable"})
 
 
 def check_root(root: str | Path) -> str:
@@ -289,11 +293,12 @@ def _same_stat(prev: FileFacts | ShardFile, st: os.stat_result) -> bool:
 
 
 def _wants_text(path: str) -> bool:
-    return os.path.basename(path) in TEXT_NAMES
+    name = os.path.basename(path)
+    return name in TEXT_NAMES or name in PREFIX_TEXT_NAMES
 
 
 def _read_text(path: str, st: os.stat_result) -> str | None:
-    if st.st_size > TEXT_LIMIT:
+    if st.st_size > TEXT_LIMIT and os.path.basename(path) not in PREFIX_TEXT_NAMES:
         return None
     try:
         with open(path, "rb") as f:
@@ -360,6 +365,8 @@ def read_file(
     if file_rules.reads_structure(path, kind=d.kind, is_zip=d.is_zip, zip_error=d.zip_error):
         pt, more = _structure(path)
         found.extend(more)
+    if path.endswith(".safetensors") and d.size_bytes > 0 and not changed:
+        found.extend(_safetensors_extent(path))
     return replace(
         base,
         size_bytes=d.size_bytes,
@@ -388,6 +395,15 @@ def _drift(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, ne
             ),
         )
     return tuple(f for f in getattr(prev, "findings", ()) if f.code == "hash-drift")
+
+
+def _safetensors_extent(path: str) -> tuple[Finding, ...]:
+    """A .safetensors file shorter than its header says (one small read): truncated is corrupt, found by the scan."""
+    try:
+        problem = check_extent(path)
+    except OSError as exc:
+        return (finding("unreadable", path, f"cannot read the safetensors header: {exc.strerror or exc}"),)
+    return () if problem is None else (file_rules.zip_finding(path, problem),)
 
 
 def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:

@@ -26,6 +26,7 @@ from ckpt_audit.tree import FileFacts, Tree
 LAYOUTS: tuple[str, ...] = (
     "ckpt_audit.layouts.verl_fsdp",
     "ckpt_audit.layouts.dcp",
+    "ckpt_audit.layouts.hf_trainer",  # transformers Trainer output dirs (checkpoint-N/)
 )
 
 

@@ -65,11 +65,16 @@ def step_of(name: str) -> tuple[int | None, bool]:
     return None, False
 
 
+HF_CHECKPOINT_RE = re.compile(r"checkpoint-\d+")  # HF Trainer's checkpoint-N (layouts.hf_trainer): a step too
+
+
 def enclosing_step_dir(path: str) -> str | None:
-    """`path` itself or its nearest ancestor that is a step directory (global_step_N, or misnamed), else None."""
+    """`path` itself or its nearest ancestor that is a step directory (global_step_N, or misnamed, or HF Trainer's
+    checkpoint-N), else None."""
     p = path.rstrip("/")
     while p and p != "/":
-        if step_of(p.rsplit("/", 1)[-1])[0] is not None:
+        name = p.rsplit("/", 1)[-1]
+        if step_of(name)[0] is not None or HF_CHECKPOINT_RE.fullmatch(name):
             return p
         p = p.rsplit("/", 1)[0]
     return None

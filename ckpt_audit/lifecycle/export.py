@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ckpt_audit.killpoints import OpCounter
+from ckpt_audit.layouts import hf_trainer
 from ckpt_audit.layouts.verl_fsdp import classify
 from ckpt_audit.lifecycle.export_guard import (
     MARKER,
@@ -173,7 +174,8 @@ def export_checkpoint(
         raise ExportError(f"unknown dtype {dtype!r} (use bf16, fp16 or fp32)")
     src = Path(step_dir).resolve()
     role_dir = _role_dir(src, role)
-    hf_dir = role_dir / "huggingface"
+    # an HF Trainer checkpoint-N holds its HF weights directly: passed through (copied, checked, read back)
+    hf_dir = role_dir if _hf_trainer_dir(role_dir) else role_dir / "huggingface"
     ckpt, run = step_and_run(str(src))
     places = [("checkpoint", ckpt), ("run", run), *(("scanned root", r) for r in protected_roots)]
     if catalog is not None:
@@ -306,7 +308,7 @@ def _export_streamed(
             files.append(ExportedFile(path=str(out / rel), size_bytes=size, hash=digest))
     return ExportResult(
         source=str(src),
-        role_dir=str(hf_dir.parent),
+        role_dir=str(role_dir),
         out_dir=str(out),
         source_kind=plan.kind,
         world_size=plan.world_size,
@@ -333,7 +335,7 @@ def _files_to_read(role_dir: Path, hf_dir: Path) -> list[tuple[str, bool]]:
     else:
         out += [(str(p), True) for p in _hf_weights(hf_dir)]
     if hf_dir.is_dir():
-        out += [(str(p), False) for p in sorted(hf_dir.iterdir()) if p.is_file() and not WEIGHT_FILE_RE.search(p.name)]
+        out += [(str(p), False) for p in sorted(hf_dir.iterdir()) if p.is_file() and _model_file(p.name)]
     if (adapter := hf_dir.parent / "lora_adapter" / "adapter_config.json").is_file():
         out.append((str(adapter), False))
     return out
@@ -373,9 +375,16 @@ def _role_dir(src: Path, role: str) -> Path:
         raise ExportError(f"{src}: not a directory")
     if (src / role).is_dir():
         return src / role
-    if _model_shards(src) or (src / "huggingface").is_dir():  # SFT layout, or the role dir itself
+    if _model_shards(src) or (src / "huggingface").is_dir() or _hf_trainer_dir(src):  # SFT, role dir, HF Trainer
         return src
     raise ExportError(f"{src}: no {role}/ directory and no model shards")
+
+
+def _hf_trainer_dir(d: Path) -> bool:
+    try:
+        return hf_trainer.is_checkpoint(os.listdir(d))
+    except OSError:
+        return False
 
 
 def _model_shards(d: Path) -> dict[int, dict[int, Path]]:
@@ -598,7 +607,7 @@ def _export(
             files.append(ExportedFile(path=str(out / p.relative_to(tmp)), size_bytes=d.size_bytes, hash=d.hash))
     return ExportResult(
         source=str(src),
-        role_dir=str(hf_dir.parent),
+        role_dir=str(hf_dir if _hf_trainer_dir(hf_dir) else hf_dir.parent),
         out_dir=str(out),
         source_kind=source.kind,
         world_size=source.world_size,
@@ -750,7 +759,7 @@ def _copy_hf_files(hf: Path, tmp: Path, out_dtype, torch) -> None:
     if not hf.is_dir():
         return
     for p in sorted(hf.iterdir()):
-        if p.is_file() and not WEIGHT_FILE_RE.search(p.name):
+        if p.is_file() and _model_file(p.name):
             shutil.copy2(p, tmp / p.name)
     cfg = tmp / "config.json"
     if cfg.is_file():
@@ -758,6 +767,11 @@ def _copy_hf_files(hf: Path, tmp: Path, out_dtype, torch) -> None:
         name = str(out_dtype).removeprefix("torch.")
         data["torch_dtype" if "torch_dtype" in data and "dtype" not in data else "dtype"] = name
         cfg.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _model_file(name: str) -> bool:
+    """A non-weight file of the model (config, tokenizer, code): never the weights, nor HF Trainer's resume state."""
+    return not WEIGHT_FILE_RE.search(name) and not hf_trainer.is_resume_state(name)
 
 
 def _write_marker(tmp: Path, result: ExportResult) -> None:

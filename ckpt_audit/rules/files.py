@@ -100,6 +100,12 @@ def zip_finding(path: str, zip_error: Problem) -> Finding:
     return finding(zip_error.code, path, zip_error.message)
 
 
+# pickles that hold one configuration object by design and that no resume loads: transformers' Trainer saves
+# training_args.bin with torch.save(self.args). The classes of that object (these module families) are reported as
+# what they are (training-args-pickle, info); any other global in the file is still unsafe-pickle.
+OBJECT_PICKLES: dict[str, tuple[str, ...]] = {"training_args.bin": ("transformers.", "accelerate.", "trl.", "peft.")}
+
+
 def structure_findings(
     path: str, *, problems: tuple[Problem, ...], unsafe_globals: frozenset[str]
 ) -> tuple[Finding, ...]:
@@ -107,6 +113,19 @@ def structure_findings(
     and globals outside the allowlist (KNOWN_SAFE_GLOBALS, which verify uses too): such a pickle would run code
     when loaded the way verl loads extra_state and data.pt, so it is an error and the checkpoint is unsafe."""
     out = [finding(p.code, path, p.message) for p in problems]
+    if (families := OBJECT_PICKLES.get(os.path.basename(path))) and unsafe_globals:
+        own = frozenset(g for g in unsafe_globals if g.startswith(families))
+        if own:
+            main = sorted(own, key=lambda g: (not g.endswith("Arguments"), g))[0]
+            out.append(
+                finding(
+                    "training-args-pickle",
+                    path,
+                    f"a pickled {main} ({len(own)} class(es) of {', '.join(sorted({g.split('.')[0] for g in own}))}):"
+                    " never unpickled here; Trainer does not load it on resume",
+                )
+            )
+        unsafe_globals = unsafe_globals - own
     if unsafe_globals:
         names = sorted(unsafe_globals)
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")

@@ -1,0 +1,287 @@
+"""HF Trainer `checkpoint-N/` folders written by transformers' own Trainer, judged through the real CLI.
+
+The tree comes from tests/_write_hf_trainer.py (a real `Trainer.train()` on CPU: checkpoint-2, -4 with
+model.safetensors, checkpoint-6 with sharded weights and an index), cached between sessions like the harness trees,
+keyed by the writer's source and the library versions. One defect per test, on a copy.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import MANIFEST, _cache_root, _intact, _manifest
+
+from ckpt_audit.cli import cli
+from ckpt_audit.rules import files as file_rules
+from ckpt_audit.rules import hf_trainer as rules
+
+WRITER = Path(__file__).with_name("_write_hf_trainer.py")
+
+
+def _key() -> str:
+    from importlib.metadata import version
+
+    h = hashlib.sha256(WRITER.read_bytes())
+    for pkg in ("torch", "transformers", "accelerate", "safetensors", "numpy"):
+        h.update(f"{pkg}={version(pkg)}".encode())
+    return h.hexdigest()[:16]
+
+
+def _write(dest: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    res = subprocess.run([sys.executable, str(WRITER), str(dest)], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def hf_run(tmp_path_factory) -> Path:
+    """The output directory of a real Trainer run (checkpoint-2, -4, -6), cached across sessions."""
+    pytest.importorskip("accelerate")  # Trainer needs it; the test extra installs it
+    cache = _cache_root()
+    if cache is None:
+        out = tmp_path_factory.mktemp("hf") / "out"
+        _write(out)
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    final = cache / f"hf_trainer-{_key()}"
+    with open(cache / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final.is_dir() and _intact(final)):
+            shutil.rmtree(final, ignore_errors=True)
+            staging = Path(tempfile.mkdtemp(prefix=".hf_trainer-", dir=cache))
+            try:
+                _write(staging / "out")
+                (staging / MANIFEST).write_text(json.dumps(_manifest(staging)))
+                os.rename(staging, final)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            for stale in cache.glob("hf_trainer-*"):  # trees from an older writer
+                if stale.is_dir() and stale != final:
+                    shutil.rmtree(stale, ignore_errors=True)
+                    stale.with_name(stale.name + ".lock").unlink(missing_ok=True)
+    return final / "out"
+
+
+@pytest.fixture
+def out(hf_run, tmp_path) -> Path:
+    """A private copy of the Trainer output, every entry dated an hour back (so nothing counts as being written)."""
+    dst = tmp_path / "runs" / "out"
+    shutil.copytree(hf_run, dst)
+    age(dst)
+    return dst
+
+
+def age(root: Path) -> None:
+    t = time.time() - 3600
+    for p in [root, *root.rglob("*")]:
+        os.utime(p, (t, t))
+
+
+def invoke(*args: str, catalog: Path):
+    return CliRunner().invoke(cli, [*args, "--catalog", str(catalog)])
+
+
+def scan_json(root: Path, catalog: Path, *extra: str) -> dict:
+    res = invoke("scan", "--json", *extra, str(root), catalog=catalog)
+    assert res.exit_code in (0, 1), res.output
+    return json.loads(res.stdout)
+
+
+def statuses(doc: dict) -> dict[int, str]:
+    [run] = doc["runs"]
+    return {c["step"]: c["status"] for c in run["checkpoints"]}
+
+
+def findings_of(doc: dict, step: int) -> list[dict]:
+    [run] = doc["runs"]
+    [c] = [c for c in run["checkpoints"] if c["step"] == step]
+    return [*c["findings"], *(f for comp in c["components"] for f in comp["findings"])]
+
+
+def codes_of(doc: dict, step: int) -> set[str]:
+    return {f["code"] for f in findings_of(doc, step)}
+
+
+# -- real trees through the CLI --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_trainer_output_is_recognised_with_no_configuration_and_complete(out, tmp_path):
+    doc = scan_json(out.parent, tmp_path / "c.db")
+    [run] = doc["runs"]
+    assert run["layout"] == "hf-trainer" and run["path"] == str(out)
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"}
+    assert {c["world_size"] for c in run["checkpoints"]} == {1}
+    assert doc["exit_code"] == 0
+    # training_args.bin is read by the restricted unpickler, reported as the object it is, never unpickled
+    assert "training-args-pickle" in codes_of(doc, 2)
+    res = invoke("latest", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(out / "checkpoint-6")
+
+
+@pytest.mark.slow
+def test_truncated_model_safetensors_is_corrupt_and_latest_passes_over_it(out, tmp_path):
+    shard = out / "checkpoint-6" / "model-00002-of-00003.safetensors"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 100)
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "corrupt"}
+    [f] = [f for f in findings_of(doc, 6) if f["code"] == "safetensors-offsets"]
+    assert "truncated" in f["message"] and f["path"] == str(shard)
+    # get_last_checkpoint would hand Trainer checkpoint-6; the run says so, and the gate answers checkpoint-4
+    assert "hf-last-checkpoint-unusable" in {f["code"] for f in doc["runs"][0]["findings"]}
+    res = invoke("latest", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(out / "checkpoint-4")
+
+
+@pytest.mark.slow
+def test_missing_optimizer_is_incomplete_in_verify_and_prune_deletes_it_first(out, tmp_path):
+    (out / "checkpoint-4" / "optimizer.pt").unlink()
+    age(out)
+    res = invoke("verify", "--json", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    assert statuses(doc) == {2: "complete", 4: "incomplete", 6: "complete"}
+    assert "hf-missing-optimizer" in codes_of(doc, 4)
+    res = invoke("prune", "--dry-run", "--json", "--keep-last", "1", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)["plan"]
+    assert {d["step"]: d["reasons"] for d in plan["delete"]} == {2: ["not-kept"], 4: ["incomplete"]}
+    assert {d["step"]: d["reasons"] for d in plan["keep"]} == {6: ["newest-complete", "keep-last"]}
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+
+
+@pytest.mark.slow
+def test_missing_rng_state_is_incomplete(out, tmp_path):
+    (out / "checkpoint-2" / "rng_state.pth").unlink()
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc) == {2: "incomplete", 4: "complete", 6: "complete"}
+    assert "hf-missing-rng-state" in codes_of(doc, 2)
+    assert doc["exit_code"] == 1
+
+
+@pytest.mark.slow
+def test_missing_shard_and_missing_trainer_state(out, tmp_path):
+    (out / "checkpoint-6" / "model-00003-of-00003.safetensors").unlink()
+    (out / "checkpoint-4" / "trainer_state.json").unlink()
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "incomplete", 6: "incomplete"}
+    assert "hf-shard-missing" in codes_of(doc, 6)
+    assert "hf-missing-trainer-state" in codes_of(doc, 4)
+    res = invoke("latest", str(out), catalog=tmp_path / "c.db")
+    assert res.stdout.strip() == str(out / "checkpoint-2")
+
+
+@pytest.mark.slow
+def test_trainer_state_of_another_step_and_a_fresh_uncommitted_save(out, tmp_path):
+    state = out / "checkpoint-4" / "trainer_state.json"
+    state.write_text(state.read_text().replace('"global_step": 4,', '"global_step": 2,'))
+    (out / "checkpoint-6" / "trainer_state.json").unlink()  # Trainer writes it last: a save still running
+    os.utime(out / "checkpoint-6")  # touched now
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "incomplete", 6: "in-progress"}
+    assert "hf-step-mismatch" in codes_of(doc, 4)
+
+
+@pytest.mark.slow
+def test_a_foreign_global_in_rng_state_makes_it_unsafe(out, tmp_path):
+    import torch
+
+    torch.save({"python": os.system}, out / "checkpoint-4" / "rng_state.pth")  # names posix.system
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc)[4] == "unsafe"
+    assert "unsafe-pickle" in codes_of(doc, 4)
+
+
+@pytest.mark.slow
+def test_export_passes_the_weights_through_and_leaves_the_resume_state(out, tmp_path):
+    from safetensors.numpy import load_file
+
+    cat = tmp_path / "c.db"
+    scan_json(out, cat)
+    res = invoke("export", str(out / "checkpoint-6"), "--to", str(tmp_path / "hf"), catalog=cat)
+    assert res.exit_code == 0, res.output
+    names = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert "config.json" in names and "model.safetensors" in names
+    assert not {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"} & set(names)
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    source: dict = {}
+    for shard in sorted((out / "checkpoint-6").glob("model-*.safetensors")):
+        source.update(load_file(str(shard)))
+    assert exported.keys() == source.keys()
+    assert all((exported[k] == source[k]).all() for k in source)
+    # a corrupt source is refused (exit 1) and nothing is written
+    shard = out / "checkpoint-4" / "model.safetensors"
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 8)
+    age(out)
+    scan_json(out, cat)
+    res = invoke("export", str(out / "checkpoint-4"), "--to", str(tmp_path / "hf4"), catalog=cat)
+    assert res.exit_code == 1 and not (tmp_path / "hf4").exists()
+
+
+# -- the rules on names and texts (no tree) -------------------------------------------------------------------
+
+STATE = frozenset({"optimizer.pt", "scheduler.pt", "trainer_state.json", "training_args.bin", "model.safetensors"})
+
+
+def check(names, texts=None, **kw):
+    return rules.check_checkpoint("/o/checkpoint-8", 8, frozenset(names), frozenset(), texts or {}, **kw)
+
+
+def test_rng_state_of_a_middle_rank_missing_and_the_world_size():
+    names = STATE | {"rng_state_0.pth", "rng_state_2.pth"}
+    [f] = [f for f in check(names) if f.code == "hf-missing-rng-state"]
+    assert f.rank == 1 and f.path.endswith("rng_state_1.pth")
+    assert rules.world_size(frozenset(names)) == 3
+
+
+def test_missing_model_scheduler_and_an_index_without_shards():
+    found = {f.code for f in check({"optimizer.pt", "rng_state.pth", "trainer_state.json"})}
+    assert {"hf-missing-model", "hf-missing-scheduler"} <= found
+    shards = STATE - {"model.safetensors"} | {"rng_state.pth", "model-00001-of-00002.safetensors"}
+    found = {(f.code, f.path.rsplit("/", 1)[-1]) for f in check(shards)}
+    assert ("hf-shard-missing", "model-00002-of-00002.safetensors") in found
+    assert ("hf-index-missing", "model.safetensors.index.json") in found
+
+
+def test_index_and_trainer_state_that_are_not_json():
+    names = STATE | {"rng_state.pth", "model.safetensors.index.json"}
+    texts = {"model.safetensors.index.json": ("{", True), "trainer_state.json": ("[]", True)}
+    found = {f.code for f in check(names, texts)}
+    assert {"hf-index-invalid", "hf-trainer-state-invalid"} <= found
+
+
+def test_global_step_read_from_a_prefix_of_a_long_trainer_state():
+    prefix = '{\n  "best_global_step": 7,\n  "epoch": 1.0,\n  "global_step": 9,\n  "log_history": [\n    {"step": 1'
+    assert rules.trainer_step(prefix, whole=False) == 9
+    found = {f.code for f in check(STATE | {"rng_state.pth"}, {"trainer_state.json": (prefix, False)})}
+    assert "hf-step-mismatch" in found
+
+
+def test_training_args_pickle_is_reported_as_what_it_is_and_a_foreign_global_stays_unsafe():
+    path = "/o/checkpoint-8/training_args.bin"
+    own = frozenset({"transformers.training_args.TrainingArguments", "accelerate.state.PartialState"})
+    [f] = file_rules.structure_findings(path, problems=(), unsafe_globals=own)
+    assert f.code == "training-args-pickle" and "TrainingArguments" in f.message
+    found = file_rules.structure_findings(path, problems=(), unsafe_globals=own | {"posix.system"})
+    assert [f.code for f in found] == ["training-args-pickle", "unsafe-pickle"]
+    assert "posix.system" in found[1].message
+    # the same classes in any other pickle are unsafe
+    [g] = file_rules.structure_findings("/o/checkpoint-8/optimizer.pt", problems=(), unsafe_globals=own)
+    assert g.code == "unsafe-pickle"
