@@ -462,6 +462,74 @@ _TABLE: tuple[Code, ...] = (
         ),
         corrupts=True,
     ),
+    # HF Trainer checkpoint-N/ (layouts/hf_trainer.py, rules/hf_trainer.py)
+    Code(
+        code="hf-missing-model",
+        severity=E,
+        explanation="checkpoint-N holds no model weights (model.safetensors, sharded safetensors + index, "
+        "pytorch_model.bin, adapter): Trainer refuses it (Can't find a valid checkpoint)",
+    ),
+    Code(
+        code="hf-shard-missing",
+        severity=E,
+        explanation="a weight shard named by the index or by another shard's -of-N name is absent: loading fails",
+    ),
+    Code(
+        code="hf-index-missing",
+        severity=E,
+        explanation="sharded weights (model-0000x-of-0000y) without their .index.json: transformers cannot load them",
+    ),
+    Code(
+        code="hf-index-invalid",
+        severity=E,
+        explanation="the weights' .index.json is not the JSON object with a weight_map that transformers writes",
+        corrupts=True,
+    ),
+    Code(
+        code="hf-missing-optimizer",
+        severity=E,
+        explanation="no optimizer.pt: Trainer resumes with a fresh optimizer without a word (it loads optimizer and "
+        "scheduler only when both files exist)",
+    ),
+    Code(
+        code="hf-missing-scheduler",
+        severity=E,
+        explanation="no scheduler.pt: Trainer then skips the optimizer too and restarts the LR schedule, silently",
+    ),
+    Code(
+        code="hf-missing-rng-state",
+        severity=E,
+        explanation="no rng_state.pth (or a rank's rng_state_R.pth): Trainer logs at info level and resumes with "
+        "fresh RNG streams, so the run is not reproduced",
+    ),
+    Code(
+        code="hf-missing-trainer-state",
+        severity=E,
+        explanation="no trainer_state.json (Trainer writes it last): resume restarts at step 0 from these weights",
+    ),
+    Code(
+        code="hf-trainer-state-invalid",
+        severity=E,
+        explanation="trainer_state.json is not JSON with an integer global_step: Trainer fails to resume from it",
+        corrupts=True,
+    ),
+    Code(
+        code="hf-step-mismatch",
+        severity=E,
+        explanation="trainer_state.json's global_step differs from the N of checkpoint-N: the files are not one save",
+    ),
+    Code(
+        code="hf-last-checkpoint-unusable",
+        severity=W,
+        explanation="the highest-numbered checkpoint-N, which resume_from_checkpoint=True (get_last_checkpoint) "
+        "loads, is not complete; `ckpt-audit latest` names the newest complete one",
+    ),
+    Code(
+        code="training-args-pickle",
+        severity=INFO,
+        explanation="training_args.bin is a pickled TrainingArguments object: unpickling it runs transformers' "
+        "code, so ckpt-audit never does and Trainer never loads it on resume (any other global in it is unsafe-pickle)",
+    ),
     # the walk
     Code(
         code="no-runs",
@@ -562,13 +630,6 @@ _TABLE: tuple[Code, ...] = (
         severity=W,
         explanation="a Ray node did not answer the scan: checkpoints it may complete are unknown, not incomplete",
     ),
-    Code(
-        code="node-gone",
-        severity=W,
-        explanation=(
-            "a Ray node silent for longer than --node-gone-after held the only catalogued copies of some of this "
-            "checkpoint's files: unknown (prune keeps it) until the node answers or the files are found elsewhere"
-        ),
 )
 
 CODES: dict[str, Code] = {c.code: c for c in _TABLE}
