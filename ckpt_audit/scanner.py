@@ -19,7 +19,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, file_kind, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import FileKind, Finding, ScanResult, ShardFile, format_size
-from ckpt_audit.readers import hashing, pt_structure
+from ckpt_audit.readers import hashing
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.readers.safetensors_header import check_extent
 from ckpt_audit.rules import files as file_rules
@@ -407,6 +407,9 @@ def _safetensors_extent(path: str) -> tuple[Finding, ...]:
 
 
 def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
+    # imported on the first pickle read, not at start-up: the first file is opened (and hashed) without it
+    from ckpt_audit.readers import pt_structure
+
     try:
         s = pt_structure.read_pt_structure(path)
     except OSError as exc:

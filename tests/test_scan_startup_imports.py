@@ -8,8 +8,10 @@ An import-set check, not a timing check: it fails when someone adds an eager imp
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
+import zipfile
 
 CHILD = r"""
 import json, sys
@@ -35,6 +37,9 @@ NOT_BEFORE_FIRST_FILE = (
     "ckpt_audit.metrics_textfile",
     "ckpt_audit.verify",
     "ckpt_audit.lifecycle",
+    "ckpt_audit.readers.pt_structure",  # the pickle reader: needed once a file is hashed, not to open it
+    "concurrent.futures",  # the file pool is plain threads (concurrent.futures imports logging, traceback)
+    "logging",
     "sqlite_utils",
     "numpy",
     "torch",
@@ -49,6 +54,10 @@ def _tree(tmp_path):
     for r in range(2):
         for k in ("model", "optim", "extra_state"):
             (actor / f"{k}_world_size_2_rank_{r}.pt").write_bytes(b"x" * 1024)
+    # one shard in torch.save's zip layout, so the scan reads a pickle (and loads its reader) after the first open
+    with zipfile.ZipFile(actor / "model_world_size_2_rank_0.pt", "w") as z:
+        z.writestr("model_world_size_2_rank_0/data.pkl", pickle.dumps({"step": 1}, protocol=2))
+        z.writestr("model_world_size_2_rank_0/version", "3\n")
     (actor.parent.parent / "latest_checkpointed_iteration.txt").write_text("1")
     return tmp_path / "root"
 
@@ -73,3 +82,4 @@ def test_scan_opens_its_first_file_before_rendering_or_catalog_writes(tmp_path):
     # the check can fail: rendering and the catalog's write path do load, after the first file
     assert "ckpt_audit.report" in doc["after"]
     assert "ckpt_audit.catalog.store" in doc["after"]
+    assert "ckpt_audit.readers.pt_structure" in doc["after"]
