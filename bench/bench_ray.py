@@ -7,8 +7,8 @@
    simulated node shares the same cores and page cache, so the ratio is bounded by the machine, not by the store.
 2. The driver's side per 100k files, synthetic FileFacts copied from the real tree's (8 ranks per step dir):
    node-local: merging the partials (scanner.merge_partials) and their pickled size; shared: unpickling the nodes'
-   answers (as Ray hands them over) and the reduce that judges every run (layouts + rules), which a local scan of
-   the same files also pays.
+   answers (as Ray hands them over) and their size in memory (tracemalloc), and the reduce that judges every run
+   (layouts + rules), which a local scan of the same files also pays.
 
 Usage: python bench/bench_ray.py [--nodes 3] [--steps 4] [--ranks 8] [--shard-mib 16] [--repeat 3] [--files 100000]
 """
@@ -22,6 +22,7 @@ import shutil
 import statistics
 import tempfile
 import time
+import tracemalloc
 from dataclasses import replace
 
 from ckpt_audit import scanner
@@ -120,6 +121,11 @@ def driver_costs(templates: dict[str, FileFacts], files: int, nodes: int) -> dic
     for a in answers:
         pickle.loads(a)
     unpickle_s = time.perf_counter() - t0
+    tracemalloc.start()  # the driver's memory for every answer received at once (a separate, slower pass)
+    held = [pickle.loads(a) for a in answers]
+    memory = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del held
     whole = Partial(
         root="/ckpts", tree=scanner.merge_partials(parts)[0], facts={k: v for p in parts for k, v in p.facts.items()}
     )
@@ -134,6 +140,7 @@ def driver_costs(templates: dict[str, FileFacts], files: int, nodes: int) -> dic
         "local_merge_s": merge_s * per,
         "shared_wire_MB": sum(map(len, answers)) * per / 1e6,
         "shared_unpickle_s": unpickle_s * per,
+        "answers_in_memory_MB": memory * per / 1e6,
         "reduce_s": reduce_s * per,
     }
 
@@ -173,7 +180,8 @@ def main() -> None:
             f"driver per 100k files ({a.files} synthetic, {a.nodes} nodes): "
             f"node-local merge {costs['local_merge_s']:.2f} s"
             f" (partials {costs['local_wire_MB']:.0f} MB pickled); shared unpickle {costs['shared_unpickle_s']:.2f} s"
-            f" (answers {costs['shared_wire_MB']:.0f} MB); reduce (layouts + rules) {costs['reduce_s']:.2f} s"
+            f" (answers {costs['shared_wire_MB']:.0f} MB pickled, {costs['answers_in_memory_MB']:.0f} MB in memory);"
+            f" reduce (layouts + rules) {costs['reduce_s']:.2f} s"
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

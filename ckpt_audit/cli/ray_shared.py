@@ -4,6 +4,7 @@ one (cli/ray.py). Shared is the local scan (cli/scan.run_scan) with the reads sp
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import click
 
@@ -12,9 +13,12 @@ from ckpt_audit.exitcodes import ExitCode
 PLACEMENTS = ("auto", "node-local", "shared")
 
 
-def run_if_shared(ctx: click.Context, roots, *, address: str, placement: str, deep: bool, **options) -> bool:
+def run_if_shared(
+    ctx: click.Context, roots, *, address: str, placement: str, deep: bool, run_scan: Callable, **options
+) -> bool:
     """Run the scan shared and exit when `placement` is or resolves to shared; False: the caller runs node-local.
-    Without Ray: one line, exit 2 (as node-local). --deep is left to node-local, which refuses it."""
+    `run_scan`: cli/scan.py's local scan body (passed in: cli.scan imports this module). Without Ray: one line,
+    exit 2 (as node-local). --deep is left to node-local, which refuses it."""
     if placement == "node-local" or deep:
         return False
     from ckpt_audit.cluster import ray_scan, shared
@@ -30,8 +34,6 @@ def run_if_shared(ctx: click.Context, roots, *, address: str, placement: str, de
     chosen, nodes = shared.resolve_placement(ray, placement, logical)
     if chosen != "shared":
         return False
-    from ckpt_audit.cli.scan import run_scan
-
     reader = shared.RayReader(nodes=nodes)
 
     def extra() -> dict:

@@ -157,6 +157,7 @@ def scan_command(
             deep=deep,
             scrub=scrub,
             metrics_file=metrics_file,
+            run_scan=run_scan,
             **options,
         )  # returns only when the placement is node-local
     if ray_address is not None:  # Ray is loaded only here (ckpt_audit.cluster imports it lazily)
