@@ -115,6 +115,16 @@ def scan_document(result: ScanResult, *, scan_id: int | None, catalog: str | Non
         "exit_code": exit_code,
         "findings": [f.to_dict() for f in result.findings],
         "runs": [run_doc(r, verified) for r in result.runs],
+        **({} if result.cluster is None else {"cluster": cluster_doc(result.cluster)}),
+    }
+
+
+def cluster_doc(view) -> dict:
+    """scan --ray: the nodes that answered or not, and which nodes hold each file (logical path)."""
+    return {
+        "answered": list(view.answered),
+        "silent": list(view.silent),
+        "holders": {p: sorted(c.node_id for c in copies) for p, copies in sorted(view.copies.items())},
     }
 
 

@@ -30,6 +30,7 @@ class Snapshot:
     files_reused: int = 0  # files whose catalogued hash was reused by stat
     unrecorded: str = ""  # why this scan is not in the catalog (busy with another run, no catalog); "" if it is
     verified_ns: dict[str, int | None] = field(default_factory=dict)  # file -> last read by content (None: never)
+    nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # file -> Ray nodes holding it (scan --ray)
 
     def run(self, path: str) -> Run | None:
         return next((r for r in self.runs if r.path == path), None)
@@ -57,7 +58,21 @@ def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Pro
         files_reused=result.files_reused,
         unrecorded=unrecorded,
         verified_ns={p: f.verified_ns for p, f in result.file_facts.items()},
+        nodes=catalog_nodes(catalog_path),
     )
+
+
+def catalog_nodes(catalog_path: Path | None) -> dict[str, tuple[str, ...]]:
+    """Which Ray node holds each file, as the last `scan --ray` recorded it; {} without one (or a catalog)."""
+    if catalog_path is None or not catalog_path.exists():
+        return {}
+    from ckpt_audit.catalog import CatalogError, read_catalog
+
+    try:
+        with read_catalog(catalog_path) as cat:
+            return cat.file_nodes()
+    except CatalogError:
+        return {}
 
 
 def verify_paths(paths: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> ScanResult:

@@ -248,3 +248,31 @@ def m004_tracker_fixes(db) -> None:
             backup_path TEXT                   -- the old content, kept beside the tracker; NULL when none
         )""")
     db.execute("CREATE INDEX tracker_fixes_run ON tracker_fixes(run_path, at_ns)")
+
+
+@MIGRATIONS()
+def m005_nodes(db) -> None:
+    """scan --ray: the cluster's nodes (when each last answered) and which node holds a copy of which file (a file
+    may be on several: replicas). A node's stat of its copy is its own, so its cache is keyed by (path, node)."""
+    db.execute("""
+        CREATE TABLE nodes (
+            node_id TEXT PRIMARY KEY,          -- the Ray node id
+            first_seen_ns INTEGER NOT NULL,
+            last_answered_ns INTEGER,          -- start of the last scan it answered; NULL: never
+            last_silent_ns INTEGER,            -- start of the last scan it did not answer; NULL: never
+            last_scan_id INTEGER NOT NULL REFERENCES scans(id)
+        )""")
+    db.execute("""
+        CREATE TABLE file_nodes (
+            path TEXT NOT NULL,                -- the logical path (files.path)
+            node_id TEXT NOT NULL REFERENCES nodes(node_id),
+            size_bytes INTEGER NOT NULL,       -- the stat of this node's copy
+            mtime_ns INTEGER NOT NULL,
+            inode INTEGER NOT NULL,
+            hash TEXT,
+            verified_ns INTEGER,               -- last content read of this copy; NULL: never
+            last_scan_id INTEGER NOT NULL REFERENCES scans(id),
+            present INTEGER NOT NULL DEFAULT 1,  -- 0: the node answered a later scan without it
+            PRIMARY KEY (path, node_id)
+        )""")
+    db.execute("CREATE INDEX file_nodes_node ON file_nodes(node_id, present)")

@@ -181,6 +181,8 @@ class Catalog:
                         [scan_id, root, len(below), below],
                     )
             refresh_run_summaries(conn, [r.path for r in result.runs])
+            if result.cluster is not None:
+                _record_cluster(conn, result, scan_id)
             ops.tick()
         ops.tick()  # committed
         return int(scan_id)
@@ -275,11 +277,15 @@ class Catalog:
         mtime_ns, errors, warnings — from the checkpoint_status view — and verified_ns (its files' oldest last
         verification by content; None when one never was)."""
         where, params = ("WHERE run_path = ?", [run_path]) if run_path is not None else ("", [])
-        return self._rows(
-            f"SELECT *, {_OLDEST_VERIFIED.format(ckpt='checkpoint_status.path')} AS verified_ns"
+        rows = self._rows(
+            f"SELECT *, {_OLDEST_VERIFIED.format(ckpt='checkpoint_status.path')} AS verified_ns,"
+            f" {_NODES.format(ckpt='checkpoint_status.path')} AS nodes"
             f" FROM checkpoint_status {where} ORDER BY run_path, step",
             params,
         )
+        for r in rows:
+            r["nodes"] = sorted(r["nodes"].split(",")) if r["nodes"] else []
+        return rows
 
     def latest_complete(self) -> list[dict]:
         return self._rows("SELECT * FROM latest_complete_checkpoint ORDER BY run_path")
@@ -298,14 +304,30 @@ class Catalog:
             " FROM files WHERE checkpoint_path = ? ORDER BY path",
             [path],
         )
+        held: dict[str, list[str]] = {}
+        for p, node in self.db.execute(
+            "SELECT n.path, n.node_id FROM file_nodes n JOIN files f ON f.path = n.path"
+            " WHERE f.checkpoint_path = ? AND n.present = 1 ORDER BY n.node_id",
+            [path],
+        ):
+            held.setdefault(p, []).append(node)
         for f in ckpt["files"]:
             f["crc_ok"] = None if f["crc_ok"] is None else bool(f["crc_ok"])
+            f["nodes"] = held.get(f["path"], [])  # scan --ray: the nodes holding a copy; [] for a local scan
+        ckpt["nodes"] = sorted({n for ns in held.values() for n in ns})
         ckpt["findings"] = self._rows(
             "SELECT severity, code, path, message, rank, tensor FROM findings"
             " WHERE checkpoint_path = ? AND scan_id = ? ORDER BY id",
             [path, ckpt["last_scan_id"]],
         )
         return ckpt
+
+    def file_nodes(self) -> dict[str, tuple[str, ...]]:
+        """Logical file path -> the nodes holding a present copy (scan --ray); {} when no scan --ray was recorded."""
+        out: dict[str, list[str]] = {}
+        for p, node in self.db.execute("SELECT path, node_id FROM file_nodes WHERE present = 1 ORDER BY node_id"):
+            out.setdefault(p, []).append(node)
+        return {p: tuple(ns) for p, ns in out.items()}
 
     def file_history(self, path: str) -> list[dict]:
         """Each recorded hash of one file: scan_id, started_ns, hash, size_bytes, mtime_ns (oldest first)."""
@@ -320,6 +342,48 @@ class Catalog:
             row = self.db.execute("SELECT MAX(id) FROM scans").fetchone()
             scan_id = row[0] if row else None
         return self._rows("SELECT * FROM findings WHERE scan_id = ? ORDER BY id", [scan_id])
+
+
+def _record_cluster(conn: sqlite3.Connection, result: ScanResult, scan_id: int) -> None:
+    """scan --ray: when each node answered (or not), and the copy of each file each answering node holds. A silent
+    node's rows are left as they were: they are what the catalog knows it held."""
+    view, at = result.cluster, result.started_ns
+    assert view is not None
+    conn.executemany(
+        "INSERT INTO nodes (node_id, first_seen_ns, last_answered_ns, last_scan_id) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT(node_id) DO UPDATE SET last_answered_ns = excluded.last_answered_ns,"
+        " last_scan_id = excluded.last_scan_id",
+        [(n, at, at, scan_id) for n in view.answered],
+    )
+    conn.executemany(
+        "INSERT INTO nodes (node_id, first_seen_ns, last_silent_ns, last_scan_id) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT(node_id) DO UPDATE SET last_silent_ns = excluded.last_silent_ns,"
+        " last_scan_id = excluded.last_scan_id",
+        [(n, at, at, scan_id) for n in view.silent],
+    )
+    answered = set(view.answered)
+    old = {
+        (p, n): rest
+        for p, n, *rest in conn.execute(
+            "SELECT path, node_id, size_bytes, mtime_ns, inode, hash, verified_ns FROM file_nodes WHERE present = 1"
+        )
+    }
+    rows, seen = [], set()
+    for path, copies in view.copies.items():
+        for c in copies:
+            seen.add((path, c.node_id))
+            if old.get((path, c.node_id)) != [c.size_bytes, c.mtime_ns, c.inode, c.hash, c.verified_ns]:
+                rows.append((path, c.node_id, c.size_bytes, c.mtime_ns, c.inode, c.hash, c.verified_ns, scan_id))
+    conn.executemany(
+        "INSERT OR REPLACE INTO file_nodes (path, node_id, size_bytes, mtime_ns, inode, hash, verified_ns,"
+        " last_scan_id, present) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)",
+        rows,
+    )
+    roots = [r.rstrip("/") + "/" for r in result.roots]
+    gone = [
+        key for key in old if key not in seen and key[1] in answered and any(key[0].startswith(r) for r in roots)
+    ]  # an answering node that no longer has a file under a scanned root
+    conn.executemany("UPDATE file_nodes SET present = 0 WHERE path = ? AND node_id = ?", gone)
 
 
 RUN_SUMMARY_SQL = """
@@ -337,6 +401,12 @@ def refresh_run_summaries(conn: sqlite3.Connection, run_paths: list[str]) -> Non
     directory (or a prune that removed some) must not make the run one checkpoint long."""
     conn.executemany(RUN_SUMMARY_SQL, [(p,) for p in run_paths])
 
+
+# the nodes (scan --ray) holding a present copy of a checkpoint's present files, comma-joined; NULL: none known
+_NODES = (
+    "(SELECT GROUP_CONCAT(DISTINCT n.node_id) FROM file_nodes n JOIN files f ON f.path = n.path"
+    " WHERE f.checkpoint_path = {ckpt} AND f.present = 1 AND n.present = 1)"
+)
 
 # a checkpoint was last verified by content when its least recently verified present file was; never (NULL) if one
 # of them never was

@@ -83,3 +83,15 @@ class CommandError(click.ClickException):
 
     def show(self, file=None) -> None:  # noqa: ARG002 - click's signature
         click.echo(f"ckpt-audit: error: {self.format_message()}", err=True)
+
+
+def write_metrics_file(path: Path, result, scrub) -> None:
+    """The textfile for node_exporter; prometheus_client is imported only here (scan's start-up stays light)."""
+    import time
+
+    from ckpt_audit.metrics_textfile import write_metrics
+
+    try:
+        write_metrics(path, result, now_ns=time.time_ns(), scrub_period_ns=None if scrub is None else scrub.period_ns)
+    except OSError as exc:
+        raise CommandError(f"cannot write metrics file {path}: {exc.strerror or exc}") from None

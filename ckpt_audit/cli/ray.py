@@ -6,7 +6,7 @@ import os
 
 import click
 
-from ckpt_audit.cli.common import emit_json, session
+from ckpt_audit.cli.common import CommandError, emit_json, session, write_metrics_file
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -20,12 +20,22 @@ def run_ray_scan(
     fail_on: str,
     in_progress_window: float,
     catalog,
+    workers: int = 1,
+    rehash: bool = False,
+    deep: bool = False,
+    scrub=None,
+    metrics_file=None,
+    gone_after_ns: int | None = None,
     **_ignored,
 ) -> None:
-    """Map on every alive node, reduce here, judge over the union, record. Without Ray: one line, exit 2."""
+    """Map on every alive node (each reusing the catalog's facts about its own copies), reduce here, judge over
+    the union, record which node holds what. Without Ray, or with --deep: one line, exit 2."""
     from ckpt_audit import report
     from ckpt_audit.cluster import ray_scan
 
+    if deep:
+        click.echo(f"ckpt-audit: {DEEP_REFUSED}", err=True)
+        ctx.exit(int(ExitCode.USAGE))
     try:
         ray_scan.import_ray()
     except ray_scan.RayUnavailable as exc:
@@ -33,9 +43,20 @@ def run_ray_scan(
         ctx.exit(int(ExitCode.USAGE))
     threshold = report.FAIL_ON[fail_on]
     logical = [os.path.abspath(os.fspath(r)) for r in roots]
+    options = ray_scan.NodeScanOptions(workers=workers, rehash=rehash, scrub=scrub)
     with session(ctx, roots, catalog) as s:
-        result = ray_scan.scan_cluster(logical, address=address, in_progress_window_s=in_progress_window)
-        scan_id = s.record(result)
+        memory = _node_memory(s.catalog_path)
+        result = ray_scan.scan_cluster(
+            logical,
+            address=address,
+            in_progress_window_s=in_progress_window,
+            options=options,
+            memory=memory,
+            gone_after_s=ray_scan.DEFAULT_GONE_AFTER_S if gone_after_ns is None else gone_after_ns / 1e9,
+        )
+        scan_id = s.record(result, rehash=rehash)
+    if metrics_file is not None:
+        write_metrics_file(metrics_file, result, scrub)
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
     if as_json:
         doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(s.catalog_path), exit_code=int(code))
@@ -44,3 +65,18 @@ def run_ray_scan(
         for line in report.render_text(result, quiet=quiet, fail_on=threshold):
             click.echo(line)
     ctx.exit(int(code))
+
+
+DEEP_REFUSED = "scan --ray --deep is not supported: run `ckpt-audit verify` on each node (docs/ray.md)"
+
+
+def _node_memory(catalog_path):
+    """What the catalog knows of each node's copies (none without a catalog)."""
+    from ckpt_audit.catalog.manifest import CatalogError, NodeMemory, read_nodes
+
+    if catalog_path is None:
+        return NodeMemory(facts={}, last_answered_ns={})
+    try:
+        return read_nodes(catalog_path)
+    except CatalogError as exc:
+        raise CommandError(str(exc)) from None

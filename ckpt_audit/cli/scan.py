@@ -17,6 +17,7 @@ from ckpt_audit.cli.common import (
     emit_json,
     resolve_catalog,
     session,
+    write_metrics_file,
 )
 from ckpt_audit.exitcodes import ExitCode
 
@@ -108,6 +109,14 @@ def scrub_options(f):
     "extra: pip install 'ckpt-audit[ray]', else exit 2). Example: ckpt-audit scan --ray auto /ckpts",
 )
 @click.option(
+    "--node-gone-after",
+    type=DURATION,
+    default="1d",
+    show_default=True,
+    help="With --ray: a node silent this long is gone; only checkpoints with files catalogued on it alone stay "
+    "unknown (node-gone), the rest are judged without it (docs/ray.md).",
+)
+@click.option(
     "--placement",
     type=click.Choice(["auto", "node-local", "shared"]),
     default="auto",
@@ -118,7 +127,16 @@ def scrub_options(f):
 )
 @click.pass_context
 def scan_command(
-    ctx: click.Context, roots, deep, scrub_period, scrub_budget, no_scrub, metrics_file, ray_address=None, **options
+    ctx: click.Context,
+    roots,
+    deep,
+    scrub_period,
+    scrub_budget,
+    no_scrub,
+    metrics_file,
+    ray_address=None,
+    node_gone_after=None,
+    **options,
 ) -> None:
     """Hash, validate and catalog every checkpoint under ROOT... (cron-ready).
 
@@ -163,7 +181,16 @@ def scan_command(
     if ray_address is not None:  # Ray is loaded only here (ckpt_audit.cluster imports it lazily)
         from ckpt_audit.cli.ray import run_ray_scan
 
-        return run_ray_scan(ctx, roots, address=ray_address, **options)
+        return run_ray_scan(
+            ctx,
+            roots,
+            address=ray_address,
+            deep=deep,
+            scrub=scrub,
+            metrics_file=metrics_file,
+            gone_after_ns=node_gone_after,
+            **options,
+        )
     run_scan(ctx, roots, deep=deep, scrub=scrub, metrics_file=metrics_file, **options)
 
 
@@ -200,7 +227,7 @@ def run_scan(
     threshold = report.FAIL_ON[fail_on]  # fail_on is a click.Choice of FAIL_ON's keys
     result, scan_id, cat_path = done.result, done.scan_id, s.catalog_path
     if metrics_file is not None:
-        _write_metrics(metrics_file, result, scrub)
+        write_metrics_file(metrics_file, result, scrub)
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
     if as_json:
         doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
@@ -209,18 +236,6 @@ def run_scan(
         for line in report.render_text(result, quiet=quiet, fail_on=threshold):
             click.echo(line)
     ctx.exit(int(code))
-
-
-def _write_metrics(path: Path, result, scrub) -> None:
-    """The textfile for node_exporter; prometheus_client is imported only here (scan's start-up stays light)."""
-    import time
-
-    from ckpt_audit.metrics_textfile import write_metrics
-
-    try:
-        write_metrics(path, result, now_ns=time.time_ns(), scrub_period_ns=None if scrub is None else scrub.period_ns)
-    except OSError as exc:
-        raise CommandError(f"cannot write metrics file {path}: {exc.strerror or exc}") from None
 
 
 class _progress:
@@ -298,14 +313,16 @@ def ls_command(run, as_json, catalog) -> None:
             emit_json({"command": "ls", "run": match[0], "checkpoints": rows})
             return
         click.echo(f"{match[0]['name']}  ({match[0]['path']})")
+        with_nodes = any(c["nodes"] for c in rows)  # scan --ray recorded which node holds what
         click.echo(
             f"{'step':>8}  {'status':<12} {'W':>3} {'size':>10} {'age':>5} {'errors':>6} {'warnings':>8} "
-            f"{'verified':>8}"
+            f"{'verified':>8}" + ("  nodes" if with_nodes else "")
         )
         for c in rows:
             click.echo(
                 f"{c['step']:>8}  {c['status']:<12} {_dash(c['world_size']):>3} {format_size(c['size_bytes']):>10} "
                 f"{age_str(c['mtime_ns']):>5} {c['errors']:>6} {c['warnings']:>8} {verified_ago(c['verified_ns']):>8}"
+                + (f"  {node_list(c['nodes'])}" if with_nodes else "")
             )
 
 
@@ -334,11 +351,14 @@ def show_command(path, as_json, catalog) -> None:
                 f"{detail['path']}  step {detail['step']}  {detail['status']}  W {_dash(detail['world_size'])}"
                 f"  {format_size(detail['size_bytes'])}  verified {verified_ago(detail['verified_ns'])}"
             )
+            with_nodes = bool(detail["nodes"])  # scan --ray recorded which node holds each file
             for f in detail["files"]:
                 crc = {True: "crc ok", False: "CRC BAD", None: ""}[f["crc_ok"]]
                 click.echo(
                     f"  {f['kind']:<12} {_dash(f['rank']):>4} {format_size(f['size_bytes']):>10} "
-                    f"{(f['hash'] or 'unreadable')[:16]:<16} {crc:<7} {verified_ago(f['verified_ns']):>5} {f['path']}"
+                    f"{(f['hash'] or 'unreadable')[:16]:<16} {crc:<7} {verified_ago(f['verified_ns']):>5} "
+                    + (f"{node_list(f['nodes']):<17} " if with_nodes else "")
+                    + f["path"]
                 )
             for x in detail["findings"]:
                 click.echo(f"  {x['severity']:<7} {x['code']:<24} {x['path']}: {x['message']}")
@@ -361,6 +381,11 @@ def verified_ago(ns: int | None) -> str:
     from ckpt_audit.units import format_ago
 
     return format_ago(ns, time.time_ns())
+
+
+def node_list(nodes) -> str:
+    """Ray node ids shortened to 8 characters (as `ray status` does), comma-joined; '-' for none."""
+    return ",".join(n[:8] for n in nodes) or "-"
 
 
 def _dash(v) -> str:

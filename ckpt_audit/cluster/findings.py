@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Checkpoint, ScanResult, Status
+from ckpt_audit.units import format_age
 
 from .noderoots import NodePartials
 
@@ -38,7 +39,14 @@ def _ranges(ranks: Sequence[int]) -> str:
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def _judge(ckpt: Checkpoint, held: Mapping[str, dict[str, str | None]], silent: Sequence[str]) -> Checkpoint:
+def _judge(
+    ckpt: Checkpoint,
+    held: Mapping[str, dict[str, str | None]],
+    silent: Sequence[str],
+    lost: Mapping[str, tuple[str, ...]],
+    gone: Mapping[str, int],
+    now_ns: int,
+) -> Checkpoint:
     found = list(ckpt.findings)
     status = ckpt.status
     for comp in ckpt.components:
@@ -57,16 +65,55 @@ def _judge(ckpt: Checkpoint, held: Mapping[str, dict[str, str | None]], silent: 
         if ranks and by_node and not any(set(r) >= ranks for r in by_node.values()):
             where = "; ".join(f"ranks {_ranges(r)} on node {n}" for n, r in sorted(by_node.items()))
             found.append(finding("ranks-spread-over-nodes", comp.path, where))
-    if silent and status == Status.INCOMPLETE:
+    if status != Status.INCOMPLETE:
+        return replace(ckpt, findings=tuple(found), status=status)
+    recent = [n for n in silent if n not in gone]
+    if recent:  # a node that may come back may hold anything: nothing missing is called missing yet
         status = Status.UNKNOWN
         found.append(
-            finding("node-silent", ckpt.path, f"node(s) {', '.join(silent)} did not answer: they may hold the rest")
+            finding("node-silent", ckpt.path, f"node(s) {', '.join(recent)} did not answer: they may hold the rest")
         )
+    elif mine := {p: ns for p, ns in lost.items() if p.startswith(ckpt.path + "/")}:
+        status = Status.UNKNOWN
+        for node in sorted({n for ns in mine.values() for n in ns}):
+            files = sorted(p for p, ns in mine.items() if node in ns)
+            found.append(
+                finding(
+                    "node-gone",
+                    ckpt.path,
+                    f"{len(files)} file(s) (e.g. {files[0]}) were catalogued only on node {node}, silent for "
+                    f"{format_age(gone[node], now_ns)}: unknown until it answers or the files are found elsewhere",
+                )
+            )
     return replace(ckpt, findings=tuple(found), status=status)
 
 
-def judge_nodes(result: ScanResult, answers: Sequence[NodePartials], silent: Sequence[str]) -> ScanResult:
+def judge_nodes(
+    result: ScanResult,
+    answers: Sequence[NodePartials],
+    silent: Sequence[str],
+    *,
+    held_before: Mapping[str, frozenset[str]] | None = None,
+    gone: Mapping[str, int] | None = None,
+    now_ns: int = 0,
+) -> ScanResult:
+    """The multi-node findings. `silent` nodes not in `gone` make every incomplete checkpoint unknown; a node in
+    `gone` (node -> when it last answered: silent past the window) only keeps unknown the checkpoints with files
+    the catalog saw on it alone (`held_before`: path -> nodes) that no node holds now."""
     held = holders(answers)
-    runs = tuple(replace(r, checkpoints=tuple(_judge(c, held, silent) for c in r.checkpoints)) for r in result.runs)
-    extra = tuple(finding("node-silent", "", f"node {n} did not answer the scan") for n in silent)
+    gone = gone or {}
+    lost = {p: tuple(sorted(ns)) for p, ns in (held_before or {}).items() if p not in held and ns and ns <= gone.keys()}
+    runs = tuple(
+        replace(r, checkpoints=tuple(_judge(c, held, silent, lost, gone, now_ns) for c in r.checkpoints))
+        for r in result.runs
+    )
+    extra = tuple(
+        finding(
+            "node-silent",
+            "",
+            f"node {n} did not answer the scan"
+            + (f" (silent for {format_age(gone[n], now_ns)}: counted as gone)" if n in gone else ""),
+        )
+        for n in silent
+    )
     return replace(result, runs=runs, findings=result.findings + extra)

@@ -56,6 +56,21 @@ def _swap(path: str, old: str, new: str) -> str:
     return new + path[len(old) :] if path == old or path.startswith(old + "/") else path
 
 
+def rebase_facts(facts: Mapping[str, FileFacts], *, old: str, new: str) -> dict[str, FileFacts]:
+    """The facts under root `old` (others dropped) with their paths moved under `new`: the catalog's facts for a
+    node, keyed by logical path, become the previous facts of its scan of its own directory."""
+    below = old.rstrip("/") + "/"
+    return {
+        _swap(p, old, new): replace(
+            f,
+            path=_swap(f.path, old, new),
+            findings=tuple(replace(x, path=_swap(x.path, old, new)) for x in f.findings),
+        )
+        for p, f in facts.items()
+        if p == old or p.startswith(below)
+    }
+
+
 def rebase(part: Partial, *, local: str, logical: str) -> Partial:
     """`part` as if its files had been found under `logical` instead of `local` (every path it holds)."""
     if local == logical:

@@ -8,15 +8,19 @@ logical root; the driver reduces the partials with `scanner.reduce`, so complete
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import replace
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
+from ckpt_audit.catalog.manifest import NodeMemory
 from ckpt_audit.layouts import ScanContext, load_layouts
-from ckpt_audit.models import ScanResult
+from ckpt_audit.models import ClusterView, FileFacts, NodeCopy, ScanResult
 from ckpt_audit.scanner import reduce, scan_partial
+from ckpt_audit.scrub import ScrubPolicy
 
-from .noderoots import ENV, NodePartials, parse_node_roots, rebase
+from .noderoots import ENV, NodePartials, parse_node_roots, rebase, rebase_facts
 
+DEFAULT_GONE_AFTER_S = 86_400.0  # a node silent this long is gone: see findings.py and docs/ray.md
 RAY_MISSING = "scan --ray needs the optional extra: pip install 'ckpt-audit[ray]'"
 
 
@@ -32,41 +36,98 @@ def import_ray():
     return ray
 
 
-def scan_on_this_node(roots: Sequence[str], node_id: str) -> NodePartials:
-    """The map task body (runs on the worker): scan this node's copy of each logical root."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeScanOptions:
+    """What a node's scan honours of the local scan's options (--workers, --rehash, the scrub). The scrub's
+    budget is per node: each node reads its own disk."""
+
+    workers: int = 1
+    rehash: bool = False
+    scrub: ScrubPolicy | None = None
+    now_ns: int | None = None
+
+
+HOLD_ENV = "CKPT_AUDIT_TEST_NODE_HOLD"  # test seam: a directory; unset (always, outside tests) it costs a lookup
+
+
+def _hold(node_id: str) -> None:
+    """Tests kill a node while its scan runs: the task says it started, then waits while `<dir>/<node>.hold`
+    exists (at most a minute)."""
+    where = os.environ.get(HOLD_ENV)
+    if not where:
+        return
+    with open(os.path.join(where, f"{node_id}.started"), "w"):
+        pass
+    hold = os.path.join(where, f"{node_id}.hold")
+    deadline = time.monotonic() + 60
+    while os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def scan_on_this_node(
+    roots: Sequence[str],
+    node_id: str,
+    previous: Mapping[str, FileFacts] | None = None,
+    options: NodeScanOptions = NodeScanOptions(),
+) -> NodePartials:
+    """The map task body (runs on the worker): scan this node's copy of each logical root, reusing what the
+    catalog knows of this node's copies (`previous`, keyed by logical path)."""
+    _hold(node_id)
     mapping = parse_node_roots(os.environ.get(ENV), node_id=node_id)
     layouts = load_layouts()
-    out = []
+    out: list = []
     for root in roots:
         local = mapping.get(root, root)
         if not os.path.isdir(local):
             continue  # this node holds nothing of that root
-        out.append(rebase(scan_partial(local, workers=1, layouts=layouts), local=local, logical=root))
+        scrub = options.scrub
+        if scrub is not None and scrub.budget_bytes is not None:  # one budget for this node's roots together
+            scrub = replace(scrub, budget_bytes=max(0, scrub.budget_bytes - sum(p.bytes_scrubbed for p in out)))
+        part = scan_partial(
+            local,
+            workers=options.workers,
+            rehash=options.rehash,
+            previous=rebase_facts(previous or {}, old=root, new=local),
+            layouts=layouts,
+            scrub=scrub,
+            now_ns=options.now_ns,
+        )
+        out.append(rebase(part, local=local, logical=root))
     return NodePartials(node_id=node_id, partials=tuple(out))
 
 
-def node_local_map(roots: Sequence[str], *, address: str | None = None, timeout_s: float = 600.0):
-    """One pinned task per alive node; returns (answers, silent node ids)."""
+def node_local_map(
+    roots: Sequence[str],
+    *,
+    address: str | None = None,
+    timeout_s: float = 600.0,
+    previous: Mapping[str, Mapping[str, FileFacts]] | None = None,
+    options: NodeScanOptions = NodeScanOptions(),
+):
+    """One pinned task per alive node (`previous`: node id -> its catalogued copies); returns (answers, silent
+    node ids). A task is not retried: a node that dies mid-scan is silent, not rescheduled elsewhere."""
     ray = import_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
 
     if not ray.is_initialized():
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    task = ray.remote(num_cpus=0)(scan_on_this_node)
+    task = ray.remote(num_cpus=0, max_retries=0)(scan_on_this_node)
     listed = ray.nodes()
     nodes = [n["NodeID"] for n in listed if n.get("Alive")]
     dead = [n["NodeID"] for n in listed if not n.get("Alive")]  # died since joining: it may hold the missing ranks
+    previous = previous or {}
     refs = {
         task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n, soft=False)).remote(
-            list(roots), n
+            list(roots), n, dict(previous.get(n, {})), options
         ): n
         for n in nodes
     }
     answers: list[NodePartials] = []
     silent: list[str] = list(dead)
+    deadline = time.monotonic() + timeout_s
     for ref, node in refs.items():
         try:
-            answers.append(ray.get(ref, timeout=timeout_s))
+            answers.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
         except Exception:  # noqa: BLE001 - a dead node, a lost task or a timeout all mean: this node did not answer
             silent.append(node)
     return answers, silent
@@ -80,16 +141,105 @@ def reduce_nodes(answers: Sequence[NodePartials], *, now_ns: int, in_progress_wi
 
 
 def scan_cluster(
-    roots: Sequence[str], *, address: str | None, in_progress_window_s: float, now_ns: int | None = None
+    roots: Sequence[str],
+    *,
+    address: str | None,
+    in_progress_window_s: float,
+    now_ns: int | None = None,
+    options: NodeScanOptions = NodeScanOptions(),
+    memory: NodeMemory | None = None,
+    gone_after_s: float = DEFAULT_GONE_AFTER_S,
+    timeout_s: float = 600.0,
 ) -> ScanResult:
-    """scan --ray: the node-local map, the driver's reduce and the multi-node findings, as one ScanResult."""
-    import time
+    """scan --ray: the node-local map (each node reusing its catalogued copies, `memory`), the driver's reduce and
+    the multi-node findings, as one ScanResult carrying which node holds what (`cluster`)."""
+    memory = memory or NodeMemory(facts={}, last_answered_ns={})
+    started = time.time_ns()
+    now = now_ns if now_ns is not None else started
+    answers, silent = node_local_map(
+        roots, address=address, previous=memory.facts, options=replace(options, now_ns=now), timeout_s=timeout_s
+    )
+    result = judge_cluster(
+        roots,
+        answers,
+        silent,
+        memory=memory,
+        now_ns=now,
+        in_progress_window_s=in_progress_window_s,
+        gone_after_s=gone_after_s,
+    )
+    return replace(result, started_ns=started, finished_ns=time.time_ns())
 
+
+def judge_cluster(
+    roots: Sequence[str],
+    answers: Sequence[NodePartials],
+    silent: Sequence[str],
+    *,
+    memory: NodeMemory,
+    now_ns: int,
+    in_progress_window_s: float,
+    gone_after_s: float = DEFAULT_GONE_AFTER_S,
+) -> ScanResult:
+    """The driver's half, pure over what the nodes answered and what the catalog remembers of them: reduce, the
+    multi-node findings, and the view of which node holds what for the catalog."""
     from .findings import judge_nodes  # noqa: PLC0415 - findings imports this module's NodePartials
 
-    started = time.time_ns()
-    answers, silent = node_local_map(roots, address=address)
-    now = now_ns if now_ns is not None else started
-    reduced = reduce_nodes(answers, now_ns=now, in_progress_window_ns=int(in_progress_window_s * 1e9))
-    result = judge_nodes(reduced, answers, silent)
-    return replace(result, roots=tuple(roots), started_ns=started, finished_ns=time.time_ns())
+    answered = {a.node_id for a in answers}
+    held = held_before(memory, roots)
+    # a node that held files under these roots and did not answer is silent, even once Ray no longer lists it
+    silent = list(dict.fromkeys([*silent, *sorted({n for ns in held.values() for n in ns} - answered)]))
+    gone = {
+        n: t for n in silent if (t := memory.last_answered_ns.get(n)) is not None and now_ns - t > gone_after_s * 1e9
+    }
+    reduced = reduce_nodes(answers, now_ns=now_ns, in_progress_window_ns=int(in_progress_window_s * 1e9))
+    result = judge_nodes(reduced, answers, silent, held_before=held, gone=gone, now_ns=now_ns)
+    return replace(
+        result,
+        roots=tuple(roots),
+        started_ns=now_ns,
+        finished_ns=now_ns,
+        reused_paths=winners_reused(answers),
+        cluster=ClusterView(answered=tuple(a.node_id for a in answers), silent=tuple(silent), copies=copies(answers)),
+    )
+
+
+def held_before(memory: NodeMemory, roots: Sequence[str]) -> dict[str, frozenset[str]]:
+    """Logical path under `roots` -> the nodes the catalog last saw holding it."""
+    below = tuple(r.rstrip("/") + "/" for r in roots)
+    out: dict[str, set[str]] = {}
+    for node, facts in memory.facts.items():
+        for p in facts:
+            if p.startswith(below):
+                out.setdefault(p, set()).add(node)
+    return {p: frozenset(ns) for p, ns in out.items()}
+
+
+def copies(answers: Sequence[NodePartials]) -> dict[str, tuple[NodeCopy, ...]]:
+    """Logical path -> each answering node's copy of it, with that node's own stat."""
+    out: dict[str, list[NodeCopy]] = {}
+    for a in answers:
+        for part in a.partials:
+            for p, f in part.facts.items():
+                out.setdefault(p, []).append(
+                    NodeCopy(
+                        node_id=a.node_id,
+                        size_bytes=f.size_bytes,
+                        mtime_ns=f.mtime_ns,
+                        inode=f.inode,
+                        hash=f.hash,
+                        verified_ns=f.verified_ns,
+                    )
+                )
+    return {p: tuple(c) for p, c in out.items()}
+
+
+def winners_reused(answers: Sequence[NodePartials]) -> frozenset[str]:
+    """The files whose recorded facts (the first partial's, as the merge keeps) were reused: only those may keep
+    their stored catalog row."""
+    winner: dict[str, bool] = {}
+    for a in answers:
+        for part in a.partials:
+            for p in part.facts:
+                winner.setdefault(p, p in part.reused_paths)
+    return frozenset(p for p, reused in winner.items() if reused)

@@ -66,6 +66,9 @@ class DetailsScreen(Screen):
         ckpt = self.checkpoint
         table = self.query_one("#files", DataTable)
         table.clear()
+        held = [snap.nodes.get(f.path, ()) for f in ckpt.all_files] if ckpt is not None else []
+        if any(held) and "nodes" not in table.columns:  # scan --ray recorded which node holds each file
+            table.add_column("nodes", key="nodes")
         title = self.query_one("#ckpt-title", Static)
         if ckpt is None:
             title.update(Text(f"{self.ckpt_path} is gone from the last scan", style="red"))
@@ -92,6 +95,7 @@ class DetailsScreen(Screen):
                 cells.crc(f.crc_ok),
                 format_ago(snap.verified_ns.get(f.path), now),
                 os.path.relpath(f.path, ckpt.path),
+                *([",".join(n[:8] for n in snap.nodes.get(f.path, ())) or "-"] if "nodes" in table.columns else []),
                 key=f.path,
             )
         self.query_one("#findings", Static).update(self._findings_text(ckpt))
