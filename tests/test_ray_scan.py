@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -14,9 +16,11 @@ from click.testing import CliRunner
 
 from ckpt_audit import scanner
 from ckpt_audit.cli import cli
+from ckpt_audit.cli import ray as ray_cli
 from ckpt_audit.cluster import ray_scan
 from ckpt_audit.cluster.findings import judge_nodes
 from ckpt_audit.cluster.noderoots import ENV
+from ckpt_audit.session import open_session
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -32,6 +36,8 @@ def cluster(tmp_path_factory):
     table.write_text("{}")
     mp = pytest.MonkeyPatch()
     mp.setenv(ENV, f"@{table}")  # the nodes start below and inherit it; the table is filled once ids are known
+    (table.parent / "hold").mkdir()
+    mp.setenv(ray_scan.HOLD_ENV, str(table.parent / "hold"))  # a test may hold a node's task to kill it mid-scan
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
     nodes = [c.head_node] + [c.add_node(num_cpus=1, object_store_memory=80 * 2**20) for _ in range(2)]
     ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
@@ -123,10 +129,23 @@ def test_scan_ray_cli_records_the_union_in_the_catalog(cluster, verl_run, tmp_pa
     assert statuses == sorted(c["status"] for r in json.loads(want.output)["runs"] for c in r["checkpoints"])
     assert statuses == ["complete"] * 3
     assert doc["ray"] is True and out.exit_code == 0
+    assert sorted(doc["cluster"]["answered"]) == sorted(ids) and doc["cluster"]["silent"] == []
+    assert {tuple(n) for n in doc["cluster"]["holders"].values()} == {(ids[0],), (ids[1],)}
+
+    # again: each node reuses its own catalogued copies (only the run-level tracker and log are read, as locally)
+    prom = tmp_path / "m.prom"
+    args = ["scan", "--ray", "--json", "--no-scrub", "--metrics-file", str(prom), "--catalog", str(tmp_path / "c.db")]
+    again = json.loads(CliRunner().invoke(cli, [*args, str(dirs[0])]).output)
+    assert (again["files_hashed"], again["files_reused"]) == (2, len(doc["cluster"]["holders"]) - 2)
+    assert "ckpt_audit_checkpoints" in prom.read_text()
+    ls = CliRunner().invoke(cli, ["ls", str(dirs[0] / "demo" / "exp"), "--catalog", str(tmp_path / "c.db")])
+    assert ls.output.splitlines()[1].endswith("nodes") and ids[1][:8] in ls.output
+    deep = CliRunner().invoke(cli, ["scan", "--ray", "--deep", "--catalog", str(tmp_path / "d.db"), str(dirs[0])])
+    assert deep.exit_code == 2 and deep.output.strip() == f"ckpt-audit: {ray_cli.DEEP_REFUSED}"
 
 
-def test_a_dead_node_makes_its_checkpoints_unknown_never_incomplete(cluster, verl_run, tmp_path):
-    """Runs last in this module: it kills node 2, which holds rank 1 of every checkpoint."""
+def test_a_node_killed_during_the_scan_makes_its_checkpoints_unknown_never_incomplete(cluster, verl_run, tmp_path):
+    """Runs last in this module: node 2, which holds rank 1 of every checkpoint, is killed while its task runs."""
     c, ids, table = cluster
     dirs = [tmp_path / "node0", tmp_path / "node1"] + split_by_rank(verl_run, tmp_path / "x", 2)[1:]
     split_by_rank(verl_run, tmp_path / "y", 2)[0].rename(dirs[0])
@@ -134,9 +153,37 @@ def test_a_dead_node_makes_its_checkpoints_unknown_never_incomplete(cluster, ver
     now = time.time_ns() + 86_400 * 10**9
     got, silent = _scan(table, dirs, ids, now)
     assert {c.status.name for r in got.runs for c in r.checkpoints} == {"COMPLETE"}
-    c.remove_node(next(n for n in c.list_all_nodes() if n.node_id == ids[2]))
+
+    hold = table.parent / "hold"
+    (hold / f"{ids[2]}.started").unlink()
+    (hold / f"{ids[2]}.hold").touch()  # node 2's next task waits until it is killed
+    done: dict = {}
+    scan = threading.Thread(
+        target=lambda: done.update(result=ray_scan.scan_cluster([LOGICAL], address=None, in_progress_window_s=60))
+    )
+    scan.start()
+    deadline = time.monotonic() + 60
+    while not (hold / f"{ids[2]}.started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (hold / f"{ids[2]}.started").exists() and scan.is_alive()  # its task is running now
+    c.remove_node(next(n for n in c.list_all_nodes() if n.node_id == ids[2]))  # raylet and workers killed
+    scan.join(timeout=120)
+    (hold / f"{ids[2]}.hold").unlink()
+    assert not scan.is_alive()
+    got = done["result"]
+    assert got.cluster.silent == (ids[2],) and sorted(got.cluster.answered) == sorted(ids[:2])
+    assert {c.step: c.status.name for r in got.runs for c in r.checkpoints} == {
+        2: "UNKNOWN",
+        4: "UNKNOWN",
+        6: "UNKNOWN",
+    }
+    assert any(f.code == "node-silent" and ids[2] in f.message for f in got.all_findings)
+    with open_session(tmp_path / "c.db") as s:
+        s.record(got)
+    with sqlite3.connect(tmp_path / "c.db") as db:
+        assert {st for (st,) in db.execute("SELECT status FROM checkpoints")} == {"unknown"}
+
+    # Ray now lists it dead: the next scan judges alike
     got, silent = _scan(table, dirs, ids, now)
     assert silent == [ids[2]]
-    statuses = {c.step: c.status.name for r in got.runs for c in r.checkpoints}
-    assert statuses == {2: "UNKNOWN", 4: "UNKNOWN", 6: "UNKNOWN"}
-    assert any(f.code == "node-silent" and ids[2] in f.message for f in got.all_findings)
+    assert {c.status.name for r in got.runs for c in r.checkpoints} == {"UNKNOWN"}
