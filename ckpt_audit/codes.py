@@ -525,6 +525,12 @@ _TABLE: tuple[Code, ...] = (
         "loads, is not complete; `ckpt-audit latest` names the newest complete one",
     ),
     Code(
+        code="hf-state-invalid",
+        severity=E,
+        explanation="verify: a Trainer state file loads but lacks what resume reads (rng_state: python/numpy/cpu; "
+        "optimizer: state/param_groups)",
+    ),
+    Code(
         code="training-args-pickle",
         severity=INFO,
         explanation="training_args.bin is a pickled TrainingArguments object: unpickling it runs transformers' "

@@ -18,7 +18,7 @@ from typing import Any
 
 from ckpt_audit import scanner
 from ckpt_audit.codes import CODES, finding
-from ckpt_audit.deep import dcp_check, safe_load
+from ckpt_audit.deep import dcp_check, hf_check, safe_load
 from ckpt_audit.deep import rules as deep
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
 from ckpt_audit.readers.pool import map_unordered
@@ -140,6 +140,8 @@ def _component_findings(ckpt: Checkpoint, comp: Component, bad: set[str]) -> lis
         return list(_fsdp(ckpt, comp, bad))
     if comp.layout == "verl-megatron":
         return list(_megatron(comp, bad))
+    if comp.layout == "hf-trainer":
+        return list(hf_check.check_component(comp, bad))
     if comp.layout == "dcp":
         return list(dcp_check.check_dir(comp.path))
     return []

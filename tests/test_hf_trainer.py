@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from conftest import MANIFEST, _cache_root, _intact, _manifest
 
 from ckpt_audit.cli import cli
+from ckpt_audit.deep import safe_load
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules import hf_trainer as rules
 
@@ -206,6 +207,26 @@ def test_a_foreign_global_in_rng_state_makes_it_unsafe(out, tmp_path):
     doc = scan_json(out, tmp_path / "c.db")
     assert statuses(doc)[4] == "unsafe"
     assert "unsafe-pickle" in codes_of(doc, 4)
+
+
+@pytest.mark.slow
+def test_verify_loads_the_resume_pickles_safely_and_reads_them_as_trainer_does(out, tmp_path):
+    import torch
+
+    res = invoke("verify", "--json", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0, res.output
+    assert statuses(json.loads(res.stdout)) == {2: "complete", 4: "complete", 6: "complete"}
+    rng = out / "checkpoint-4" / "rng_state.pth"
+    state = safe_load.load(str(rng)).value  # weights_only, with the allowlist's numpy RNG names
+    del state["cpu"]  # Trainer's resume indexes it: KeyError
+    torch.save(state, rng)
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc)[4] == "complete"  # a well-formed pickle of allowed globals: only a load shows it
+    res = invoke("verify", "--json", str(out / "checkpoint-4"), catalog=tmp_path / "c.db")
+    assert res.exit_code == 1, res.output
+    [f] = [f for f in findings_of(json.loads(res.stdout), 4) if f["code"] == "hf-state-invalid"]
+    assert f["path"] == str(rng) and "'cpu'" in f["message"]
 
 
 @pytest.mark.slow
