@@ -636,6 +636,14 @@ _TABLE: tuple[Code, ...] = (
         severity=W,
         explanation="a Ray node did not answer the scan: checkpoints it may complete are unknown, not incomplete",
     ),
+    Code(
+        code="node-gone",
+        severity=W,
+        explanation=(
+            "a Ray node silent for longer than --node-gone-after held the only catalogued copies of some of this "
+            "checkpoint's files: unknown (prune keeps it) until the node answers or the files are found elsewhere"
+        ),
+    ),
 )
 
 CODES: dict[str, Code] = {c.code: c for c in _TABLE}
