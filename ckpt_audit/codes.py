@@ -424,6 +424,27 @@ _TABLE: tuple[Code, ...] = (
         explanation="a .distcp file that no .metadata entry points into (a leftover of another save)",
     ),
     Code(
+        code="torchtitan-model-only",
+        severity=W,
+        explanation=(
+            "a torchtitan step-N save without optimizer state (last_save_model_only): weights for export or eval; "
+            "torchtitan's resume from it fails"
+        ),
+    ),
+    Code(
+        code="torchtitan-resume-broken",
+        severity=E,
+        explanation=(
+            "the step-N torchtitan's auto-resume picks (the highest with a .metadata) is not complete: the restart "
+            "fails, or loads damaged state"
+        ),
+    ),
+    Code(
+        code="torchtitan-seed",
+        severity=INFO,
+        explanation="torchtitan's step-0 seed checkpoint: model only, which is what torchtitan loads from step 0",
+    ),
+    Code(
         code="megatron-metadata-missing",
         severity=E,
         explanation=(

@@ -178,6 +178,14 @@ class PtFacts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DcpFacts:
+    """What a DCP `.metadata` says of its directory (readers.dcp_metadata), all the shallow scan needs of it."""
+
+    file_ends: tuple[tuple[str, int], ...] = ()  # (data file relative to the directory, bytes it must hold at least)
+    key_roots: tuple[str, ...] = ()  # distinct first segments of the saved keys ("optimizer", "layers", ...)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FileFacts:
     path: str
     size_bytes: int
@@ -190,6 +198,7 @@ class FileFacts:
     findings: tuple[Finding, ...] = ()  # per-file findings (truncated, crc-mismatch, unreadable, ...)
     reused: bool = False  # hash (and structure) taken from the previous scan because the stat matched
     verified_ns: int | None = None  # when the content was last read in full (hash + CRC); None: never, or not cleanly
+    dcp: DcpFacts | None = None  # a DCP .metadata's facts, parsed on every scan (not recorded in the catalog)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

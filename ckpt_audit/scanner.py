@@ -18,8 +18,8 @@ from pathlib import Path
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, file_kind, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
-from ckpt_audit.models import FileKind, Finding, ScanResult, ShardFile, format_size
-from ckpt_audit.readers import hashing
+from ckpt_audit.models import DcpFacts, FileKind, Finding, ScanResult, ShardFile, format_size
+from ckpt_audit.readers import dcp_metadata, hashing
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.readers.safetensors_header import check_extent
 from ckpt_audit.rules import files as file_rules
@@ -219,6 +219,8 @@ def scan_partial(
             todo.append(p)
         else:
             facts[p] = replace(prev, reused=True, text=_read_text(p, stats[p])) if _wants_text(p) else prev
+            if kinds[p] is FileKind.DCP_METADATA:  # not in the catalog: parsed again (its findings are kept)
+                facts[p] = replace(facts[p], dcp=_dcp_facts(p)[0])
     todo.sort()
     total = sum(stats[p].st_size for p in todo)
     done = 0
@@ -365,6 +367,8 @@ def read_file(
     if file_rules.reads_structure(path, kind=d.kind, is_zip=d.is_zip, zip_error=d.zip_error):
         pt, more = _structure(path)
         found.extend(more)
+    dcp, more = _dcp_facts(path) if kind is FileKind.DCP_METADATA else (None, ())
+    found.extend(more)
     if path.endswith(".safetensors") and d.size_bytes > 0 and not changed:
         found.extend(_safetensors_extent(path))
     return replace(
@@ -376,6 +380,7 @@ def read_file(
         crc_ok=d.crc_ok,
         pt=pt,
         text=_read_text(path, st) if _wants_text(path) else None,
+        dcp=dcp,
         findings=tuple(found),
         verified_ns=None if changed else (now_ns if now_ns is not None else time.time_ns()),
     )
@@ -425,6 +430,16 @@ def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
         top_keys=s.keys,
     )
     return facts, file_rules.structure_findings(path, problems=s.problems, unsafe_globals=s.unsafe_globals)
+
+
+def _dcp_facts(path: str) -> tuple[DcpFacts | None, tuple[Finding, ...]]:
+    """A DCP `.metadata`'s byte ranges and keys: the scan checks its data files against them (layouts.dcp)."""
+    try:
+        return dcp_metadata.read_facts(path), ()
+    except OSError as exc:
+        return None, (finding("unreadable", path, f"cannot read .metadata: {exc.strerror or exc}"),)
+    except Exception as exc:  # noqa: BLE001 - a reader bug on odd input must become a finding, not a crash
+        return None, (finding("dcp-metadata-invalid", path, f".metadata {exc}"),)
 
 
 def _prod(shape: tuple[int, ...] | None) -> int:

@@ -142,7 +142,7 @@ def _component_findings(ckpt: Checkpoint, comp: Component, bad: set[str]) -> lis
         return list(_megatron(comp, bad))
     if comp.layout == "hf-trainer":
         return list(hf_check.check_component(comp, bad))
-    if comp.layout == "dcp":
+    if comp.layout in ("dcp", "torchtitan"):
         return list(dcp_check.check_dir(comp.path))
     return []
 

@@ -25,6 +25,7 @@ from ckpt_audit.tree import FileFacts, Tree
 # module path of each layout plug-in, in priority order (first claim wins).
 LAYOUTS: tuple[str, ...] = (
     "ckpt_audit.layouts.verl_fsdp",
+    "ckpt_audit.layouts.torchtitan",  # before dcp: its step-N folders are DCP directories too
     "ckpt_audit.layouts.dcp",
     "ckpt_audit.layouts.hf_trainer",  # transformers Trainer output dirs (checkpoint-N/)
 )

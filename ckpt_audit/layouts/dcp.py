@@ -2,12 +2,13 @@
 
     <run>/global_step_N/actor/dist_ckpt/{.metadata, __R_k.distcp, common.pt, metadata.json}
     <run>/global_step_N/actor/{huggingface/, transformer_config.json, adapter_checkpoint/}
-    <dir>/<name-N>/{.metadata, __R_k.distcp}          plain DCP (torchtitan `step-N`, anything with .metadata)
+    <dir>/<name-N>/{.metadata, __R_k.distcp}          plain DCP (anything with .metadata but torchtitan step-N)
 
 Megatron components plug into verl's run structure through `build_component`; plain DCP checkpoint directories
 outside any verl step become runs of their own (the parent directory is the run, the trailing number of the
-directory name the step). Shallow and torch-free: which files exist and what metadata.json says. Parsing
-`.metadata` (byte ranges, chunk tiling) is verify's job (`ckpt_audit.deep.dcp_check`).
+directory name the step). Shallow and torch-free: which files exist, what metadata.json says, and whether every data
+file `.metadata` points into is there and long enough (the reader's DcpFacts). Chunk tiling and the rest of
+`.metadata` is verify's job (`ckpt_audit.deep.dcp_check`).
 """
 
 from __future__ import annotations
@@ -82,6 +83,39 @@ def check_dcp_dir(dcp_dir: str, tree: Tree) -> tuple[int | None, tuple[Finding, 
     return (max(ranks) + 1 if ranks else None), tuple(out)
 
 
+def check_byte_ranges(dcp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[Finding, ...]:
+    """Every data file `.metadata` points into exists and is as long as its byte ranges need (the scan's part of
+    verify's dcp_check: what the file names and sizes show, from the reader's DcpFacts; no .metadata, no check)."""
+    meta = facts.get(f"{dcp_dir}/{METADATA}")
+    if meta is None or meta.dcp is None:
+        return ()
+    out = []
+    for rel, end in meta.dcp.file_ends:
+        parent, name = f"{dcp_dir}/{rel}".rsplit("/", 1)
+        m = DISTCP_RE.fullmatch(name)
+        rank = int(m.group(1)) if m else None
+        fact = facts.get(f"{dcp_dir}/{rel}")
+        if name not in tree.file_names(parent):
+            out.append(
+                finding(
+                    "dcp-file-missing",
+                    f"{dcp_dir}/{rel}",
+                    f".metadata stores data in {rel}, which does not exist: DCP's load fails",
+                    rank=rank,
+                )
+            )
+        elif fact is not None and fact.size_bytes < end:
+            out.append(
+                finding(
+                    "dcp-range-outside-file",
+                    f"{dcp_dir}/{rel}",
+                    f".metadata needs {end} bytes of {rel}, which holds {fact.size_bytes} (truncated)",
+                    rank=rank,
+                )
+            )
+    return tuple(out)
+
+
 def check_megatron_metadata(path: str, text: str | None, present: bool) -> tuple[Finding, ...]:
     if not present:
         return (
@@ -148,6 +182,7 @@ class DcpLayout:
     def _plain(self, role: str, ckpt_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Component:
         files, found = dcp_files(ckpt_dir, tree, facts)
         ws, more = check_dcp_dir(ckpt_dir, tree)
+        more += check_byte_ranges(ckpt_dir, tree, facts)
         return Component(
             role=role, path=ckpt_dir, layout=DCP, world_size=ws, files=tuple(files), findings=tuple(found) + more
         )
