@@ -187,15 +187,25 @@ class Session:
         cat = self.catalog
         return None if cat is None else cat.record_scan(result, rehash=rehash)
 
-    def plan_prune(self, policy: Policy, *, pins: Iterable[str] = (), now_ns: int) -> PrunePreview:
+    def plan_prune(
+        self,
+        policy: Policy,
+        *,
+        pins: Iterable[str] = (),
+        now_ns: int,
+        scanned: ScanResult | None = None,
+        reread: Callable | None = None,
+    ) -> PrunePreview:
         """Scan the session's roots (not recorded: prune records its scan only once it deletes), fill any best-N
-        rule with its metric's values, plan, and re-read what the plan counts on. Writes nothing. Raises PlanError."""
+        rule with its metric's values, plan, and re-read what the plan counts on. Writes nothing. Raises PlanError.
+        prune --ray passes the cluster's union scan (`scanned`) and its nodes' re-read (`reread`)."""
         import dataclasses
 
         from ckpt_audit.lifecycle.prune import find_trash
         from ckpt_audit.lifecycle.retention import KeepBest, metric_problem, plan_prune, read_metric
 
-        scanned = self.scan(now_ns=now_ns, record=False).result
+        if scanned is None:
+            scanned = self.scan(now_ns=now_ns, record=False).result
         runs = scanned.runs
         rules = []
         for rule in policy.rules:
@@ -211,15 +221,17 @@ class Session:
             raise PlanError(f"--pin {unknown[0]} matches no scanned checkpoint")
         plan = plan_prune(runs, dataclasses.replace(policy, rules=tuple(rules)), now_ns=now_ns, pins=pin_paths)
         # the plan shown (and asked about) is the one whose survivors were re-read
-        check = self.check_survivors(plan, runs)
+        check = self.check_survivors(plan, runs, reread=reread)
         reclaim = tuple(sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints}))
         return PrunePreview(scanned=scanned, check=check, trash=tuple(find_trash(reclaim)), reclaim_dirs=reclaim)
 
-    def check_survivors(self, plan: PrunePlan, runs: Sequence[Run], *, progress: Progress | None = None):
+    def check_survivors(
+        self, plan: PrunePlan, runs: Sequence[Run], *, progress: Progress | None = None, reread: Callable | None = None
+    ):
         """Re-read what `plan` counts on (lifecycle.survivors.verify_plan); nothing is written."""
         from ckpt_audit.lifecycle.survivors import verify_plan
 
-        return verify_plan(plan, runs, progress=progress)
+        return verify_plan(plan, runs, progress=progress, read=reread)
 
     def prune(
         self,
@@ -229,13 +241,17 @@ class Session:
         scanned: ScanResult | None = None,
         reclaim_dirs: Iterable[str] = (),
         progress: Callable[[Outcome], None] | None = None,
+        execute: Callable[..., PruneResult] | None = None,
     ) -> PruneResult | None:
         """Delete `check.plan` crash-safely, logged in the catalog. First the scan the plan came from (`scanned`)
         is recorded and what the survivor check read is kept (a failure found must outlive the next cached scan).
         `confirmed`: the plan the user agreed to before the re-read; if the re-read changed what goes, nothing is
-        deleted and None is returned."""
+        deleted and None is returned. `execute`: who carries the plan out (default lifecycle.prune.execute; prune
+        --ray: the nodes, each running it on its own part)."""
         from ckpt_audit.catalog.lifecycle import LifecycleLog
-        from ckpt_audit.lifecycle.prune import execute
+        from ckpt_audit.lifecycle import prune
+
+        execute = execute or prune.execute
 
         cat = self.catalog
         if cat is not None:

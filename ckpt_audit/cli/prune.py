@@ -49,6 +49,16 @@ from ckpt_audit.exitcodes import ExitCode
 @click.option("--dry-run", is_flag=True, help="Show the plan and exit 0 without deleting or asking.")
 @click.option("-y", "--yes", is_flag=True, help="Delete without asking (cron).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (plan and outcome) to stdout.")
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="auto",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Plan over the union of a Ray cluster's node-local disks and delete on the nodes holding each checkpoint "
+    "(docs/ray.md; needs the extra: pip install 'ckpt-audit[ray]', else exit 2).",
+)
 @catalog_option
 @click.pass_context
 def prune_command(
@@ -65,6 +75,7 @@ def prune_command(
     dry_run,
     yes,
     as_json,
+    ray_address,
     catalog,
 ) -> None:
     """Delete checkpoints no keep rule wants, never the last good one.
@@ -107,10 +118,18 @@ def prune_command(
     if keep_best is not None:
         rules.append(KeepBest(n=keep_best, metric=metric, mode=mode))  # the session reads the metric's values
     policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
+    cluster = None
+    if ray_address is not None:
+        from ckpt_audit.cli.ray_prune import plan_on_cluster, report_nodes, require_ray
+
+        require_ray(ctx)
 
     with session(ctx, roots, catalog) as s:
         try:
-            preview = s.plan_prune(policy, pins=pins, now_ns=time.time_ns())
+            if ray_address is not None:
+                preview, cluster = plan_on_cluster(s, policy, pins=pins, address=ray_address, now_ns=time.time_ns())
+            else:
+                preview = s.plan_prune(policy, pins=pins, now_ns=time.time_ns())
         except PlanError as exc:
             raise click.UsageError(str(exc)) from None
         roots, plan, check, trash = list(s.roots), preview.plan, preview.check, list(preview.trash)
@@ -138,7 +157,10 @@ def prune_command(
             scanned=preview.scanned,
             reclaim_dirs=preview.reclaim_dirs,
             progress=None if as_json else _progress,
+            execute=None if cluster is None else cluster.execute,
         )
+    if cluster is not None:
+        report_nodes(cluster)
     _finish(ctx, as_json, check, trash, outcome, roots=roots)
 
 

@@ -106,13 +106,20 @@ class SurvivorCheck:
 
 
 def verify_plan(
-    plan: PrunePlan, runs: Sequence[Run], *, workers: int = 2, progress: Progress | None = None
+    plan: PrunePlan,
+    runs: Sequence[Run],
+    *,
+    workers: int = 2,
+    progress: Progress | None = None,
+    read: Callable[..., Reread] | None = None,
 ) -> SurvivorCheck:
     """Re-read what `plan` counts on in every run it deletes from; recompute it until that holds.
 
     The plan's own inputs are taken back from it (policy, clock, pins, hand selection), so a plan computed by the
-    TUI from an older snapshot is checked as it was made.
+    TUI from an older snapshot is checked as it was made. `read`: who re-reads one checkpoint (default `reread`
+    here; prune --ray has each node re-read its own part).
     """
+    read = read or reread
     pins = frozenset(i.path for i in plan.keep if Reason.PINNED in i.reasons)
     select = frozenset(i.path for i in plan.delete if Reason.SELECTED in i.reasons) | frozenset(
         r.path for r in plan.refused if Reason.UNKNOWN_PATH not in r.reasons
@@ -123,7 +130,7 @@ def verify_plan(
         todo = [c for c in counted_on(plan, runs) if c.path not in done]
         if not todo:
             return SurvivorCheck(plan=plan, runs=runs, rereads=tuple(done.values()))
-        fresh = {c.path: reread(c, workers=workers, progress=progress) for c in todo}
+        fresh = {c.path: read(c, workers=workers, progress=progress) for c in todo}
         done.update(fresh)
         if failed := {p: r for p, r in fresh.items() if not r.ok}:
             runs = tuple(_rejudged(run, failed) for run in runs)

@@ -1,0 +1,248 @@
+"""prune --ray on a real local Ray cluster (2 nodes, ray.cluster_utils.Cluster): a reference-trainer tree split by
+rank over node directories, pruned over the union; a node whose execution is killed mid-way, a silent node, links
+out of a node's root. The node-side checks without Ray are at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ckpt_audit.cli import cli
+from ckpt_audit.cluster import ray_prune
+from ckpt_audit.cluster.noderoots import ENV
+from ckpt_audit.lifecycle.prune import TRASH_RE
+from ckpt_audit.lifecycle.retention import PlanItem, Policy, PrunePlan, Reason
+from ckpt_audit.models import Checkpoint, FileKind, ShardFile, Status
+
+RANK = re.compile(r"_rank_(\d+)\.")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    base = tmp_path_factory.mktemp("ray_prune")
+    table, kill = base / "node_roots.json", base / "kill"
+    table.write_text("{}")
+    kill.mkdir()
+    mp = pytest.MonkeyPatch()
+    mp.setenv(ENV, f"@{table}")  # the nodes start below and inherit both; filled per test once ids are known
+    mp.setenv(ray_prune.KILL_DIR_ENV, str(kill))
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
+    nodes = [c.head_node, c.add_node(num_cpus=1, object_store_memory=80 * 2**20)]
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+    yield c, [n.node_id for n in nodes], table, kill
+    ray.shutdown()
+    c.shutdown()
+    mp.undo()
+
+
+def split(run: Path, base: Path, n_nodes: int) -> list[Path]:
+    """`run`'s tree copied into base/node<i>/<project>/<exp>: rank r's files on node r % n, the rest on node 0."""
+    top = run.parent.parent
+    dirs = [base / f"node{i}" for i in range(n_nodes)]
+    for d in dirs:
+        d.mkdir(parents=True)
+    for f in sorted(p for p in top.rglob("*") if p.is_file() and not p.name.startswith(".fixture")):
+        m = RANK.search(f.name)
+        dst = dirs[int(m.group(1)) % n_nodes if m else 0] / f.relative_to(top)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, dst)
+    return dirs
+
+
+def place(table: Path, ids: list[str], dirs: list[Path]) -> str:
+    """Node i's copy of the root (node 0's directory, the logical root the driver sees) is dirs[i]."""
+    table.write_text(json.dumps({nid: {str(dirs[0]): str(d)} for nid, d in zip(ids, dirs, strict=True)}))
+    return str(dirs[0])
+
+
+def prune(root: str, db: Path, *args: str):
+    return CliRunner().invoke(cli, ["prune", "--ray", "--catalog", str(db), *args, root])
+
+
+def steps(d: Path) -> dict[int, list[str]]:
+    """step -> its files on this node (relative), and any trash left there under -1."""
+    out: dict[int, list[str]] = {}
+    for s in d.rglob("global_step_*"):
+        if s.is_dir() and not s.is_symlink():
+            out[int(s.name.rsplit("_", 1)[1])] = sorted(str(p.relative_to(s)) for p in s.rglob("*") if p.is_file())
+    trash = [p.name for p in d.rglob("*") if TRASH_RE.match(p.name)]
+    return {**out, **({-1: trash} if trash else {})}
+
+
+@pytest.mark.slow
+def test_keeps_the_newest_complete_over_the_union_and_deletes_the_rest_on_every_node(cluster, verl_run, tmp_path):
+    _, ids, table, _ = cluster
+    dirs = split(verl_run, tmp_path, 2)
+    root = place(table, ids, dirs)
+    before = [steps(d) for d in dirs]
+    assert sorted(before[1]) == [2, 4, 6] and all(f.endswith("_rank_1.pt") for f in before[1][6] if "rank" in f)
+    db = tmp_path / "c.db"
+    typo = CliRunner().invoke(cli, ["prune", "--ray", "--yes", "--keep-lats", "1", "--catalog", str(db), root])
+    assert typo.exit_code == 2 and "No such option" in typo.output
+    asked = prune(root, db, "--keep-last", "1")  # no --yes, no terminal: refused, nothing deleted
+    assert asked.exit_code == 2 and "refusing to prompt" in asked.output
+    dry = prune(root, db, "--keep-last", "1", "--dry-run", "--json")
+    assert dry.exit_code == 0, dry.output
+    assert [(i["step"], i["reasons"]) for i in json.loads(dry.output)["plan"]["delete"]] == [
+        (2, ["not-kept"]),
+        (4, ["not-kept"]),
+    ]
+    assert [steps(d) for d in dirs] == before
+
+    done = prune(root, db, "--keep-last", "1", "--yes", "--json")
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.output)
+    deleted = {o["step"]: o["detail"] for o in doc["result"]["outcomes"] if o["action"] == "deleted"}
+    assert sorted(deleted) == [2, 4]
+    assert all(ids[0] in why and ids[1] in why for why in deleted.values())  # each on both nodes holding it
+    assert [o["step"] for o in doc["result"]["outcomes"] if o["action"] == "re-read"] == [6]
+    assert [steps(d) for d in dirs] == [{6: before[0][6]}, {6: before[1][6]}]
+
+
+@pytest.mark.slow
+def test_a_node_killed_mid_prune_leaves_marks_and_the_rerun_finishes(cluster, verl_run, tmp_path):
+    _, ids, table, kill = cluster
+    dirs = split(verl_run, tmp_path, 2)
+    root = place(table, ids, dirs)
+    before = [steps(d) for d in dirs]
+    db = tmp_path / "c.db"
+    (kill / ids[1]).write_text("2")  # node 1's execution dies after the rename of step 2 and one unlink
+    try:
+        killed = prune(root, db, "--keep-last", "1", "--yes")
+    finally:
+        (kill / ids[1]).unlink()
+    assert killed.exit_code == 3, killed.output
+    assert f"node {ids[1]} did not answer the prune" in killed.output
+    partly = sorted(line.rsplit(" ", 1)[1] for line in killed.output.splitlines() if "partly pruned (" in line)
+    assert partly == [f"{root}/{verl_run.parent.name}/{verl_run.name}/global_step_{s}" for s in (2, 4)]
+    left = steps(dirs[1])
+    assert sorted(left) == [-1, 4, 6]  # its part of step 2 marked (half removed), step 4 intact, step 6 untouched
+    assert left[-1][0].startswith(".ckpt-audit-trash-global_step_2-") and left[4] == before[1][4]
+    assert steps(dirs[0]) == {6: before[0][6]}
+
+    rerun = prune(root, db, "--keep-last", "1", "--yes", "--json")
+    assert rerun.exit_code == 0, rerun.output
+    actions = sorted((o["action"], o["step"]) for o in json.loads(rerun.output)["result"]["outcomes"])
+    assert actions == [("deleted", 4), ("re-read", 6), ("reclaimed", None)]
+    assert [steps(d) for d in dirs] == [{6: before[0][6]}, {6: before[1][6]}]
+
+
+@pytest.mark.slow
+def test_a_link_out_of_a_nodes_root_protects_the_checkpoint_and_its_target(cluster, verl_run, tmp_path):
+    _, ids, table, _ = cluster
+    dirs = split(verl_run, tmp_path, 2)
+    root = place(table, ids, dirs)
+    victim = tmp_path / "outside" / "victim.pt"
+    victim.parent.mkdir()
+    victim.write_bytes(b"not yours")
+    actor = next(dirs[1].rglob("global_step_2")) / "actor"
+    (actor / "extra.pt").symlink_to(victim)
+    got = prune(root, tmp_path / "c.db", "--keep-last", "1", "--yes", "--json")
+    assert got.exit_code == 0, got.output
+    plan = json.loads(got.output)["plan"]
+    assert [i["step"] for i in plan["delete"]] == [4]
+    assert ("unread" in next(i for i in plan["keep"] if i["step"] == 2)["reasons"]) is True
+    assert victim.read_bytes() == b"not yours" and (actor / "extra.pt").is_symlink()
+    assert sorted(steps(dirs[1])) == [2, 6]
+
+
+@pytest.mark.slow
+def test_a_silent_node_protects_what_it_held(cluster, verl_run, tmp_path):
+    """Runs last in this module: it removes node 1, which holds a copy of step 2's rank-1 shards (node 0 holds all)."""
+    c, ids, table, _ = cluster
+    dirs = split(verl_run, tmp_path, 1) + [tmp_path / "node1"]
+    root = place(table, ids, dirs)
+    for f in next(dirs[0].rglob("global_step_2")).rglob("*_rank_1.pt"):
+        twin = dirs[1] / f.relative_to(dirs[0])
+        twin.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, twin)
+    db = tmp_path / "c.db"
+    seen = CliRunner().invoke(cli, ["scan", "--ray", "--catalog", str(db), root])
+    assert seen.exit_code == 0, seen.output
+    c.remove_node(next(n for n in c.list_all_nodes() if n.node_id == ids[1]))
+    got = prune(root, db, "--keep-last", "1", "--yes", "--json")
+    assert got.exit_code == 0, got.output
+    plan = json.loads(got.output)["plan"]
+    assert [i["step"] for i in plan["delete"]] == [4]
+    step2 = next(i for i in plan["keep"] if i["step"] == 2)
+    assert step2["status"] == "unknown" and "unread" in step2["reasons"]
+    assert sorted(steps(dirs[0])) == [2, 6] and sorted(steps(dirs[1])) == [2]
+
+
+def test_prune_ray_without_the_extra_is_one_line_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['ray'] = None  # as if the extra were not installed\n"
+        "from ckpt_audit.cli import cli\n"
+        f"cli.main(['prune', '--ray', '--yes', '--catalog', {str(tmp_path / 'c.db')!r}, {str(tmp_path)!r}])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "ckpt-audit: prune --ray needs the optional extra: pip install 'ckpt-audit[ray]'"
+    ]
+    assert not (tmp_path / "c.db").exists()
+
+
+# ---------------------------------------------------------------------------------------------------- node side
+
+
+def _part(root: Path) -> tuple[PrunePlan, Path]:
+    """A one-checkpoint plan for the node-side checks (no Ray: the task body runs here)."""
+    step = root / "p" / "e" / "global_step_1"
+    step.mkdir(parents=True)
+    (step / "a.pt").write_bytes(b"x" * 10)
+    st = (step / "a.pt").stat()
+    f = ShardFile(path=str(step / "a.pt"), kind=FileKind.OTHER, size_bytes=10, mtime_ns=st.st_mtime_ns, inode=st.st_ino)
+    ckpt = Checkpoint(
+        run_path=str(step.parent),
+        step=1,
+        path=str(step),
+        status=Status.INCOMPLETE,
+        files=(f,),
+        mtime_ns=max(st.st_mtime_ns, step.stat().st_mtime_ns),
+    )
+    item = PlanItem(checkpoint=ckpt, reasons=(Reason.INCOMPLETE,))
+    return PrunePlan(policy=Policy(), now_ns=0, delete=(item,)), step
+
+
+def test_node_side_blast_radius_refuses_a_link_out_of_its_root(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    root = tmp_path / "root"
+    plan, step = _part(root)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    (step / "out").symlink_to(victim)  # made after the plan, so only the node's own check can see it
+    os.utime(step, ns=(plan.delete[0].checkpoint.mtime_ns,) * 2)
+    got = ray_prune.prune_on_this_node([str(root)], "n", plan, [str(step.parent)], [str(root)], "0123456789ab")
+    assert got.objections[str(step)][1].startswith("a link out of the root")
+    assert step.is_dir() and (victim / "keep.txt").read_text() == "mine"
+
+
+def test_node_side_blast_radius_refuses_a_run_reached_through_a_link(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    plan, step = _part(elsewhere)
+    root.mkdir()
+    (root / "p").symlink_to(elsewhere / "p")
+    item = plan.delete[0]
+    moved = str(root / "p" / "e" / "global_step_1")
+    files = tuple(replace(f, path=moved + "/a.pt") for f in item.checkpoint.files)
+    plan = replace(plan, delete=(replace(item, checkpoint=replace(item.checkpoint, path=moved, files=files)),))
+    got = ray_prune.prune_on_this_node([str(root)], "n", plan, [], [str(root)], "0123456789ab")
+    assert got.objections[moved][1].startswith("reached through a symbolic link")
+    assert (step / "a.pt").exists()
