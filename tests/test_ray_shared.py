@@ -111,3 +111,18 @@ def test_auto_on_a_local_filesystem_is_node_local(cluster, shared_root, tmp_path
     table.write_text("{}")
     got = scan(shared_root, tmp_path / "ray.db", "--ray")
     assert "placement" not in got and got["ray"] is True  # the node-local path answered
+
+
+def test_nodes_whose_task_fails_leave_their_share_to_the_driver(cluster, shared_root, tmp_path):
+    """Every node's task raises (its CKPT_AUDIT_NODE_ROOTS table is unreadable): the driver reads every file."""
+    ids, table = cluster
+    table.write_text("not json")
+    try:
+        got = scan(shared_root, tmp_path / "ray.db", "--ray", "--placement", "shared")
+    finally:
+        table.write_text("{}")
+    scan(shared_root, tmp_path / "local.db")
+    assert catalog_rows(tmp_path / "ray.db") == catalog_rows(tmp_path / "local.db")
+    placed = got["placement"]
+    assert sorted(placed["nodes"]) == sorted(ids) and all(n["failed"] for n in placed["nodes"].values())
+    assert placed["read_by_driver"] == got["files_hashed"] > 40
