@@ -165,6 +165,15 @@ def test_missing_optimizer_is_incomplete_in_verify_and_prune_deletes_it_first(ou
 
 
 @pytest.mark.slow
+def test_fix_tracker_writes_no_verl_tracker_into_a_trainer_output(out, tmp_path):
+    (out / "checkpoint-6" / "scheduler.pt").unlink()
+    age(out)
+    res = invoke("fix-tracker", "--yes", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 1 and "has no tracker" in res.output
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+
+
+@pytest.mark.slow
 def test_missing_rng_state_is_incomplete(out, tmp_path):
     (out / "checkpoint-2" / "rng_state.pth").unlink()
     age(out)

@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from ckpt_audit.layouts.hf_trainer import NAME as HF_TRAINER
 from ckpt_audit.layouts.tracker import resume_step
 from ckpt_audit.layouts.verl_fsdp import step_of
 from ckpt_audit.lifecycle.latest import why_not
@@ -116,6 +117,11 @@ def _what(problem: str, old: int | None) -> str:
 
 def _refusal(run: Run, tracker: TrackerState, problem: str, target, *, now_ns: int, window_ns: int) -> str:
     """Why the tracker must not be touched now; "" when it may."""
+    if run.layout == HF_TRAINER:  # Trainer reads no tracker: one written there would only mislead
+        return (
+            "an HF Trainer run has no tracker (resume_from_checkpoint=True loads the highest checkpoint-N): "
+            "pass `ckpt-audit latest` to resume_from_checkpoint instead"
+        )
     if tracker.is_link:
         return "the tracker is a symbolic link: not replacing a link (fix its target by hand)"
     if tracker.exists and not tracker.is_file:
