@@ -295,7 +295,7 @@ def _same_stat(prev: FileFacts | ShardFile, st: os.stat_result) -> bool:
 
 
 def _wants_text(path: str) -> bool:
-    name = os.path.basename(path)
+    name = path[path.rfind("/") + 1 :]  # os.path.basename without its fspath checks: once per file per scan
     return name in TEXT_NAMES or name in PREFIX_TEXT_NAMES
 
 
@@ -476,6 +476,7 @@ def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
         dir_mtimes[d] = dst.st_mtime_ns
         subdirs: list[str] = []
         names: list[str] = []
+        ascii_dir = d.isascii()  # an ASCII path always encodes: the UTF-8 check below is for the rest
         try:
             with os.scandir(d) as it:
                 entries = list(it)
@@ -485,23 +486,24 @@ def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
             continue
         for e in entries:
             path = f"{d}/{e.name}"
-            try:
-                path.encode("utf-8")
-            except UnicodeEncodeError:
-                shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-                found.append(finding("non-utf8-name", shown, "name is not valid UTF-8; skipped"))
-                continue
-            try:
-                if e.is_symlink():
+            if not (ascii_dir and e.name.isascii()):
+                try:
+                    path.encode("utf-8")
+                except UnicodeEncodeError:
+                    shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+                    found.append(finding("non-utf8-name", shown, "name is not valid UTF-8; skipped"))
+                    continue
+            try:  # regular files first: nearly every entry is one (a link is neither file nor dir unfollowed)
+                if e.is_file(follow_symlinks=False):
+                    stats[path] = e.stat(follow_symlinks=False)
+                    names.append(e.name)
+                elif e.is_dir(follow_symlinks=False):
+                    subdirs.append(e.name)
+                elif e.is_symlink():
                     kind = _follow_link(path, d, root, inside, found)
                     if kind is not None:
                         names.append(e.name)
                         stats[path] = kind
-                elif e.is_dir(follow_symlinks=False):
-                    subdirs.append(e.name)
-                elif e.is_file(follow_symlinks=False):
-                    stats[path] = e.stat(follow_symlinks=False)
-                    names.append(e.name)
             except FileNotFoundError:
                 found.append(finding("file-vanished", path, "listed, then gone before it could be examined"))
             except OSError as exc:

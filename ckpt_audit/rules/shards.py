@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import Checkpoint, Component, FileKind, Finding
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ShardFile
 
 SHARD_KINDS = (FileKind.MODEL, FileKind.OPTIM, FileKind.EXTRA_STATE)
 _PREFIX = {FileKind.MODEL: "model", FileKind.OPTIM: "optim", FileKind.EXTRA_STATE: "extra_state"}
@@ -46,17 +46,25 @@ def parse_fsdp_config(path: str, text: str | None) -> tuple[int | None, tuple[Fi
 def check_fsdp_shards(comp: Component, *, config_text: str | None) -> tuple[int | None, tuple[Finding, ...]]:
     """(world size, findings) of a role directory's model/optim/extra_state shard files."""
     config_path = f"{comp.path}/fsdp_config.json"
-    has_config = any(f.kind is FileKind.FSDP_CONFIG for f in comp.files)
+    # one pass over the files (this runs for every role directory of every checkpoint on each re-scan)
+    has_config = False
+    shards: list[ShardFile] = []
+    newest: dict[int | None, int] = {}  # world size in the names -> that set's newest mtime
+    for f in comp.files:
+        if f.kind is FileKind.FSDP_CONFIG:
+            has_config = True
+        elif f.kind in SHARD_KINDS and f.rank is not None:
+            shards.append(f)
+            if f.world_size not in newest or f.mtime_ns > newest[f.world_size]:
+                newest[f.world_size] = f.mtime_ns
     config_ws, found_cfg = parse_fsdp_config(config_path, config_text if has_config else None)
     found: list[Finding] = list(found_cfg)
-    shards = [f for f in comp.files if f.kind in SHARD_KINDS and f.rank is not None]
     where = comp.path
     if not shards:
         found.append(finding("empty-role", where, "no model/optim/extra_state shard files"))
         return config_ws, tuple(found)
 
-    named = {f.world_size for f in shards}
-    newest = {w: max(f.mtime_ns for f in shards if f.world_size == w) for w in named}
+    named = newest.keys()
     current = current_world_size(newest, config_ws)
 
     if config_ws is not None and current is not None and config_ws != current:
