@@ -1,4 +1,4 @@
-"""scan --ray --placement shared on a real local Ray cluster (3 nodes, ray.cluster_utils.Cluster), through the
+"""scan --ray --placement shared on a real local Ray cluster (2 nodes, ray.cluster_utils.Cluster), through the
 CLI: a shared root's files are read on every node and the catalog is the local scan's, row for row."""
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def cluster(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv(ENV, f"@{table}")  # the nodes inherit it; a test maps one node's view of the root elsewhere
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
-    nodes = [c.head_node] + [c.add_node(num_cpus=1, object_store_memory=80 * 2**20) for _ in range(2)]
+    # two nodes: enough to split a root (each extra simulated node costs 3-15 s of start-up on 2 cores)
+    nodes = [c.head_node, c.add_node(num_cpus=1, object_store_memory=80 * 2**20)]
     ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
     yield [n.node_id for n in nodes], table
     ray.shutdown()
