@@ -48,7 +48,7 @@ def split(run: Path, base: Path, n: int) -> list[Path]:
     return dirs
 
 
-def node_scan(monkeypatch, dirs, memory=EMPTY, options=None, *, now_ns, nodes=None):
+def node_scan(monkeypatch, dirs, memory=EMPTY, options=None, *, now_ns, nodes=None, dead=()):
     """Each node's map task, run here: node 0's directory is the logical root itself, the others map onto it."""
     table = dirs[0].parent / "node_roots.json"
     table.write_text(json.dumps({nid: {str(dirs[0]): str(d)} for nid, d in zip(IDS[1:], dirs[1:])}))
@@ -57,7 +57,9 @@ def node_scan(monkeypatch, dirs, memory=EMPTY, options=None, *, now_ns, nodes=No
         ray_scan.scan_on_this_node([str(dirs[0])], nid, memory.facts.get(nid), options or ray_scan.NodeScanOptions())
         for nid in (nodes if nodes is not None else IDS[: len(dirs)])
     ]
-    return ray_scan.judge_cluster([str(dirs[0])], answers, [], memory=memory, now_ns=now_ns, in_progress_window_s=60)
+    return ray_scan.judge_cluster(
+        [str(dirs[0])], answers, list(dead), memory=memory, now_ns=now_ns, in_progress_window_s=60
+    )  # `dead`: nodes Ray lists dead
 
 
 def record(catalog: Path, result) -> int:
@@ -158,16 +160,18 @@ def test_a_node_gone_past_the_window_keeps_only_its_own_checkpoints_unknown(verl
     assert statuses(first) == {2: "INCOMPLETE", 4: "COMPLETE", 6: "COMPLETE"}
     record(cat, first)
 
-    soon = node_scan(monkeypatch, dirs, read_nodes(cat), now_ns=t0 + HOUR, nodes=IDS[:1])
-    assert soon.cluster.silent == (IDS[1],)  # Ray need not list it: the catalog knows it held files here
+    # node 1 stops answering and Ray forgets it; node 2, which never answered, is listed dead from now on
+    soon = node_scan(monkeypatch, dirs, read_nodes(cat), now_ns=t0 + HOUR, nodes=IDS[:1], dead=IDS[2:])
+    assert soon.cluster.silent == (IDS[2], IDS[1])  # node 1 too: the catalog knows it held files here
     assert statuses(soon) == {2: "UNKNOWN", 4: "UNKNOWN", 6: "UNKNOWN"}
-    assert [f.code for f in soon.all_findings].count("node-silent") == 4  # 3 checkpoints and the scan
+    assert [f.code for f in soon.all_findings].count("node-silent") == 5  # 3 checkpoints and one per node
     record(cat, soon)
 
-    later = node_scan(monkeypatch, dirs, read_nodes(cat), now_ns=t0 + 48 * HOUR, nodes=IDS[:1])
+    later = node_scan(monkeypatch, dirs, read_nodes(cat), now_ns=t0 + 48 * HOUR, nodes=IDS[:1], dead=IDS[2:])
     assert statuses(later) == {2: "INCOMPLETE", 4: "UNKNOWN", 6: "UNKNOWN"}
     gone = sorted((f.code, os.path.basename(f.path)) for f in later.all_findings if f.severity.label == "warning")
-    assert gone == [("node-gone", "global_step_4"), ("node-gone", "global_step_6"), ("node-silent", "")]
+    assert gone == [("node-gone", "global_step_4"), ("node-gone", "global_step_6")] + [("node-silent", "")] * 2
+    assert all("counted as gone" in f.message for f in later.all_findings if f.code == "node-silent")
     assert all(IDS[1] in f.message and "silent for 2d" in f.message for f in later.all_findings if f.code == gone[0][0])
     assert not [f for f in later.all_findings if f.code == "node-silent" and f.path]  # only the scan-level line
     plan = plan_prune(later.runs, Policy(rules=(KeepLast(n=0),)), now_ns=t0 + 48 * HOUR)

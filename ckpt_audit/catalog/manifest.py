@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from ckpt_audit.codes import CODES
 from ckpt_audit.models import FileKind, Finding, Severity, ShardFile
@@ -94,10 +94,12 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
 class NodeMemory:
     """What the catalog knows of a cluster's nodes (scan --ray): each node's present copies as FileFacts keyed by
     logical path (its own stat; the readers' findings and structure from the files row when the hashes agree,
-    else never verified, so that copy is read again), and when each node last answered a scan (None: never)."""
+    else never verified, so that copy is read again), when each node last answered a scan (None: never), and when a
+    scan first asked it."""
 
     facts: dict[str, dict[str, FileFacts]]
     last_answered_ns: dict[str, int | None]
+    first_seen_ns: dict[str, int] = field(default_factory=dict)  # the first scan that asked it (answered or not)
 
 
 def read_nodes(path: str | os.PathLike[str]) -> NodeMemory:
@@ -110,7 +112,7 @@ def read_nodes(path: str | os.PathLike[str]) -> NodeMemory:
     except sqlite3.Error as exc:
         raise CatalogError(f"catalog {path}: {exc}") from None
     try:
-        answered = dict(conn.execute("SELECT node_id, last_answered_ns FROM nodes"))
+        seen = conn.execute("SELECT node_id, last_answered_ns, first_seen_ns FROM nodes").fetchall()
         rows = conn.execute(
             "SELECT n.node_id, n.path, n.size_bytes, n.mtime_ns, n.inode, n.hash, n.verified_ns,"
             " f.hash, f.crc_ok, f.file_findings, f.pt_facts"
@@ -137,7 +139,11 @@ def read_nodes(path: str | os.PathLike[str]) -> NodeMemory:
             pt=pt,
             verified_ns=verified if same and pt_whole else None,
         )
-    return NodeMemory(facts=facts, last_answered_ns=answered)
+    return NodeMemory(
+        facts=facts,
+        last_answered_ns={n: a for n, a, _ in seen},
+        first_seen_ns={n: f for n, _, f in seen},
+    )
 
 
 def findings_to_json(found: tuple[Finding, ...]) -> str:

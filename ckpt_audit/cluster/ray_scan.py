@@ -189,9 +189,7 @@ def judge_cluster(
     held = held_before(memory, roots)
     # a node that held files under these roots and did not answer is silent, even once Ray no longer lists it
     silent = list(dict.fromkeys([*silent, *sorted({n for ns in held.values() for n in ns} - answered)]))
-    gone = {
-        n: t for n in silent if (t := memory.last_answered_ns.get(n)) is not None and now_ns - t > gone_after_s * 1e9
-    }
+    gone = {n: t for n in silent if (t := _silent_since(memory, n)) is not None and now_ns - t > gone_after_s * 1e9}
     reduced = reduce_nodes(answers, now_ns=now_ns, in_progress_window_ns=int(in_progress_window_s * 1e9))
     result = judge_nodes(reduced, answers, silent, held_before=held, gone=gone, now_ns=now_ns)
     return replace(
@@ -202,6 +200,13 @@ def judge_cluster(
         reused_paths=winners_reused(answers),
         cluster=ClusterView(answered=tuple(a.node_id for a in answers), silent=tuple(silent), copies=copies(answers)),
     )
+
+
+def _silent_since(memory: NodeMemory, node: str) -> int | None:
+    """When `node` was last known to answer: its last answer, or for a node that never answered (Ray lists it
+    dead, or its task always failed) the first scan that asked it; None for a node the catalog has never seen."""
+    answered = memory.last_answered_ns.get(node)
+    return answered if answered is not None else memory.first_seen_ns.get(node)
 
 
 def held_before(memory: NodeMemory, roots: Sequence[str]) -> dict[str, frozenset[str]]:
