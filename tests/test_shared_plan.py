@@ -131,3 +131,18 @@ def test_placement_without_ray_is_a_usage_error(tmp_path):
     assert out.exit_code == 2
     assert "--placement needs --ray" in out.output
     assert not (tmp_path / "c.db").exists()
+
+
+def test_with_no_alive_node_the_driver_reads_every_file(tmp_path):
+    pytest.importorskip("ray")
+    from ckpt_audit.cluster.shared import RayReader
+
+    (tmp_path / "a.pt").write_bytes(b"x" * 10)
+    (tmp_path / "b.json").write_bytes(b"{}")
+    _, stats, _ = scanner.walk(str(tmp_path))
+    paths = sorted(stats)
+    kinds = {p: file_kind(p, load_layouts()) for p in paths}
+    reader = RayReader(nodes=[])
+    got = dict(reader(paths, stats, {}, kinds, workers=1, now_ns=7))
+    assert got == dict(scanner.read_all(paths, stats, {}, kinds, workers=1, now_ns=7))
+    assert sorted(got) == paths and reader.read_here == 2

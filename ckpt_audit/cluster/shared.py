@@ -234,7 +234,7 @@ class RayReader:
                 refs[task.options(scheduling_strategy=strategy).remote(jobs, node, workers=workers, now_ns=now_ns)] = (
                     node
                 )
-        here: list[str] = []
+        here: list[str] = [] if plan else list(paths)  # no alive node: this process reads everything
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
