@@ -18,9 +18,10 @@ now, and every checkpoint while a silent node is one the catalog has never seen 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ckpt_audit.codes import finding
@@ -93,14 +94,12 @@ def node_part(ckpt: Checkpoint, node: str, copies: Mapping[str, Sequence]) -> Ch
 def split_plan(plan: PrunePlan, nodes: Sequence[str], copies: Mapping[str, Sequence]) -> dict[str, PrunePlan]:
     """Each node's part of `plan`: the parts it holds of the checkpoints to delete, in the plan's order (the keep
     list too, for the links check). Nodes holding nothing to delete get an empty plan (they still reclaim trash)."""
-    out = {}
-    for n in nodes:
-        parts = [(i, node_part(i.checkpoint, n, copies)) for i in (*plan.delete, *plan.keep)]
-        mine = [replace(i, checkpoint=p) for i, p in parts if p is not None]
-        delete = tuple(i for i in mine if i.path in {d.path for d in plan.delete})
-        keep = tuple(i for i in mine if i not in delete)
-        out[n] = replace(plan, delete=delete, keep=keep, refused=())
-    return out
+
+    def mine(items: Sequence[PlanItem], n: str) -> tuple[PlanItem, ...]:
+        parts = ((i, node_part(i.checkpoint, n, copies)) for i in items)
+        return tuple(replace(i, checkpoint=p) for i, p in parts if p is not None)
+
+    return {n: replace(plan, delete=mine(plan.delete, n), keep=mine(plan.keep, n), refused=()) for n in nodes}
 
 
 # ---------------------------------------------------------------------------------------------------- node side
@@ -226,21 +225,21 @@ def prune_on_this_node(
     )
 
 
-class _test_kill:
-    """The kill -9 seam for one node's execution (KILL_DIR_ENV); a no-op outside tests."""
-
-    def __init__(self, node_id: str) -> None:
-        where = os.environ.get(KILL_DIR_ENV)
-        path = os.path.join(where, node_id) if where else None
-        self.after = open(path).read().strip() if path and os.path.exists(path) else None  # noqa: SIM115
-
-    def __enter__(self) -> None:
-        if self.after is not None:
-            os.environ[KILL_AFTER_ENV] = self.after
-
-    def __exit__(self, *exc) -> None:
-        if self.after is not None:
-            os.environ.pop(KILL_AFTER_ENV, None)
+@contextlib.contextmanager
+def _test_kill(node_id: str) -> Iterator[None]:
+    """The kill -9 seam for one node's execution (KILL_DIR_ENV): the worker is reused, so the variable the
+    local prune reads is set for this execution only. A no-op outside tests."""
+    where = os.environ.get(KILL_DIR_ENV)
+    path = os.path.join(where, node_id) if where else None
+    if path is None or not os.path.exists(path):
+        yield
+        return
+    with open(path, encoding="utf-8") as fh:
+        os.environ[KILL_AFTER_ENV] = fh.read().strip()
+    try:
+        yield
+    finally:
+        os.environ.pop(KILL_AFTER_ENV, None)
 
 
 def reread_on_this_node(roots: Sequence[str], node_id: str, part: Checkpoint) -> Reread:
@@ -388,15 +387,22 @@ class Cluster:
                 node, (action, why) = refused[item.path]
                 done(_outcome(item, action, f"on node {node}: {why}; nothing removed on any node"))
             elif item not in go:
-                done(_outcome(item, Action.SKIPPED, "a node holding part of it did not answer; nothing removed"))
+                quiet = ", ".join(sorted(self.holders(item) & silent_before))
+                done(_outcome(item, Action.FAILED, f"left whole on every node: node(s) {quiet} did not answer"))
         ran = self._round(replace(plan, delete=go), exec_id=exec_id)
-        self.last = ran
+        quiet = tuple(dict.fromkeys([*first.silent, *ran.silent]))
+        self.last = replace(ran, silent=quiet)
         for node in ran.reports:
             for o in node.result.outcomes if node.result else ():
                 if o.action is Action.RECLAIMED:
                     done(replace(o, detail=f"on node {node.node_id}: {o.detail}"))
         for item in go:
-            done(_merged(item, ran))
+            done(_merged(item, ran, self.holders(item)))
+        involved = {n for i in plan.delete for n in self.holders(i)}
+        for node in (n for n in quiet if n not in involved):  # a node's silence is an error even with no part
+            for root in self.roots:
+                detail = f"node {node} did not answer the prune: its leftover trash, if any, stays for the next one"
+                done(Outcome(path=root, action=Action.FAILED, detail=detail))
         result = PruneResult(exec_id=exec_id, started_ns=started, finished_ns=time.time_ns(), outcomes=tuple(outcomes))
         if catalog is not None:
             catalog.record_prune_finish(exec_id=exec_id, result=result)
@@ -434,11 +440,11 @@ def _mixed(path: str, reports: Sequence[NodeReport]) -> bool:
     return bool(gone) and any(o.action is not Action.DELETED and o.detail != "gone already" for o in got.values())
 
 
-def _merged(item: PlanItem, ran: ClusterExecution) -> Outcome:
+def _merged(item: PlanItem, ran: ClusterExecution, holders: set[str]) -> Outcome:
     """One checkpoint's outcome over the nodes that held part of it."""
     got = _per_node(item.path, ran.reports)
     if item.path in ran.partly:
-        why = [f"node {n} did not answer" for n in ran.silent]
+        why = [f"node {n} did not answer" for n in ran.silent if n in holders]
         why += [
             f"on node {n}: {o.action} ({o.detail})" for n, o in sorted(got.items()) if o.action is not Action.DELETED
         ]
