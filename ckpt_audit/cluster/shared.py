@@ -230,10 +230,8 @@ class RayReader:
         for node, share in plan.items():
             if share:
                 jobs = [ReadJob(path=p, st=stats[p], prev=previous.get(p), kind=kinds[p]) for p in share]
-                strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-                refs[task.options(scheduling_strategy=strategy).remote(jobs, node, workers=workers, now_ns=now_ns)] = (
-                    node
-                )
+                pinned = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False))
+                refs[pinned.remote(jobs, node, workers=workers, now_ns=now_ns)] = node
         here: list[str] = [] if plan else list(paths)  # no alive node: this process reads everything
         pending = list(refs)
         while pending:
@@ -246,11 +244,13 @@ class RayReader:
                 t.failed = True
                 here.extend(plan[node])
                 continue
-            t.files += len(answer.facts)
-            t.bytes += sum(f.size_bytes for f in answer.facts.values())
-            t.handed_back += len(answer.unseen)
-            here.extend(answer.unseen)
-            yield from answer.facts.items()
+            share = set(plan[node])
+            mine = {p: f for p, f in answer.facts.items() if p in share}
+            t.files += len(mine)
+            t.bytes += sum(f.size_bytes for f in mine.values())
+            t.handed_back += len(share) - len(mine)
+            here.extend(share.difference(mine))  # handed back (or, by a bug, left out): never lost
+            yield from mine.items()
         self.read_here += len(here)
         yield from read_all(sorted(here), stats, previous, kinds, workers=workers, now_ns=now_ns)
 
