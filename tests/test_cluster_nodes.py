@@ -12,6 +12,7 @@ import re
 import shutil
 import sqlite3
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -23,6 +24,7 @@ from ckpt_audit.cli import cli
 from ckpt_audit.cluster import ray_scan
 from ckpt_audit.cluster.noderoots import ENV
 from ckpt_audit.lifecycle.retention import KeepLast, Policy, Reason, plan_prune
+from ckpt_audit.scanner import focus_of
 from ckpt_audit.scrub import ScrubPolicy
 from ckpt_audit.session import open_session
 from tui.app import AuditApp
@@ -48,18 +50,20 @@ def split(run: Path, base: Path, n: int) -> list[Path]:
     return dirs
 
 
-def node_scan(monkeypatch, dirs, memory=EMPTY, options=None, *, now_ns, nodes=None, dead=()):
-    """Each node's map task, run here: node 0's directory is the logical root itself, the others map onto it."""
+def node_scan(monkeypatch, dirs, memory=EMPTY, options=None, *, now_ns, nodes=None, dead=(), roots=None):
+    """What scan_cluster does, each node's map task run here: node 0's directory is the logical root itself, the
+    others map onto it. `dead`: nodes Ray lists dead; `roots`: logical paths to scan (default node 0's dir)."""
     table = dirs[0].parent / "node_roots.json"
     table.write_text(json.dumps({nid: {str(dirs[0]): str(d)} for nid, d in zip(IDS[1:], dirs[1:])}))
     monkeypatch.setenv(ENV, f"@{table}")
+    roots = roots or [str(dirs[0])]
+    walk, focus = focus_of(roots)
+    opts = replace(options or ray_scan.NodeScanOptions(), focus=focus)
     answers = [
-        ray_scan.scan_on_this_node([str(dirs[0])], nid, memory.facts.get(nid), options or ray_scan.NodeScanOptions())
+        ray_scan.scan_on_this_node(walk, nid, memory.facts.get(nid), opts)
         for nid in (nodes if nodes is not None else IDS[: len(dirs)])
     ]
-    return ray_scan.judge_cluster(
-        [str(dirs[0])], answers, list(dead), memory=memory, now_ns=now_ns, in_progress_window_s=60
-    )  # `dead`: nodes Ray lists dead
+    return ray_scan.judge_cluster(roots, answers, list(dead), memory=memory, now_ns=now_ns, in_progress_window_s=60)
 
 
 def record(catalog: Path, result) -> int:
@@ -90,6 +94,10 @@ def test_catalog_records_each_nodes_copies_and_each_node_reuses_only_its_own(ver
     run_level = {p for p in first.file_facts if "/global_step_" not in p}  # tracker, metrics log: no files row
     assert len(run_level) == 2 and (again.files_hashed, again.files_reused) == (2, n_files - 2)  # as a local re-scan
     assert again.reused_paths == frozenset(again.file_facts) - run_level
+    step4 = next(dirs[0].rglob("global_step_4"))  # asked for alone: its run walked, it alone read and judged
+    focused = node_scan(monkeypatch, dirs, memory, now_ns=now, roots=[str(step4)])
+    assert statuses(focused) == {4: "COMPLETE"} and focused.roots == (str(step4),)
+    assert focused.files_hashed == 2 and {p.split("/global_step_")[1][0] for p in focused.reused_paths} == {"4"}
 
     # node 1's copy of one shard gets a new mtime; node 2 gets a replica of another: only those two are read
     moved = next(dirs[1].rglob("global_step_4/actor/model_world_size_2_rank_1.pt"))

@@ -52,6 +52,12 @@ def parse_node_roots(value: str | None, *, node_id: str = "*") -> dict[str, str]
     return out
 
 
+def local_path(mapping: Mapping[str, str], path: str) -> str:
+    """Where logical `path` lies on this node: under the LOCAL of the longest LOGICAL above it; else itself."""
+    above = [k for k in mapping if path == k or path.startswith(k + "/")]
+    return _swap(path, k, mapping[k]) if (k := max(above, key=len, default=None)) is not None else path
+
+
 def _swap(path: str, old: str, new: str) -> str:
     return new + path[len(old) :] if path == old or path.startswith(old + "/") else path
 

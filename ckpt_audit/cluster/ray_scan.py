@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from ckpt_audit.catalog.manifest import NodeMemory
 from ckpt_audit.layouts import ScanContext, load_layouts
 from ckpt_audit.models import ClusterView, FileFacts, NodeCopy, ScanResult
-from ckpt_audit.scanner import reduce, scan_partial
+from ckpt_audit.scanner import focus_of, only_checkpoints, reduce, scan_partial
 from ckpt_audit.scrub import ScrubPolicy
 
-from .noderoots import ENV, NodePartials, parse_node_roots, rebase, rebase_facts
+from .noderoots import ENV, NodePartials, local_path, parse_node_roots, rebase, rebase_facts
 
 DEFAULT_GONE_AFTER_S = 86_400.0  # a node silent this long is gone: see findings.py and docs/ray.md
 RAY_MISSING = "scan --ray needs the optional extra: pip install 'ckpt-audit[ray]'"
@@ -45,6 +45,7 @@ class NodeScanOptions:
     rehash: bool = False
     scrub: ScrubPolicy | None = None
     now_ns: int | None = None
+    focus: frozenset[str] = frozenset()  # checkpoints asked for alone (logical step dirs): scanner.focus_of
 
 
 HOLD_ENV = "CKPT_AUDIT_TEST_NODE_HOLD"  # test seam: a directory; unset (always, outside tests) it costs a lookup
@@ -76,8 +77,9 @@ def scan_on_this_node(
     mapping = parse_node_roots(os.environ.get(ENV), node_id=node_id)
     layouts = load_layouts()
     out: list = []
+    focus = frozenset(local_path(mapping, f) for f in options.focus)
     for root in roots:
-        local = mapping.get(root, root)
+        local = local_path(mapping, root)
         if not os.path.isdir(local):
             continue  # this node holds nothing of that root
         scrub = options.scrub
@@ -91,6 +93,7 @@ def scan_on_this_node(
             layouts=layouts,
             scrub=scrub,
             now_ns=options.now_ns,
+            focus=focus,
         )
         out.append(rebase(part, local=local, logical=root))
     return NodePartials(node_id=node_id, partials=tuple(out))
@@ -156,8 +159,13 @@ def scan_cluster(
     memory = memory or NodeMemory(facts={}, last_answered_ns={})
     started = time.time_ns()
     now = now_ns if now_ns is not None else started
+    walk, focus = focus_of(list(roots))  # a step directory asked for alone: its run is walked, it alone read
     answers, silent = node_local_map(
-        roots, address=address, previous=memory.facts, options=replace(options, now_ns=now), timeout_s=timeout_s
+        walk,
+        address=address,
+        previous=memory.facts,
+        options=replace(options, now_ns=now, focus=focus),
+        timeout_s=timeout_s,
     )
     result = judge_cluster(
         roots,
@@ -192,6 +200,9 @@ def judge_cluster(
     gone = {n: t for n in silent if (t := _silent_since(memory, n)) is not None and now_ns - t > gone_after_s * 1e9}
     reduced = reduce_nodes(answers, now_ns=now_ns, in_progress_window_ns=int(in_progress_window_s * 1e9))
     result = judge_nodes(reduced, answers, silent, held_before=held, gone=gone, now_ns=now_ns)
+    walk, focus = focus_of(list(roots))
+    if focus:  # as the local scan: only the checkpoints asked for (their runs' other steps were not read)
+        result = only_checkpoints(result, focus, whole=frozenset(walk) - {os.path.dirname(f) for f in focus})
     return replace(
         result,
         roots=tuple(roots),
