@@ -1,6 +1,7 @@
 """prune --ray on a real local Ray cluster (2 nodes, ray.cluster_utils.Cluster): a reference-trainer tree split by
 rank over node directories, pruned over the union; a node whose execution is killed mid-way, a silent node, links
-out of a node's root. The node-side checks without Ray are at the end."""
+out of a node's root. At the end, without Ray: the node-side checks, and the driver's execution with each node's
+task body run in-process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -246,3 +248,69 @@ def test_node_side_blast_radius_refuses_a_run_reached_through_a_link(tmp_path, m
     got = ray_prune.prune_on_this_node([str(root)], "n", plan, [], [str(root)], "0123456789ab")
     assert got.objections[moved][1].startswith("reached through a symbolic link")
     assert (step / "a.pt").exists()
+
+
+# ---------------------------------------------------------------------------------------------------- driver, no Ray
+
+IDS = ["a1" * 28, "b2" * 28]  # Ray node ids are 56 hex digits
+
+
+class LocalCluster(ray_prune.Cluster):
+    """The driver's Cluster with each node's task body run here (its directory from CKPT_AUDIT_NODE_ROOTS) instead
+    of on Ray; the nodes in `quiet` do not answer."""
+
+    def __init__(self, *args, quiet=(), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.quiet = set(quiet)
+
+    def _call(self, fn, per_node):
+        got = {n: fn(self.roots, n, *args) for n, args in per_node.items() if n not in self.quiet}
+        return got, [n for n in per_node if n in self.quiet]
+
+
+def _planned(verl_run, tmp_path, monkeypatch):
+    """verl_run split by rank over two node directories, scanned node by node, judged over the union, planned to
+    keep the last 1: steps 2 and 4 go, each half on node 0 and half on node 1."""
+    from ckpt_audit.catalog.manifest import NodeMemory
+    from ckpt_audit.cluster import ray_scan
+    from ckpt_audit.lifecycle.retention import KeepLast, plan_prune
+
+    dirs = split(verl_run, tmp_path, 2)
+    table = tmp_path / "node_roots.json"
+    table.write_text(json.dumps({nid: {str(dirs[0]): str(d)} for nid, d in zip(IDS, dirs, strict=True)}))
+    monkeypatch.setenv(ENV, f"@{table}")
+    root = str(dirs[0])
+    now = time.time_ns()
+    answers = [ray_scan.scan_on_this_node([root], nid) for nid in IDS]
+    memory = NodeMemory(facts={}, last_answered_ns={})
+    scanned = ray_scan.judge_cluster([root], answers, [], memory=memory, now_ns=now, in_progress_window_s=60)
+    plan = plan_prune(scanned.runs, Policy(rules=(KeepLast(n=1),)), now_ns=now)
+    assert [i.step for i in plan.delete] == [2, 4]
+    return dirs, root, scanned, plan
+
+
+def test_a_checkpoint_one_node_objects_to_is_left_whole_on_every_node(verl_run, tmp_path, monkeypatch):
+    dirs, root, scanned, plan = _planned(verl_run, tmp_path, monkeypatch)
+    before = [steps(d) for d in dirs]
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    actor = next(dirs[1].rglob("global_step_2")) / "actor"
+    (actor / "out").symlink_to(victim)  # after the plan: only node 1's own check sees it
+    got = LocalCluster([root], scanned).execute(plan)
+    by_step = {o.step: o for o in got.outcomes}
+    assert str(by_step[2].action) == "skipped" and by_step[2].detail.startswith(f"on node {IDS[1]}: ")
+    assert by_step[2].detail.endswith("nothing removed on any node")
+    assert str(by_step[4].action) == "deleted" and got.ok
+    assert [steps(d) for d in dirs] == [{2: before[0][2], 6: before[0][6]}, {2: before[1][2], 6: before[1][6]}]
+    assert victim.is_dir()
+
+
+def test_a_node_silent_in_the_check_leaves_its_checkpoints_whole_everywhere_and_fails(verl_run, tmp_path, monkeypatch):
+    dirs, root, scanned, plan = _planned(verl_run, tmp_path, monkeypatch)
+    before = [steps(d) for d in dirs]
+    cluster = LocalCluster([root], scanned, quiet=[IDS[1]])
+    got = cluster.execute(plan)
+    assert [(o.step, str(o.action)) for o in got.outcomes] == [(2, "failed"), (4, "failed")]
+    assert all(f"node(s) {IDS[1]} did not answer" in o.detail for o in got.outcomes)
+    assert not got.ok and cluster.last.silent == (IDS[1],) and cluster.last.partly == ()
+    assert [steps(d) for d in dirs] == before
