@@ -166,6 +166,7 @@ SLOW_FIXTURES = frozenset(
         "megatron_tree",  # test_resume_gate_trees: the same
         "trainer_logs",  # test_continuity: three trainer runs
         "dtensor_dir",  # test_pickles: a 2-process gloo group saving DTensors
+        "hf_run",  # test_hf_trainer: a real transformers Trainer run (cached like the trees above)
     }
 )
 
