@@ -105,7 +105,8 @@ def scrub_options(f):
     flag_value="auto",
     default=None,
     metavar="[ADDRESS]",
-    help="Scan on a Ray cluster, one task per alive node on its own copy of each root (docs/ray.md; needs the "
+    help="Scan on a Ray cluster: each node its own disk's copy of each root, or all nodes one shared root "
+    "(--placement; docs/ray.md; needs the "
     "extra: pip install 'ckpt-audit[ray]', else exit 2). Example: ckpt-audit scan --ray auto /ckpts",
 )
 @click.option(
