@@ -127,3 +127,28 @@ def test_nodes_whose_task_fails_leave_their_share_to_the_driver(cluster, shared_
     placed = got["placement"]
     assert sorted(placed["nodes"]) == sorted(ids) and all(n["failed"] for n in placed["nodes"].values())
     assert placed["read_by_driver"] == got["files_hashed"] > 40
+
+
+def test_the_auto_probe_reports_each_nodes_own_view_of_the_root(cluster, shared_root, tmp_path):
+    """On one machine every node sees the driver's root directory, unless its CKPT_AUDIT_NODE_ROOTS maps it to a
+    copy: that node's view differs, so auto could not call the root shared even on a network filesystem."""
+    from ckpt_audit.cluster.shared import RootView, choose_placement, probe_views, root_view
+
+    ids, table = cluster
+    root = str(shared_root)
+    table.write_text("{}")
+    here = root_view(root)
+    assert probe_views(ray, ids, [root]) == {n: {root: here} for n in ids}
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    table.write_text(json.dumps({ids[1]: {root: str(copy)}}))
+    try:
+        views = probe_views(ray, ids, [root])
+    finally:
+        table.write_text("{}")
+    assert views[ids[0]] == {root: here} and views[ids[1]] == {root: root_view(str(copy))}
+    as_if_nfs = {root: RootView("nfs4", here.inode, here.mtime_ns)}
+    nfs_views = {n: {root: RootView("nfs4", v[root].inode, v[root].mtime_ns)} for n, v in views.items()}
+    assert choose_placement(as_if_nfs, nfs_views) == "node-local"
+    nfs_views[ids[1]] = {root: as_if_nfs[root]}
+    assert choose_placement(as_if_nfs, nfs_views) == "shared"
