@@ -145,6 +145,14 @@ def test_truncated_model_safetensors_is_corrupt_and_latest_passes_over_it(out, t
     assert "hf-last-checkpoint-unusable" in {f["code"] for f in doc["runs"][0]["findings"]}
     res = invoke("latest", str(out), catalog=tmp_path / "c.db")
     assert res.exit_code == 0 and res.stdout.strip() == str(out / "checkpoint-4")
+    # pruning the corrupt one is what makes transformers' own pick a good checkpoint again
+    from transformers.trainer_utils import get_last_checkpoint
+
+    assert get_last_checkpoint(str(out)) == str(out / "checkpoint-6")
+    res = invoke("prune", "--yes", "--keep-last", "5", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0, res.output
+    assert get_last_checkpoint(str(out)) == str(out / "checkpoint-4")
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-4"]
 
 
 @pytest.mark.slow
