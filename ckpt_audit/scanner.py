@@ -19,7 +19,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, file_kind, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import DcpFacts, FileKind, Finding, ScanResult, ShardFile, format_size
-from ckpt_audit.readers import dcp_metadata, hashing
+from ckpt_audit.readers import hashing
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.readers.safetensors_header import check_extent
 from ckpt_audit.rules import files as file_rules
@@ -434,6 +434,8 @@ def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
 
 def _dcp_facts(path: str) -> tuple[DcpFacts | None, tuple[Finding, ...]]:
     """A DCP `.metadata`'s byte ranges and keys: the scan checks its data files against them (layouts.dcp)."""
+    from ckpt_audit.readers import dcp_metadata  # on the first .metadata: it loads the unpickler, off start-up
+
     try:
         return dcp_metadata.read_facts(path), ()
     except OSError as exc:

@@ -38,6 +38,9 @@ NOT_BEFORE_FIRST_FILE = (
     "ckpt_audit.verify",
     "ckpt_audit.lifecycle",
     "ckpt_audit.readers.pt_structure",  # the pickle reader: needed once a file is hashed, not to open it
+    "ckpt_audit.readers.dcp_metadata",  # DCP's .metadata reader (and the unpickler behind it): on the first one
+    "ckpt_audit.readers.unpickler",
+    "pickle",
     "concurrent.futures",  # the file pool is plain threads (concurrent.futures imports logging, traceback)
     "logging",
     "sqlite_utils",
