@@ -127,7 +127,9 @@ def prune_command(
     with session(ctx, roots, catalog) as s:
         try:
             if ray_address is not None:
-                preview, cluster = plan_on_cluster(s, policy, pins=pins, address=ray_address, now_ns=time.time_ns())
+                preview, cluster = plan_on_cluster(
+                    s, roots, policy, pins=pins, address=ray_address, now_ns=time.time_ns()
+                )
             else:
                 preview = s.plan_prune(policy, pins=pins, now_ns=time.time_ns())
         except PlanError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import click
 
@@ -20,15 +21,16 @@ def require_ray(ctx: click.Context) -> None:
         ctx.exit(int(ExitCode.USAGE))
 
 
-def plan_on_cluster(s, policy, *, pins, address: str, now_ns: int):
-    """The node-local scan of the session's roots, judged over the union (silent nodes protect what they may
-    hold), planned and survivor-checked exactly as a local prune, and each node's trash. Returns the preview
-    and the cluster handle whose `execute` Session.prune runs."""
+def plan_on_cluster(s, roots, policy, *, pins, address: str, now_ns: int):
+    """The node-local scan of `roots`, judged over the union (silent nodes protect what they may hold), planned
+    and survivor-checked exactly as a local prune, and each node's trash. Returns the preview and the cluster
+    handle whose `execute` Session.prune runs. The logical roots are spelled as scan --ray spells them (absolute,
+    links not resolved): CKPT_AUDIT_NODE_ROOTS and the catalog's node memory are keyed by them."""
     from ckpt_audit import scanner
     from ckpt_audit.cli.ray import _node_memory
     from ckpt_audit.cluster import ray_prune, ray_scan
 
-    roots = list(s.roots)
+    roots = [os.path.abspath(os.fspath(r)) for r in roots]
     memory = _node_memory(s.catalog_path)
     scanned = ray_scan.scan_cluster(
         roots,
