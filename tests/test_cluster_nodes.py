@@ -156,12 +156,16 @@ def test_local_scan_catalog_shows_no_node_column(verl_run, tmp_path):
 
 
 def test_a_node_gone_past_the_window_keeps_only_its_own_checkpoints_unknown(verl_run, tmp_path, monkeypatch):
-    """Node 1 holds rank 1 of steps 4 and 6 (step 2's rank 1 is lost before it is ever catalogued), then stops
-    answering. Within the window every incomplete checkpoint is unknown; past it, step 2 is incomplete (node 1 never
-    held its missing files), steps 4 and 6 stay unknown with node-gone, and prune keeps them."""
+    """Node 1 holds rank 1 of step 4 and all of step 6 (step 2's rank 1 is lost before it is ever catalogued), then
+    stops answering. Within the window every incomplete checkpoint is unknown; past it, step 2 is incomplete (node 1
+    never held its missing files), steps 4 and 6 stay unknown with node-gone (step 6 known from the catalog alone,
+    not dropped as absent), and prune keeps them."""
     dirs = split(verl_run, tmp_path, 2)
     for f in dirs[1].rglob("global_step_2/actor/*_rank_1.pt"):
         f.unlink()
+    step6 = next(dirs[0].rglob("global_step_6"))  # node 1 holds all of step 6
+    shutil.copytree(step6, dirs[1] / step6.relative_to(dirs[0]), dirs_exist_ok=True)
+    shutil.rmtree(step6)
     cat = tmp_path / "c.db"
     t0 = time.time_ns() + 24 * HOUR
     first = node_scan(monkeypatch, dirs, now_ns=t0)
@@ -191,7 +195,13 @@ def test_a_node_gone_past_the_window_keeps_only_its_own_checkpoints_unknown(verl
         [(answered, silent_at)] = db.execute(
             "SELECT last_answered_ns, last_silent_ns FROM nodes WHERE node_id = ?", [IDS[1]]
         ).fetchall()
+        ckpts = dict(db.execute("SELECT path, status FROM checkpoints WHERE present = 1"))
     assert (answered, silent_at) == (t0, t0 + 48 * HOUR)
+    assert sorted((os.path.basename(p), st) for p, st in ckpts.items()) == [
+        ("global_step_2", "incomplete"),
+        ("global_step_4", "unknown"),
+        ("global_step_6", "unknown"),
+    ]
 
 
 def test_tui_details_show_the_node_of_each_file(verl_run, tmp_path, monkeypatch):

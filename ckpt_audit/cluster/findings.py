@@ -43,7 +43,7 @@ def _judge(
     ckpt: Checkpoint,
     held: Mapping[str, dict[str, str | None]],
     silent: Sequence[str],
-    lost: Mapping[str, tuple[str, ...]],
+    recalled: Mapping[str, tuple[str, ...]],
     gone: Mapping[str, int],
     now_ns: int,
 ) -> Checkpoint:
@@ -65,26 +65,32 @@ def _judge(
         if ranks and by_node and not any(set(r) >= ranks for r in by_node.values()):
             where = "; ".join(f"ranks {_ranges(r)} on node {n}" for n, r in sorted(by_node.items()))
             found.append(finding("ranks-spread-over-nodes", comp.path, where))
-    if status != Status.INCOMPLETE:
+    known_only = {f.path: recalled[f.path] for f in ckpt.all_files if f.path in recalled}
+    if known_only:  # some files are known only from the catalog: their only copies are on nodes that did not answer
+        if status is not Status.CORRUPT or ckpt.status is Status.CORRUPT:  # replicas that differ stay corrupt
+            status = Status.UNKNOWN
+        for node in sorted({n for ns in known_only.values() for n in ns}):
+            files = sorted(p for p, ns in known_only.items() if node in ns)
+            code, why = (
+                ("node-gone", f"silent for {format_age(gone[node], now_ns)}")
+                if node in gone
+                else ("node-silent", "did not answer")
+            )
+            found.append(
+                finding(
+                    code,
+                    ckpt.path,
+                    f"{len(files)} file(s) (e.g. {files[0]}) were catalogued only on node {node}, which {why}: "
+                    "unknown until it answers or the files are found elsewhere",
+                )
+            )
         return replace(ckpt, findings=tuple(found), status=status)
     recent = [n for n in silent if n not in gone]
-    if recent:  # a node that may come back may hold anything: nothing missing is called missing yet
+    if status == Status.INCOMPLETE and recent:  # a node that may come back may hold anything: nothing is missing yet
         status = Status.UNKNOWN
         found.append(
             finding("node-silent", ckpt.path, f"node(s) {', '.join(recent)} did not answer: they may hold the rest")
         )
-    elif mine := {p: ns for p, ns in lost.items() if p.startswith(ckpt.path + "/")}:
-        status = Status.UNKNOWN
-        for node in sorted({n for ns in mine.values() for n in ns}):
-            files = sorted(p for p, ns in mine.items() if node in ns)
-            found.append(
-                finding(
-                    "node-gone",
-                    ckpt.path,
-                    f"{len(files)} file(s) (e.g. {files[0]}) were catalogued only on node {node}, silent for "
-                    f"{format_age(gone[node], now_ns)}: unknown until it answers or the files are found elsewhere",
-                )
-            )
     return replace(ckpt, findings=tuple(found), status=status)
 
 
@@ -93,18 +99,19 @@ def judge_nodes(
     answers: Sequence[NodePartials],
     silent: Sequence[str],
     *,
-    held_before: Mapping[str, frozenset[str]] | None = None,
+    recalled: Mapping[str, tuple[str, ...]] | None = None,
     gone: Mapping[str, int] | None = None,
     now_ns: int = 0,
 ) -> ScanResult:
-    """The multi-node findings. `silent` nodes not in `gone` make every incomplete checkpoint unknown; a node in
-    `gone` (node -> when it last answered: silent past the window) only keeps unknown the checkpoints with files
-    the catalog saw on it alone (`held_before`: path -> nodes) that no node holds now."""
+    """The multi-node findings. A checkpoint with files known only from the catalog (`recalled`: path -> the silent
+    nodes that last held it) is unknown: node-silent, or node-gone for a node in `gone` (node -> when it was last
+    known to answer: silent past the window). Else a silent node not in `gone` makes an incomplete checkpoint
+    unknown (it may hold anything); a gone node no longer does."""
     held = holders(answers)
     gone = gone or {}
-    lost = {p: tuple(sorted(ns)) for p, ns in (held_before or {}).items() if p not in held and ns and ns <= gone.keys()}
+    recalled = recalled or {}
     runs = tuple(
-        replace(r, checkpoints=tuple(_judge(c, held, silent, lost, gone, now_ns) for c in r.checkpoints))
+        replace(r, checkpoints=tuple(_judge(c, held, silent, recalled, gone, now_ns) for c in r.checkpoints))
         for r in result.runs
     )
     extra = tuple(

@@ -14,9 +14,11 @@ from dataclasses import dataclass, replace
 
 from ckpt_audit.catalog.manifest import NodeMemory
 from ckpt_audit.layouts import ScanContext, load_layouts
+from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import ClusterView, FileFacts, NodeCopy, ScanResult
 from ckpt_audit.scanner import focus_of, only_checkpoints, reduce, scan_partial
 from ckpt_audit.scrub import ScrubPolicy
+from ckpt_audit.tree import Partial, Tree
 
 from .noderoots import ENV, NodePartials, local_path, parse_node_roots, rebase, rebase_facts
 
@@ -198,9 +200,18 @@ def judge_cluster(
     # a node that held files under these roots and did not answer is silent, even once Ray no longer lists it
     silent = list(dict.fromkeys([*silent, *sorted({n for ns in held.values() for n in ns} - answered)]))
     gone = {n: t for n in silent if (t := _silent_since(memory, n)) is not None and now_ns - t > gone_after_s * 1e9}
-    reduced = reduce_nodes(answers, now_ns=now_ns, in_progress_window_ns=int(in_progress_window_s * 1e9))
-    result = judge_nodes(reduced, answers, silent, held_before=held, gone=gone, now_ns=now_ns)
     walk, focus = focus_of(list(roots))
+    seen = {p for a in answers for part in a.partials for p in part.facts}
+    recalled = {p: tuple(sorted(ns)) for p, ns in held.items() if p not in seen and enclosing_step_dir(p)}
+    remembered = [
+        NodePartials(node_id=n, partials=recall(walk, {p: memory.facts[n][p] for p, ns in recalled.items() if n in ns}))
+        for n in silent
+        if n in memory.facts
+    ]
+    reduced = reduce_nodes(
+        [*answers, *remembered], now_ns=now_ns, in_progress_window_ns=int(in_progress_window_s * 1e9)
+    )
+    result = judge_nodes(reduced, answers, silent, recalled=recalled, gone=gone, now_ns=now_ns)
     if focus:  # as the local scan: only the checkpoints asked for (their runs' other steps were not read)
         result = only_checkpoints(result, focus, whole=frozenset(walk) - {os.path.dirname(f) for f in focus})
     return replace(
@@ -211,6 +222,33 @@ def judge_cluster(
         reused_paths=winners_reused(answers),
         cluster=ClusterView(answered=tuple(a.node_id for a in answers), silent=tuple(silent), copies=copies(answers)),
     )
+
+
+def recall(walk_roots: Sequence[str], facts: Mapping[str, FileFacts]) -> tuple[Partial, ...]:
+    """A silent node's checkpoint files as the catalog last saw them, as partials (one per walk root holding any):
+    merged after every answering node's, they keep a checkpoint the node held (in part or whole) in the scan, for
+    the judge to call unknown, instead of incomplete or absent."""
+    out = []
+    for root in walk_roots:
+        mine = {p: f for p, f in facts.items() if p.startswith(root.rstrip("/") + "/")}
+        if not mine:
+            continue
+        dirs: dict[str, set[str]] = {root: set()}
+        files: dict[str, list[str]] = {}
+        for p in mine:
+            d, name = p.rsplit("/", 1)
+            files.setdefault(d, []).append(name)
+            dirs.setdefault(d, set())
+            while d != root and d.startswith(root):
+                parent, child = d.rsplit("/", 1)
+                dirs.setdefault(parent, set()).add(child)
+                d = parent
+        tree = Tree(
+            dirs={d: tuple(sorted(c)) for d, c in dirs.items()},
+            files={d: tuple(sorted(n)) for d, n in files.items()},
+        )
+        out.append(Partial(root=root, tree=tree, facts=mine))
+    return tuple(out)
 
 
 def _silent_since(memory: NodeMemory, node: str) -> int | None:
