@@ -507,6 +507,13 @@ _TABLE: tuple[Code, ...] = (
         corrupts=True,
     ),
     Code(
+        code="hf-model-only",
+        severity=W,
+        explanation="a committed checkpoint-N with weights but no optimizer, scheduler or RNG state (save_only_model, "
+        "or stripped to save space): whole for retention, never the answer of `latest` (a resume restarts the "
+        "optimizer)",
+    ),
+    Code(
         code="hf-missing-optimizer",
         severity=E,
         explanation="no optimizer.pt: Trainer resumes with a fresh optimizer without a word (it loads optimizer and "

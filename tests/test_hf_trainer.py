@@ -182,6 +182,23 @@ def test_fix_tracker_writes_no_verl_tracker_into_a_trainer_output(out, tmp_path)
 
 
 @pytest.mark.slow
+def test_a_model_only_save_is_kept_by_prune_but_never_the_answer_of_latest(out, tmp_path):
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):  # what save_only_model=True leaves out
+        (out / "checkpoint-6" / name).unlink()
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"}
+    assert "hf-model-only" in codes_of(doc, 6) and "hf-missing-optimizer" not in codes_of(doc, 6)
+    res = invoke("latest", "--json", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0, res.output
+    gate = json.loads(res.stdout)
+    assert gate["checkpoint"] == str(out / "checkpoint-4")
+    assert [p["reasons"] for p in gate["passed_over"]] == [["hf-model-only"]]
+    res = invoke("prune", "--dry-run", "--json", str(out), catalog=tmp_path / "c.db")
+    assert json.loads(res.stdout)["plan"]["delete"] == []
+
+
+@pytest.mark.slow
 def test_missing_rng_state_is_incomplete(out, tmp_path):
     (out / "checkpoint-2" / "rng_state.pth").unlink()
     age(out)
@@ -296,6 +313,13 @@ def test_missing_model_scheduler_and_an_index_without_shards():
     found = {(f.code, f.path.rsplit("/", 1)[-1]) for f in check(shards)}
     assert ("hf-shard-missing", "model-00002-of-00002.safetensors") in found
     assert ("hf-index-missing", "model.safetensors.index.json") in found
+
+
+def test_model_only_save_is_one_warning_but_a_crash_before_trainer_state_is_not():
+    weights = {"model.safetensors", "config.json", "training_args.bin"}
+    assert [f.code for f in check(weights | {"trainer_state.json"})] == ["hf-model-only"]
+    found = {f.code for f in check(weights)}
+    assert {"hf-missing-optimizer", "hf-missing-trainer-state"} <= found and "hf-model-only" not in found
 
 
 def test_index_and_trainer_state_that_are_not_json():

@@ -57,7 +57,7 @@ def oldest_verified(ckpt: Checkpoint, verified: Mapping[str, int | None]) -> int
 def why_not(ckpt: Checkpoint, run: Run) -> Passed | None:
     """Why `ckpt` cannot be resumed from, or None when it can."""
     early = ckpt.step == run.tracker_step and any(f.code == "tracker-published-early" for f in run.findings)
-    if resumable(ckpt) and not early:
+    if resumable(ckpt) and not early and not any(f.code in MODEL_ONLY for f in ckpt.all_findings):
         return None
     if early:
         reasons: tuple[str, ...] = ("tracker-published-early",)
@@ -73,8 +73,12 @@ def why_not(ckpt: Checkpoint, run: Run) -> Passed | None:
     return Passed(step=ckpt.step, path=ckpt.path, status=ckpt.status.value, reasons=reasons, detail=detail)
 
 
+# complete (the weights are whole, so retention counts them) but a resume from them restarts the optimizer
+MODEL_ONLY = frozenset({"hf-model-only"})
 # non-error findings that explain a status by themselves
-_TELLING = frozenset({"in-progress", "husk", "missing-dataloader-state", "symlink-outside-root", "file-vanished"})
+_TELLING = frozenset(
+    {"in-progress", "husk", "missing-dataloader-state", "symlink-outside-root", "file-vanished", *MODEL_ONLY}
+)
 
 
 def gate(

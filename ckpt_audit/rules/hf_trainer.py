@@ -104,6 +104,17 @@ def check_checkpoint(
     out += _weights(names, texts, at, step_dir, weights_below)
     deepspeed = any(DEEPSPEED_STEP_RE.fullmatch(s) for s in subdirs)  # optimizer and model states live there
     fsdp_optim = any(s.startswith(FSDP_OPTIM_PREFIX) for s in subdirs)
+    resume_state = names & OPTIMIZER_FILES or SCHEDULER in names or any(RNG_RE.fullmatch(n) for n in names)
+    if not resume_state and not deepspeed and not fsdp_optim and not out and TRAINER_STATE in names:
+        # trainer_state.json is written after them all: their absence is no crash but a model-only save
+        out.append(
+            finding(
+                "hf-model-only",
+                step_dir,
+                "weights and trainer_state.json but no optimizer, scheduler or RNG state (save_only_model?)",
+            )
+        )
+        return tuple(out + _trainer_state(step, names, texts, at))
     if not (names & OPTIMIZER_FILES) and not deepspeed and not fsdp_optim:
         out.append(
             finding("hf-missing-optimizer", at("optimizer.pt"), "no optimizer.pt: a resume starts a fresh optimizer")
