@@ -469,6 +469,37 @@ _TABLE: tuple[Code, ...] = (
         explanation="dist_ckpt holds no model state and huggingface/ holds no weights: the model was not saved",
     ),
     Code(
+        code="distcp-crc-mismatch",
+        severity=E,
+        explanation=(
+            "an item of a .distcp (a torch.save zip) fails its CRC-32: DCP and megatron-core load it silently with"
+            " changed values"
+        ),
+        corrupts=True,
+    ),
+    Code(
+        code="distcp-item-invalid",
+        severity=E,
+        explanation="the bytes .metadata gives for an item of a .distcp are not the torch.save zip DCP wrote there",
+        corrupts=True,
+    ),
+    Code(
+        code="megatron-integrity-mismatch",
+        severity=E,
+        explanation="a file's SHA-256 differs from dist_ckpt/integrity.json (Megatron's verify_integrity load refuses)",
+        corrupts=True,
+    ),
+    Code(
+        code="megatron-integrity-file-missing",
+        severity=E,
+        explanation="a file dist_ckpt/integrity.json lists is gone",
+    ),
+    Code(
+        code="megatron-integrity-invalid",
+        severity=E,
+        explanation="dist_ckpt/integrity.json is not JSON with 'files', or names a hash algorithm other than sha256",
+    ),
+    Code(
         code="safetensors-header-invalid",
         severity=E,
         explanation="a .safetensors header is unreadable (length past the file end, not JSON, malformed entry)",

@@ -18,7 +18,7 @@ from typing import Any
 
 from ckpt_audit import scanner
 from ckpt_audit.codes import CODES, finding
-from ckpt_audit.deep import dcp_check, hf_check, safe_load
+from ckpt_audit.deep import dcp_check, hf_check, megatron_check, safe_load
 from ckpt_audit.deep import rules as deep
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
 from ckpt_audit.readers.pool import map_unordered
@@ -153,18 +153,20 @@ def _megatron(comp: Component, bad: set[str]) -> list[Finding]:
     for f in comp.files:
         if f.kind is FileKind.COMMON and f.path not in bad:
             out.extend(safe_load.load(f.path).findings)
+    out.extend(megatron_check.check_integrity(dist))
     try:
         meta = dcp_check.read_metadata(f"{dist}/.metadata")
     except (OSError, ValueError, TypeError):
         return out
-    has_model = any(k.startswith("model") for k in (*meta.tensors, *meta.byte_items))
+    out.extend(megatron_check.check_item_crcs(dist, meta, skip=bad))
+    has_model = megatron_check.has_model_state(meta)
     hf_weights = any(f.kind is FileKind.HF and f.path.endswith((".safetensors", ".bin")) for f in comp.files)
     if not has_model and not hf_weights:
         out.append(
             finding(
                 "megatron-model-missing",
                 dist,
-                "dist_ckpt holds no model.* state and huggingface/ no weights (mbridge saves the model there)",
+                "dist_ckpt holds only optimizer/RNG state and huggingface/ no weights (mbridge saves the model there)",
             )
         )
     return out

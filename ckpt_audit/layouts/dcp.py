@@ -164,6 +164,7 @@ class DcpLayout:
         dist = f"{role_dir}/{DIST_CKPT}"
         ws, more = check_dcp_dir(dist, tree)
         found.extend(more)
+        found.extend(check_byte_ranges(dist, tree, facts))  # megatron-core's load fails on either (docs/megatron.md)
         meta = f"{dist}/metadata.json"
         fact = facts.get(meta)
         found.extend(check_megatron_metadata(meta, fact.text if fact else None, present=fact is not None))

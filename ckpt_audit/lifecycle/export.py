@@ -141,6 +141,17 @@ class ExportResult:
         }
 
 
+# what a Megatron dist_ckpt export needs (docs/megatron.md#export): its weights are megatron-core names, TP-split and
+# fused (QKV, gate/up), which only an architecture bridge maps back to HF names
+MEGATRON_NEEDS = (
+    "{role_dir}: Megatron dist_ckpt without HF weights in huggingface/ is not supported: the weights are in"
+    " megatron-core's names and tensor-parallel pieces; export needs HF safetensors in huggingface/ (verl writes"
+    " them with the default use_mbridge, or with checkpoint.save_contents including hf_model), or convert first"
+    " with verl's merger: python -m verl.model_merger merge --backend megatron --local_dir {role_dir}"
+    " --target_dir DIR"
+)
+
+
 def export_checkpoint(
     step_dir: str | Path,
     to: str | Path,
@@ -198,7 +209,7 @@ def export_checkpoint(
     try:
         if not _model_shards(role_dir) and not _hf_weights(hf_dir):
             if (role_dir / "dist_ckpt").is_dir():
-                raise ExportError(f"{role_dir}: Megatron dist_ckpt without HF weights in huggingface/ is not supported")
+                raise ExportError(MEGATRON_NEEDS.format(role_dir=role_dir))
             raise ExportError(f"{role_dir}: no model shards (model_world_size_W_rank_R.pt) and no HF weights")
         args = dict(max_shard_size=max_shard_size, verify=verify, progress=progress, hf_dir=hf_dir, ops=ops)
         fallback = ""

@@ -137,6 +137,9 @@ class _CrcChecker:
             self.error = Problem("truncated", f"truncated: entry {name} ends past the end of the file")
 
 
+ZipCrcChecker = _CrcChecker  # the public name: readers.distcp_items checks each zip inside a .distcp with it
+
+
 def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None, check_crc: bool = True) -> FileDigest:
     """Hash `path` in one read and check its zip CRCs. Raises OSError (missing, unreadable, a directory).
 

@@ -183,11 +183,14 @@ def _pread_exact(fd: int, n: int, offset: int) -> bytes:
     return bytes(out)
 
 
-def read_archive(fd: int, file_size: int | None = None) -> PtArchive:
-    """Parse the central directory of the zip open at `fd`. Raises ZipFormatError (one-line reason) or OSError."""
+def read_archive(fd: int, file_size: int | None = None, *, base: int = 0) -> PtArchive:
+    """Parse the central directory of the zip open at `fd`. Raises ZipFormatError (one-line reason) or OSError.
+
+    With `base`, the zip is the `file_size` bytes from there (one item of a .distcp: torch.save blobs back to back);
+    every offset in the result is relative to `base`."""
     if file_size is None:
-        file_size = os.fstat(fd).st_size
-    head = _pread_exact(fd, 4, 0)
+        file_size = os.fstat(fd).st_size - base
+    head = _pread_exact(fd, 4, base)
     if not head.startswith(ZIP_MAGIC):
         problem = not_a_zip_problem(head, file_size)
         raise ZipFormatError(problem.code, problem.message)
@@ -195,7 +198,7 @@ def read_archive(fd: int, file_size: int | None = None) -> PtArchive:
         raise ZipFormatError("truncated", f"truncated: {file_size} bytes is too short for a zip archive")
     tail_len = min(file_size, _EOCD_LEN + _MAX_COMMENT + _EOCD64_LOC_LEN)
     tail_at = file_size - tail_len
-    tail = _pread_exact(fd, tail_len, tail_at)
+    tail = _pread_exact(fd, tail_len, base + tail_at)
     if len(tail) < tail_len:
         raise ZipFormatError("truncated", "truncated: file shrank while its tail was read")
     eocd = _find_eocd(tail)
@@ -207,7 +210,7 @@ def read_archive(fd: int, file_size: int | None = None) -> PtArchive:
     n_entries = n_total
     eocd_abs = tail_at + eocd
     if n_total == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
-        n_entries, cd_size, cd_offset = _read_zip64_eocd(fd, tail, eocd, tail_at, file_size)
+        n_entries, cd_size, cd_offset = _read_zip64_eocd(fd, tail, eocd, tail_at, file_size, base)
     if cd_offset + cd_size > file_size or cd_offset < 0:
         raise ZipFormatError(
             "truncated",
@@ -217,7 +220,7 @@ def read_archive(fd: int, file_size: int | None = None) -> PtArchive:
         raise ZipFormatError("bad-zip", f"implausible central directory of {cd_size} bytes")
     if cd_offset + cd_size > eocd_abs:
         raise ZipFormatError("bad-zip", "damaged: central directory overlaps its end record")
-    cd = _pread_exact(fd, cd_size, cd_offset)
+    cd = _pread_exact(fd, cd_size, base + cd_offset)
     if len(cd) < cd_size:
         raise ZipFormatError("truncated", "truncated: central directory cut short")
     entries = _parse_central_directory(cd, n_entries, cd_offset)
@@ -304,14 +307,16 @@ def _find_eocd(tail: bytes) -> int:
     return -1
 
 
-def _read_zip64_eocd(fd: int, tail: bytes, eocd: int, tail_at: int, file_size: int) -> tuple[int, int, int]:
+def _read_zip64_eocd(
+    fd: int, tail: bytes, eocd: int, tail_at: int, file_size: int, base: int = 0
+) -> tuple[int, int, int]:
     loc = eocd - _EOCD64_LOC_LEN
     if loc < 0 or tail[loc : loc + 4] != _EOCD64_LOC_SIG:
         raise ZipFormatError("bad-zip", "damaged: zip64 end record locator missing")
     (_, _disk, rec_off, _ndisks) = struct.unpack_from("<4sIQI", tail, loc)
     if rec_off + _EOCD64_LEN > file_size:
         raise ZipFormatError("truncated", "truncated: zip64 end record beyond the end of the file")
-    rec = _pread_exact(fd, _EOCD64_LEN, rec_off)
+    rec = _pread_exact(fd, _EOCD64_LEN, base + rec_off)
     if len(rec) < _EOCD64_LEN or rec[:4] != _EOCD64_SIG:
         raise ZipFormatError("bad-zip", "damaged: zip64 end record missing")
     (_, _sz, _vm, _vn, _d, _cd_d, _n_here, n_total, cd_size, cd_offset) = struct.unpack_from("<4sQHHIIQQQQ", rec, 0)
