@@ -314,3 +314,22 @@ def test_a_node_silent_in_the_check_leaves_its_checkpoints_whole_everywhere_and_
     assert all(f"node(s) {IDS[1]} did not answer" in o.detail for o in got.outcomes)
     assert not got.ok and cluster.last.silent == (IDS[1],) and cluster.last.partly == ()
     assert [steps(d) for d in dirs] == before
+
+
+def test_bit_rot_in_one_nodes_part_of_the_newest_is_found_by_that_node_before_anything_goes(
+    verl_run, tmp_path, monkeypatch
+):
+    from ckpt_audit.lifecycle.survivors import verify_plan
+
+    dirs, root, scanned, plan = _planned(verl_run, tmp_path, monkeypatch)
+    shard = next(next(dirs[1].rglob("global_step_6")).rglob("model_world_size_2_rank_1.pt"))
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, same mtime: only a read by content sees it
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    check = verify_plan(plan, scanned.runs, read=LocalCluster([root], scanned).reread)
+    assert [(r.checkpoint.step, r.status.name) for r in check.failed] == [(6, "CORRUPT")]
+    assert check.failed[0].findings[0].path == root + str(shard)[len(str(dirs[1])) :]  # logical path, not node 1's
+    # step 4 is the newest complete now, step 6 the tracker's target: only step 2 still goes
+    assert [i.step for i in check.plan.delete] == [2] and sorted(i.step for i in check.plan.keep) == [4, 6]
