@@ -223,3 +223,19 @@ def test_damaged_item_directory(mcore):
 def test_integrity_mismatch_names_the_changed_file(mcore):
     [f] = [f for f in _verified(mcore, "integrity-mismatch") if f.code == "megatron-integrity-mismatch"]
     assert f.path.endswith(".distcp")
+
+
+def test_cli_scan_then_verify_on_a_flipped_bit(mcore, tmp_path):
+    """The cron scan is blind to a bit flipped inside a .distcp before its first scan (it has no item byte ranges at
+    read time); verify, through the real CLI, exits 1 and names the tensor."""
+    run = tmp_path / "exp"
+    shutil.copytree(_run(mcore, "distcp-bitflip"), run)
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    cli = [sys.executable, "-m", "ckpt_audit.cli"]
+    scanned = subprocess.run([*cli, "scan", "--json", str(run)], env=env, capture_output=True, text=True, timeout=300)
+    assert scanned.returncode == 0, scanned.stderr[-500:]
+    out = subprocess.run([*cli, "verify", "--json", str(run)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-500:]
+    [comp] = json.loads(out.stdout)["runs"][0]["checkpoints"][0]["components"]
+    [f] = [f for f in comp["findings"] if f["code"] == "distcp-crc-mismatch"]
+    assert f["tensor"] == "embedding.word_embeddings.weight"
