@@ -125,6 +125,7 @@ def test_a_node_killed_mid_prune_leaves_marks_and_the_rerun_finishes(cluster, ve
         (kill / ids[1]).unlink()
     assert killed.exit_code == 3, killed.output
     assert f"node {ids[1]} did not answer the prune" in killed.output
+    assert killed.output.count(f"(partly pruned: removed on node(s) {ids[0]}; node {ids[1]} did not answer") == 2
     partly = sorted(line.rsplit(" ", 1)[1] for line in killed.output.splitlines() if "partly pruned (" in line)
     assert partly == [f"{root}/{verl_run.parent.name}/{verl_run.name}/global_step_{s}" for s in (2, 4)]
     left = steps(dirs[1])

@@ -444,17 +444,12 @@ def _merged(item: PlanItem, ran: ClusterExecution, holders: set[str]) -> Outcome
     """One checkpoint's outcome over the nodes that held part of it."""
     got = _per_node(item.path, ran.reports)
     if item.path in ran.partly:
-        why = [f"node {n} did not answer" for n in ran.silent if n in holders]
-        why += [
-            f"on node {n}: {o.action} ({o.detail})" for n, o in sorted(got.items()) if o.action is not Action.DELETED
-        ]
-        return _outcome(
-            item,
-            Action.FAILED,
-            "partly pruned: "
-            + "; ".join(why)
-            + " (its part there is intact or marked: the next prune --ray finishes it)",
-        )
+        removed = sorted(n for n, o in got.items() if o.action is Action.DELETED)
+        why = [f"removed on node(s) {', '.join(removed)}"] if removed else []
+        why += [f"node {n} did not answer" for n in ran.silent if n in holders]
+        why += [f"on node {n}: {o.action} ({o.detail})" for n, o in sorted(got.items()) if n not in removed]
+        tail = " (a part not removed is intact or marked: the next prune --ray finishes it)"
+        return _outcome(item, Action.FAILED, "partly pruned: " + "; ".join(why) + tail)
     bad = {n: o for n, o in got.items() if o.action is not Action.DELETED and o.detail != "gone already"}
     if bad:
         action = Action.FAILED if any(o.action is Action.FAILED for o in bad.values()) else Action.SKIPPED
