@@ -198,7 +198,7 @@ class FileFacts:
     findings: tuple[Finding, ...] = ()  # per-file findings (truncated, crc-mismatch, unreadable, ...)
     reused: bool = False  # hash (and structure) taken from the previous scan because the stat matched
     verified_ns: int | None = None  # when the content was last read in full (hash + CRC); None: never, or not cleanly
-    dcp: DcpFacts | None = None  # a DCP .metadata's facts, parsed on every scan (not recorded in the catalog)
+    dcp: DcpFacts | None = None  # a DCP .metadata's parsed facts (the catalog keeps them: files.dcp_facts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

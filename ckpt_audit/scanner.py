@@ -199,6 +199,7 @@ def scan_partial(
             and isinstance(prev, FileFacts)
             and _reusable(prev, stats[p])
             and file_rules.judged_as(kinds[p], prev.findings)
+            and _has_dcp_facts(kinds[p], prev)
         ):
             cached[p] = prev
         else:
@@ -219,8 +220,6 @@ def scan_partial(
             todo.append(p)
         else:
             facts[p] = replace(prev, reused=True, text=_read_text(p, stats[p])) if _wants_text(p) else prev
-            if kinds[p] is FileKind.DCP_METADATA:  # not in the catalog: parsed again (its findings are kept)
-                facts[p] = replace(facts[p], dcp=_dcp_facts(p)[0])
     todo.sort()
     total = sum(stats[p].st_size for p in todo)
     done = 0
@@ -430,6 +429,13 @@ def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
         top_keys=s.keys,
     )
     return facts, file_rules.structure_findings(path, problems=s.problems, unsafe_globals=s.unsafe_globals)
+
+
+def _has_dcp_facts(kind: FileKind, prev: FileFacts) -> bool:
+    """A DCP .metadata is reused only with its parsed facts (a row from before m006 has none: it is read again)."""
+    if kind is not FileKind.DCP_METADATA or prev.dcp is not None:
+        return True
+    return any(f.code == "dcp-metadata-invalid" for f in prev.findings)  # unparseable: nothing to re-learn
 
 
 def _dcp_facts(path: str) -> tuple[DcpFacts | None, tuple[Finding, ...]]:

@@ -11,7 +11,7 @@ import sqlite3
 from dataclasses import asdict, dataclass, field, fields
 
 from ckpt_audit.codes import CODES
-from ckpt_audit.models import FileKind, Finding, Severity, ShardFile
+from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, ShardFile
 from ckpt_audit.tree import FileFacts, PtFacts
 
 
@@ -57,9 +57,12 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
     else:
         conn = conn_or_path
     try:
+        # a catalog not yet migrated to m006 (read-only here) has no dcp_facts: its .metadata rows are read again
+        has_dcp = any(r[1] == "dcp_facts" for r in conn.execute("PRAGMA table_info(files)"))
         rows = conn.execute(
-            "SELECT path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, verified_ns"
-            " FROM files WHERE present = 1"
+            "SELECT path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, verified_ns, "
+            + ("dcp_facts" if has_dcp else "NULL")
+            + " FROM files WHERE present = 1"
         ).fetchall()
     except sqlite3.OperationalError:
         return {}  # a fresh catalog without tables yet
@@ -70,7 +73,7 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
             conn.close()
     out: dict[str, FileFacts] = {}
     pts: dict[str | None, tuple[PtFacts | None, bool]] = {}  # many files share one document; PtFacts is frozen
-    for path, size, mtime, inode, h, crc, ff, pt_doc, verified in rows:
+    for path, size, mtime, inode, h, crc, ff, pt_doc, verified, dcp_doc in rows:
         found = findings_from_json(ff, path)
         if (parsed := pts.get(pt_doc)) is None:
             parsed = pts[pt_doc] = pt_from_json(pt_doc)
@@ -86,6 +89,7 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
             pt=pt,
             # a row missing a fact the readers now record cannot vouch for the file: read it again
             verified_ns=verified if pt_whole else None,
+            dcp=dcp_from_json(dcp_doc),
         )
     return out
 
@@ -171,6 +175,18 @@ def _finding(doc: dict | list, path: str) -> Finding:
 
 
 _PT_FIELDS = frozenset(f.name for f in fields(PtFacts))
+
+
+def dcp_to_json(dcp: DcpFacts | None) -> str | None:
+    return None if dcp is None else json.dumps(asdict(dcp))
+
+
+def dcp_from_json(doc: str | None) -> DcpFacts | None:
+    """The stored DcpFacts; None for no document (the scan then parses the .metadata again)."""
+    if doc is None:
+        return None
+    d = json.loads(doc)
+    return DcpFacts(file_ends=tuple((str(f), int(n)) for f, n in d["file_ends"]), key_roots=tuple(d["key_roots"]))
 
 
 def pt_to_json(pt: PtFacts | None) -> str | None:

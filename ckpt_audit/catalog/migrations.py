@@ -276,3 +276,10 @@ def m005_nodes(db) -> None:
             PRIMARY KEY (path, node_id)
         )""")
     db.execute("CREATE INDEX file_nodes_node ON file_nodes(node_id, present)")
+
+
+@MIGRATIONS()
+def m006_dcp_facts(db) -> None:
+    """What a DCP .metadata says of its directory (models.DcpFacts: the bytes each data file must hold, the state's
+    top keys), so a re-scan checks the data files without parsing an unchanged .metadata again."""
+    db.execute("ALTER TABLE files ADD COLUMN dcp_facts TEXT")  # JSON of models.DcpFacts; NULL: not a DCP .metadata

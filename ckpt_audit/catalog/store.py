@@ -17,6 +17,7 @@ from ckpt_audit import __version__
 from ckpt_audit.catalog.manifest import (
     CatalogError,
     as_shard_files,
+    dcp_to_json,
     findings_from_json,
     findings_to_json,
     pt_to_json,
@@ -462,7 +463,7 @@ def _checkpoint_row(ckpt: Checkpoint, scan_id: int) -> dict:
 
 _FILE_COLS = (
     "path, run_path, checkpoint_path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash,"
-    " crc_ok, file_findings, pt_facts, verified_ns"
+    " crc_ok, file_findings, pt_facts, verified_ns, dcp_facts"
 )
 _N_FILE_COLS = _FILE_COLS.count(",") + 1
 
@@ -487,6 +488,7 @@ def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, fac
         findings_to_json(fact.findings) if fact else "[]",
         pt_to_json(fact.pt) if fact else None,
         fact.verified_ns if fact else None,
+        dcp_to_json(fact.dcp) if fact else None,
     )
 
 

@@ -74,7 +74,7 @@ def why_not(ckpt: Checkpoint, run: Run) -> Passed | None:
 
 
 # complete (the weights are whole, so retention counts them) but a resume from them restarts the optimizer
-MODEL_ONLY = frozenset({"hf-model-only"})
+MODEL_ONLY = frozenset({"hf-model-only", "torchtitan-model-only"})
 # non-error findings that explain a status by themselves
 _TELLING = frozenset(
     {"in-progress", "husk", "missing-dataloader-state", "symlink-outside-root", "file-vanished", *MODEL_ONLY}

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from ckpt_audit.layouts.hf_trainer import NAME as HF_TRAINER
+from ckpt_audit.layouts.torchtitan import NAME as TORCHTITAN
 from ckpt_audit.layouts.tracker import resume_step
 from ckpt_audit.layouts.verl_fsdp import step_of
 from ckpt_audit.lifecycle.latest import why_not
@@ -121,6 +122,11 @@ def _refusal(run: Run, tracker: TrackerState, problem: str, target, *, now_ns: i
         return (
             "an HF Trainer run has no tracker (resume_from_checkpoint=True loads the highest checkpoint-N): "
             "pass `ckpt-audit latest` to resume_from_checkpoint instead"
+        )
+    if run.layout == TORCHTITAN:  # torchtitan resumes from the highest step-N with a .metadata, whatever is there
+        return (
+            "a torchtitan run has no tracker (it resumes from the highest step-N holding a .metadata): "
+            "move a broken newest step-N aside, or set checkpoint.load_step"
         )
     if tracker.is_link:
         return "the tracker is a symbolic link: not replacing a link (fix its target by hand)"

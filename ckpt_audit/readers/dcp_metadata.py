@@ -7,7 +7,7 @@ is read by the restricted unpickler, so no torch class is resolved: the dataclas
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,16 +40,7 @@ def read_metadata(path: str) -> DcpMetadata:
 
 
 def parse_metadata(raw: bytes) -> DcpMetadata:
-    try:
-        meta = unpickler.restricted_load(raw)
-    except Exception as exc:  # noqa: BLE001 - garbage in, one line out
-        raise ValueError(f"does not unpickle: {exc}") from None
-    if not unpickler.is_record(meta) or not meta.qualname.endswith(".Metadata"):
-        raise ValueError(f"not a DCP Metadata record ({type(meta).__name__})")
-    sdm = _field(meta, "state_dict_metadata")
-    sd = _field(meta, "storage_data")
-    if not isinstance(sdm, dict) or not isinstance(sd, dict):
-        raise ValueError("Metadata without state_dict_metadata / storage_data")
+    sdm, sd = _load(raw)
     tensors: dict[str, Any] = {}
     byte_items: set[str] = set()
     for fqn, item in sdm.items():
@@ -73,16 +64,35 @@ def parse_metadata(raw: bytes) -> DcpMetadata:
     for idx, info in sd.items():
         fqn = _field(idx, "fqn")
         off = _field(idx, "offset")
-        storage[(str(fqn), tuple(off) if off is not None else None)] = (
-            str(_field(info, "relative_path")),
-            int(_field(info, "offset")),
-            int(_field(info, "length")),
-        )
+        storage[(str(fqn), tuple(off) if off is not None else None)] = _where(info)
     return DcpMetadata(tensors=tensors, byte_items=frozenset(byte_items), storage=storage)
+
+
+def _load(raw: bytes) -> tuple[dict, dict]:
+    """(state_dict_metadata, storage_data) of a pickled DCP Metadata."""
+    try:
+        meta = unpickler.restricted_load(raw)
+    except Exception as exc:  # noqa: BLE001 - garbage in, one line out
+        raise ValueError(f"does not unpickle: {exc}") from None
+    if not unpickler.is_record(meta) or not meta.qualname.endswith(".Metadata"):
+        raise ValueError(f"not a DCP Metadata record ({type(meta).__name__})")
+    sdm = _field(meta, "state_dict_metadata")
+    sd = _field(meta, "storage_data")
+    if not isinstance(sdm, dict) or not isinstance(sd, dict):
+        raise ValueError("Metadata without state_dict_metadata / storage_data")
+    return sdm, sd
+
+
+def _where(info: Any) -> tuple[str, int, int]:
+    """(file, offset, length) of one storage entry."""
+    return str(_field(info, "relative_path")), int(_field(info, "offset")), int(_field(info, "length"))
 
 
 def _field(rec: Any, name: str) -> Any:
     if unpickler.is_record(rec):
+        st = rec.state
+        if type(st) is dict and name in st:  # a dataclass's BUILD state: the common case, read without a copy
+            return st[name]
         f = rec.fields
         if name in f:
             return f[name]
@@ -93,18 +103,24 @@ def _field(rec: Any, name: str) -> Any:
     return getattr(rec, name, None)
 
 
-def facts(meta: DcpMetadata) -> DcpFacts:
+def facts(sdm_keys: Iterable[str], storage: Iterable[tuple[str, int, int]]) -> DcpFacts:
     """What the shallow scan keeps of `.metadata`: the bytes each data file must hold, and the state's top keys."""
     ends: dict[str, int] = {}
-    for rel, start, length in meta.storage.values():
+    for rel, start, length in storage:
         ends[rel] = max(ends.get(rel, 0), start + length)
-    roots = {fqn.split(".", 1)[0] for fqn in (*meta.tensors, *meta.byte_items)}
+    roots = {str(fqn).split(".", 1)[0] for fqn in sdm_keys}
     return DcpFacts(file_ends=tuple(sorted(ends.items())), key_roots=tuple(sorted(roots)))
 
 
 def read_facts(path: str) -> DcpFacts:
-    """`facts` of the `.metadata` at `path`; raises OSError or ValueError (one line) as `read_metadata` does."""
+    """`facts` of the `.metadata` at `path`, without building its chunk lists (the scan's cost); raises OSError,
+    or ValueError with a one-line reason."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_METADATA_BYTES + 1)
+    if len(raw) > MAX_METADATA_BYTES:
+        raise ValueError("larger than 1 GiB")
+    sdm, sd = _load(raw)
     try:
-        return facts(read_metadata(path))
-    except (TypeError, AttributeError) as exc:  # a record of the right name with fields of the wrong types
+        return facts(sdm, (_where(info) for info in sd.values()))
+    except (TypeError, ValueError, AttributeError) as exc:  # a record of the right name with fields of the wrong types
         raise ValueError(f"malformed: {unpickler.first_line(exc)}") from None

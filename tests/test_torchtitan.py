@@ -1,0 +1,269 @@
+"""torchtitan `step-N/` folders written by torchtitan's own CheckpointManager, judged through the real CLI.
+
+The tree comes from tests/_write_torchtitan.py (2 gloo processes, FSDP2, torchtitan's optimizer, LR scheduler and
+dataloader containers: step-0 seed, step-1 and step-2 full saves through dcp.async_save, step-3 the model-only last
+save), cached between sessions like the harness trees, keyed by the writer's source and the library versions. One
+defect per test, on a copy dated an hour back.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import MANIFEST, _cache_root, _intact, _manifest
+
+from ckpt_audit.cli import cli
+from ckpt_audit.layouts import load_layouts
+from ckpt_audit.readers import dcp_metadata
+from ckpt_audit.scanner import read_file
+
+WRITER = Path(__file__).with_name("_write_torchtitan.py")
+pytestmark = pytest.mark.slow  # a 2-process torchtitan run on a cold cache
+
+
+def _key() -> str:
+    from importlib.metadata import version
+
+    h = hashlib.sha256(WRITER.read_bytes())
+    for pkg in ("torch", "torchtitan", "torchdata"):
+        h.update(f"{pkg}={version(pkg)}".encode())
+    return h.hexdigest()[:16]
+
+
+def _write(dump: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, str(WRITER), str(dump)], capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def titan_dump(tmp_path_factory) -> Path:
+    """A torchtitan dump folder holding checkpoint/step-{0,1,2,3}, cached across sessions."""
+    pytest.importorskip("torchtitan")  # the test extra installs it
+    cache = _cache_root()
+    if cache is None:
+        dump = tmp_path_factory.mktemp("titan") / "dump"
+        _write(dump)
+        return dump
+    cache.mkdir(parents=True, exist_ok=True)
+    final = cache / f"torchtitan-{_key()}"
+    with open(cache / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final.is_dir() and _intact(final)):
+            shutil.rmtree(final, ignore_errors=True)
+            staging = Path(tempfile.mkdtemp(prefix=".torchtitan-", dir=cache))
+            try:
+                _write(staging / "dump")
+                (staging / MANIFEST).write_text(json.dumps(_manifest(staging)))
+                os.rename(staging, final)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            for stale in cache.glob("torchtitan-*"):  # trees from an older writer
+                if stale.is_dir() and stale != final:
+                    shutil.rmtree(stale, ignore_errors=True)
+                    stale.with_name(stale.name + ".lock").unlink(missing_ok=True)
+    return final / "dump"
+
+
+@pytest.fixture
+def ckpts(titan_dump, tmp_path) -> Path:
+    """A private copy of the checkpoint folder (<tmp>/runs/dump/checkpoint), every entry dated an hour back."""
+    dst = tmp_path / "runs" / "dump"
+    shutil.copytree(titan_dump, dst)
+    age(dst)
+    return dst / "checkpoint"
+
+
+def age(root: Path, seconds: float = 3600) -> None:
+    t = time.time() - seconds
+    for p in [root, *root.rglob("*")]:
+        os.utime(p, (t, t))
+
+
+def invoke(*args: str, catalog: Path):
+    return CliRunner().invoke(cli, [*args, "--catalog", str(catalog)])
+
+
+def scan_json(root: Path, catalog: Path, command: str = "scan") -> dict:
+    res = invoke(command, "--json", str(root), catalog=catalog)
+    assert res.exit_code in (0, 1), res.output
+    return json.loads(res.stdout)
+
+
+def statuses(doc: dict) -> dict[int, str]:
+    [run] = doc["runs"]
+    return {c["step"]: c["status"] for c in run["checkpoints"]}
+
+
+def findings_of(doc: dict, step: int) -> list[dict]:
+    [run] = doc["runs"]
+    [c] = [c for c in run["checkpoints"] if c["step"] == step]
+    return [*c["findings"], *(f for comp in c["components"] for f in comp["findings"])]
+
+
+def codes_of(doc: dict, step: int) -> set[str]:
+    return {f["code"] for f in findings_of(doc, step)}
+
+
+def truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+# -- what torchtitan writes ------------------------------------------------------------------------------------
+
+
+def test_the_writer_saves_what_torchtitans_checkpointer_saves(titan_dump):
+    """The keys come from torchtitan's containers, so the layout is tested on its real format, not on our reading."""
+    folder = titan_dump / "checkpoint"
+    assert sorted(p.name for p in folder.iterdir()) == ["step-0", "step-1", "step-2", "step-3"]
+    for step in range(4):
+        assert sorted(p.name for p in (folder / f"step-{step}").iterdir()) == [
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+        ]
+    full = dcp_metadata.read_metadata(str(folder / "step-2" / ".metadata"))
+    roots = dcp_metadata.read_facts(str(folder / "step-2" / ".metadata")).key_roots
+    assert {"optimizer", "lr_scheduler", "dataloader", "train_state", "tok_embeddings", "layers"} <= set(roots)
+    assert {"dataloader.dp_rank_0", "dataloader.dp_rank_1", "train_state.step"} <= full.byte_items
+    seed = dcp_metadata.read_facts(str(folder / "step-0" / ".metadata"))
+    assert "optimizer" not in seed.key_roots and "tok_embeddings" in seed.key_roots
+
+
+def test_scan_reads_the_byte_ranges_metadata_needs(titan_dump):
+    meta = titan_dump / "checkpoint" / "step-1" / ".metadata"
+    kind = {layout.file_kind(str(meta)) for layout in load_layouts()} - {None}
+    fact = read_file(str(meta), meta.stat(), None, kind=kind.pop())
+    sizes = {p.name: p.stat().st_size for p in meta.parent.glob("*.distcp")}
+    assert fact.dcp is not None and dict(fact.dcp.file_ends) == sizes  # each rank's file ends where its last item does
+
+
+# -- real trees through the CLI --------------------------------------------------------------------------------
+
+
+def test_recognised_with_no_configuration(ckpts, tmp_path):
+    doc = scan_json(ckpts.parent.parent, tmp_path / "c.db")
+    [run] = doc["runs"]
+    assert run["layout"] == "torchtitan" and run["path"] == str(ckpts)
+    assert statuses(doc) == {0: "complete", 1: "complete", 2: "complete", 3: "complete"}
+    assert {c["world_size"] for c in run["checkpoints"]} == {2}
+    assert run["tracker_step"] == 3  # what torchtitan's own resume would load
+    assert "torchtitan-seed" in codes_of(doc, 0)
+    assert codes_of(doc, 1) == codes_of(doc, 2) == set()
+    [only] = findings_of(doc, 3)  # the default last save holds the model alone: torchtitan cannot resume from it
+    assert only["code"] == "torchtitan-model-only" and only["severity"] == "warning"
+    assert doc["exit_code"] == 0
+    # the resume gate passes over the model-only last save: torchtitan's resume from it fails
+    res = invoke("latest", str(ckpts), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(ckpts / "step-2")
+
+
+def test_truncated_distcp_is_caught_by_scan_and_verify(ckpts, tmp_path):
+    shard = ckpts / "step-2" / "__1_0.distcp"
+    truncate(shard, shard.stat().st_size - 100)
+    age(ckpts.parent)
+    doc = scan_json(ckpts, tmp_path / "c.db")
+    assert statuses(doc) == {0: "complete", 1: "complete", 2: "corrupt", 3: "complete"}
+    [f] = [f for f in findings_of(doc, 2) if f["code"] == "dcp-range-outside-file"]
+    assert f["path"] == str(shard) and f["rank"] == 1 and "truncated" in f["message"]
+    doc = scan_json(ckpts, tmp_path / "v.db", command="verify")
+    assert statuses(doc)[2] == "corrupt" and "dcp-range-outside-file" in codes_of(doc, 2)
+    assert doc["exit_code"] == 1
+
+
+def test_missing_distcp_is_caught_by_scan_and_verify(ckpts, tmp_path):
+    (ckpts / "step-1" / "__0_0.distcp").unlink()
+    age(ckpts.parent)
+    doc = scan_json(ckpts, tmp_path / "c.db")
+    assert statuses(doc) == {0: "complete", 1: "incomplete", 2: "complete", 3: "complete"}
+    [f] = [f for f in findings_of(doc, 1) if f["code"] == "dcp-file-missing"]
+    assert f["path"] == str(ckpts / "step-1" / "__0_0.distcp") and f["rank"] == 0
+    doc = scan_json(ckpts, tmp_path / "v.db", command="verify")
+    assert statuses(doc)[1] == "incomplete" and "dcp-file-missing" in codes_of(doc, 1)
+
+
+def test_missing_metadata_is_incomplete_and_torchtitan_resumes_elsewhere(ckpts, tmp_path):
+    # DCP writes .metadata.tmp and renames it last: a save killed in between leaves the data and no commit
+    os.rename(ckpts / "step-3" / ".metadata", ckpts / "step-3" / ".metadata.tmp")
+    age(ckpts.parent)
+    doc = scan_json(ckpts, tmp_path / "c.db")
+    assert statuses(doc) == {0: "complete", 1: "complete", 2: "complete", 3: "incomplete"}
+    [f] = [f for f in findings_of(doc, 3) if f["code"] == "dcp-metadata-missing"]
+    assert ".metadata.tmp" in f["message"]
+    assert doc["runs"][0]["tracker_step"] == 2  # torchtitan skips a step-N without .metadata
+
+
+def test_a_save_without_metadata_just_now_is_in_progress(ckpts, tmp_path):
+    (ckpts / "step-3" / ".metadata").unlink()
+    age(ckpts / "step-3", seconds=5)
+    doc = scan_json(ckpts, tmp_path / "c.db")
+    assert statuses(doc)[3] == "in-progress"
+    assert doc["exit_code"] == 0
+
+
+def test_a_broken_step_that_torchtitan_would_resume_from_is_named(ckpts, tmp_path):
+    shutil.rmtree(ckpts / "step-3")  # keep_latest_k purges from the oldest; here the newest is gone
+    truncate(ckpts / "step-2" / "__0_0.distcp", 1000)
+    age(ckpts.parent)
+    doc = scan_json(ckpts, tmp_path / "c.db")
+    [run] = doc["runs"]
+    assert run["tracker_step"] == 2
+    [f] = [f for f in run["findings"] if f["code"] == "torchtitan-resume-broken"]
+    assert f["path"] == str(ckpts / "step-2") and "corrupt" in f["message"]
+
+
+def test_latest_and_prune_dry_run_through_the_cli(ckpts, tmp_path):
+    cat = tmp_path / "c.db"
+    (ckpts / "step-2" / "__1_0.distcp").unlink()
+    age(ckpts.parent)
+    res = invoke("scan", str(ckpts), catalog=cat)
+    assert res.exit_code == 1, res.output
+    res = invoke("latest", "--json", str(ckpts), catalog=cat)
+    assert res.exit_code == 0, res.output
+    gate = json.loads(res.stdout)
+    assert gate["checkpoint"] == str(ckpts / "step-1")
+    assert {p["step"]: p["reasons"][0] for p in gate["passed_over"]} == {
+        3: "torchtitan-model-only",
+        2: "dcp-file-missing",
+    }
+    res = invoke("prune", "--dry-run", "--json", "--keep-last", "1", str(ckpts), catalog=cat)
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)["plan"]
+    assert {d["step"]: d["reasons"] for d in plan["delete"]} == {0: ["not-kept"], 1: ["not-kept"], 2: ["incomplete"]}
+    assert {d["step"]: d["reasons"] for d in plan["keep"]} == {3: ["newest-complete", "tracker-target", "keep-last"]}
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-0", "step-1", "step-2", "step-3"]  # a dry run
+
+
+def test_fix_tracker_writes_no_verl_tracker_into_a_torchtitan_folder(ckpts, tmp_path):
+    (ckpts / "step-3" / ".metadata").unlink()
+    age(ckpts.parent)
+    res = invoke("fix-tracker", "--yes", str(ckpts), catalog=tmp_path / "c.db")
+    assert res.exit_code == 1 and "torchtitan run has no tracker" in res.output
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-0", "step-1", "step-2", "step-3"]
+
+
+def test_a_rescan_checks_a_truncated_distcp_against_the_catalogued_metadata(ckpts, tmp_path):
+    """The catalog keeps what .metadata said (files.dcp_facts): an unchanged .metadata is not read again, and the
+    byte ranges it gave still judge a data file truncated since."""
+    cat = tmp_path / "c.db"
+    first = scan_json(ckpts, cat)
+    assert first["files_hashed"] == 12 and first["summary"]["errors"] == 0
+    shard = ckpts / "step-1" / "__0_0.distcp"
+    truncate(shard, 10)
+    age(shard)  # the others keep the stat the catalog recorded
+    doc = scan_json(ckpts, cat)
+    # only the truncated file was read for a reason (the scrub re-reads a share of the rest by content, on purpose)
+    assert doc["files_hashed"] - doc["files_scrubbed"] == 1
+    assert statuses(doc)[1] == "corrupt" and "dcp-range-outside-file" in codes_of(doc, 1)
