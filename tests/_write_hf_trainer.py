@@ -1,10 +1,11 @@
-"""Writes an HF Trainer output directory with transformers' own Trainer, one CPU process.
+"""Writes an HF Trainer output directory with transformers' own Trainer: DDP over 2 CPU processes on gloo.
 
-Run as: python tests/_write_hf_trainer.py OUTPUT_DIR. A 2-layer GPT-2 from a config (no download) trains for 6 steps
-with save_steps=2, so Trainer itself writes checkpoint-2/, checkpoint-4/ (model.safetensors) and checkpoint-6/, whose
-weights save_pretrained writes sharded (max_shard_size, as a large model's are: model-0000i-of-0000n.safetensors and
-model.safetensors.index.json). Everything else in each folder is what Trainer writes: optimizer.pt, scheduler.pt,
-rng_state.pth, trainer_state.json, training_args.bin, config.json, generation_config.json.
+Run as: python -m torch.distributed.run --nproc_per_node 2 tests/_write_hf_trainer.py OUTPUT_DIR. A 2-layer GPT-2
+from a config (no download) trains for 6 steps with save_steps=2, so Trainer itself writes checkpoint-2/,
+checkpoint-4/ (model.safetensors) and checkpoint-6/, whose weights save_pretrained writes sharded (max_shard_size, as
+a large model's are: model-0000i-of-0000n.safetensors and model.safetensors.index.json). Everything else in each
+folder is what Trainer writes: optimizer.pt, scheduler.pt, one rng_state_R.pth per rank, trainer_state.json,
+training_args.bin, config.json, generation_config.json.
 """
 
 import sys
@@ -37,6 +38,7 @@ def main(out: str) -> None:
         seed=0,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        ddp_backend="gloo",
     )
     trainer = Trainer(model=model, args=args, train_dataset=Rows())
     save = model.save_pretrained

@@ -1,8 +1,9 @@
 """HF Trainer `checkpoint-N/` folders written by transformers' own Trainer, judged through the real CLI.
 
-The tree comes from tests/_write_hf_trainer.py (a real `Trainer.train()` on CPU: checkpoint-2, -4 with
-model.safetensors, checkpoint-6 with sharded weights and an index), cached between sessions like the harness trees,
-keyed by the writer's source and the library versions. One defect per test, on a copy.
+The tree comes from tests/_write_hf_trainer.py (a real `Trainer.train()`, DDP over 2 CPU processes on gloo:
+checkpoint-2, -4 with model.safetensors, checkpoint-6 with sharded weights and an index, rng_state_0/1.pth in each),
+cached between sessions like the harness trees, keyed by the writer's source and the library versions. One defect per
+test, on a copy.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,13 +43,17 @@ def _key() -> str:
 
 def _write(dest: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    res = subprocess.run([sys.executable, str(WRITER), str(dest)], capture_output=True, text=True, timeout=600, env=env)
+    with socket.socket() as s:  # a free port for the gloo rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    res = subprocess.run([*run, str(WRITER), str(dest)], capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
 
 
 @pytest.fixture(scope="session")
 def hf_run(tmp_path_factory) -> Path:
-    """The output directory of a real Trainer run (checkpoint-2, -4, -6), cached across sessions."""
+    """The output directory of a real 2-process Trainer run (checkpoint-2, -4, -6), cached across sessions."""
     pytest.importorskip("accelerate")  # Trainer needs it; the test extra installs it
     cache = _cache_root()
     if cache is None:
@@ -123,7 +129,7 @@ def test_trainer_output_is_recognised_with_no_configuration_and_complete(out, tm
     [run] = doc["runs"]
     assert run["layout"] == "hf-trainer" and run["path"] == str(out)
     assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"}
-    assert {c["world_size"] for c in run["checkpoints"]} == {1}
+    assert {c["world_size"] for c in run["checkpoints"]} == {2}  # one rng_state_R.pth per rank
     assert doc["exit_code"] == 0
     # training_args.bin is read by the restricted unpickler, reported as the object it is, never unpickled
     assert "training-args-pickle" in codes_of(doc, 2)
@@ -183,7 +189,7 @@ def test_fix_tracker_writes_no_verl_tracker_into_a_trainer_output(out, tmp_path)
 
 @pytest.mark.slow
 def test_a_model_only_save_is_kept_by_prune_but_never_the_answer_of_latest(out, tmp_path):
-    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):  # what save_only_model=True leaves out
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"):  # save_only_model=True
         (out / "checkpoint-6" / name).unlink()
     age(out)
     doc = scan_json(out, tmp_path / "c.db")
@@ -199,12 +205,13 @@ def test_a_model_only_save_is_kept_by_prune_but_never_the_answer_of_latest(out, 
 
 
 @pytest.mark.slow
-def test_missing_rng_state_is_incomplete(out, tmp_path):
-    (out / "checkpoint-2" / "rng_state.pth").unlink()
+def test_missing_rng_state_of_one_rank_is_incomplete(out, tmp_path):
+    (out / "checkpoint-2" / "rng_state_0.pth").unlink()
     age(out)
     doc = scan_json(out, tmp_path / "c.db")
     assert statuses(doc) == {2: "incomplete", 4: "complete", 6: "complete"}
-    assert "hf-missing-rng-state" in codes_of(doc, 2)
+    [f] = [f for f in findings_of(doc, 2) if f["code"] == "hf-missing-rng-state"]
+    assert f["rank"] == 0 and f["path"] == str(out / "checkpoint-2" / "rng_state_0.pth")
     assert doc["exit_code"] == 1
 
 
@@ -236,7 +243,7 @@ def test_trainer_state_of_another_step_and_a_fresh_uncommitted_save(out, tmp_pat
 def test_a_foreign_global_in_rng_state_makes_it_unsafe(out, tmp_path):
     import torch
 
-    torch.save({"python": os.system}, out / "checkpoint-4" / "rng_state.pth")  # names posix.system
+    torch.save({"python": os.system}, out / "checkpoint-4" / "rng_state_1.pth")  # names posix.system
     age(out)
     doc = scan_json(out, tmp_path / "c.db")
     assert statuses(doc)[4] == "unsafe"
@@ -250,7 +257,7 @@ def test_verify_loads_the_resume_pickles_safely_and_reads_them_as_trainer_does(o
     res = invoke("verify", "--json", str(out), catalog=tmp_path / "c.db")
     assert res.exit_code == 0, res.output
     assert statuses(json.loads(res.stdout)) == {2: "complete", 4: "complete", 6: "complete"}
-    rng = out / "checkpoint-4" / "rng_state.pth"
+    rng = out / "checkpoint-4" / "rng_state_1.pth"
     state = safe_load.load(str(rng)).value  # weights_only, with the allowlist's numpy RNG names
     del state["cpu"]  # Trainer's resume indexes it: KeyError
     torch.save(state, rng)
@@ -273,7 +280,9 @@ def test_export_passes_the_weights_through_and_leaves_the_resume_state(out, tmp_
     assert res.exit_code == 0, res.output
     names = sorted(p.name for p in (tmp_path / "hf").iterdir())
     assert "config.json" in names and "model.safetensors" in names
-    assert not {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"} & set(names)
+    assert not {"optimizer.pt", "scheduler.pt", "rng_state_0.pth", "trainer_state.json", "training_args.bin"} & set(
+        names
+    )
     exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
     source: dict = {}
     for shard in sorted((out / "checkpoint-6").glob("model-*.safetensors")):
