@@ -562,6 +562,12 @@ _TABLE: tuple[Code, ...] = (
         "fresh RNG streams, so the run is not reproduced",
     ),
     Code(
+        code="hf-fewer-ranks",
+        severity=W,
+        explanation="RNG states for fewer ranks than the checkpoint before: the highest ranks' rng_state_R.pth are "
+        "missing (Trainer resumes those ranks with fresh RNG), or the run was resumed on fewer processes",
+    ),
+    Code(
         code="hf-missing-trainer-state",
         severity=E,
         explanation="no trainer_state.json (Trainer writes it last): resume restarts at step 0 from these weights",

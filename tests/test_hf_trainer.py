@@ -188,6 +188,17 @@ def test_fix_tracker_writes_no_verl_tracker_into_a_trainer_output(out, tmp_path)
 
 
 @pytest.mark.slow
+def test_the_highest_rank_s_rng_state_missing_is_a_warning_against_the_checkpoint_before(out, tmp_path):
+    (out / "checkpoint-6" / "rng_state_1.pth").unlink()  # rank 1 of 2: the names alone say W=1
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db", "--fail-on", "warning")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"}
+    [f] = [f for f in findings_of(doc, 6) if f["code"] == "hf-fewer-ranks"]
+    assert f["rank"] == 1 and "checkpoint-4 has 2" in f["message"]
+    assert doc["exit_code"] == 1
+
+
+@pytest.mark.slow
 def test_a_model_only_save_is_kept_by_prune_but_never_the_answer_of_latest(out, tmp_path):
     for name in ("optimizer.pt", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"):  # save_only_model=True
         (out / "checkpoint-6" / name).unlink()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import ScanContext, shard_file
@@ -106,6 +107,7 @@ class HfTrainer:
             committed = step if rules.TRAINER_STATE in tree.file_names(d) else None
             checkpoints.append(status.judge(ckpt, tracker_step=committed, ctx=ctx))
         checkpoints.sort(key=lambda c: (c.step, c.path))
+        checkpoints = fewer_ranks(checkpoints)
         found.extend(last_checkpoint(run_dir, checkpoints))
         return Run(path=run_dir, layout=NAME, checkpoints=tuple(checkpoints), findings=tuple(found))
 
@@ -154,6 +156,27 @@ class HfTrainer:
             findings=rules.check_checkpoint(step_dir, step, names, subdirs, texts, weights_below=below),
             mtime_ns=mtime,
         )
+
+
+def fewer_ranks(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+    """Each checkpoint (by step) with RNG states for fewer ranks than the one before gets a warning: the names
+    alone cannot tell the highest ranks' missing files from a resume on fewer processes, so it stays a warning."""
+    out: list[Checkpoint] = []
+    before: Checkpoint | None = None
+    for c in checkpoints:
+        ws, prev = c.world_size, before.world_size if before is not None else None
+        if ws is not None and prev is not None and ws < prev and c.status is not Status.IN_PROGRESS:
+            note = finding(
+                "hf-fewer-ranks",
+                f"{c.path}/rng_state_{ws}.pth",
+                f"RNG states of {ws} rank(s), checkpoint-{before.step} has {prev}: rank {ws} and up are missing, "
+                "or the run resumed on fewer processes",
+                rank=ws,
+            )
+            c = replace(c, findings=c.findings + (note,))
+        out.append(c)
+        before = c if c.world_size is not None else before
+    return out
 
 
 def last_checkpoint(run_dir: str, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:
