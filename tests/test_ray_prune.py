@@ -108,6 +108,7 @@ def test_keeps_the_newest_complete_over_the_union_and_deletes_the_rest_on_every_
     assert sorted(deleted) == [2, 4]
     assert all(ids[0] in why and ids[1] in why for why in deleted.values())  # each on both nodes holding it
     assert [o["step"] for o in doc["result"]["outcomes"] if o["action"] == "re-read"] == [6]
+    assert sorted(doc["ray"]["answered"]) == sorted(ids) and doc["ray"]["silent"] == doc["ray"]["partly_pruned"] == []
     assert [steps(d) for d in dirs] == [{6: before[0][6]}, {6: before[1][6]}]
 
 
@@ -178,6 +179,7 @@ def test_a_silent_node_protects_what_it_held(cluster, verl_run, tmp_path):
     plan = json.loads(got.output)["plan"]
     assert [i["step"] for i in plan["delete"]] == [4]
     step2 = next(i for i in plan["keep"] if i["step"] == 2)
+    assert json.loads(got.output)["ray"]["silent"] == [ids[1]]
     assert step2["status"] == "unknown" and "unread" in step2["reasons"]
     assert sorted(steps(dirs[0])) == [2, 6] and sorted(steps(dirs[1])) == [2]
 
@@ -313,7 +315,7 @@ def test_a_node_silent_in_the_check_leaves_its_checkpoints_whole_everywhere_and_
     got = cluster.execute(plan)
     assert [(o.step, str(o.action)) for o in got.outcomes] == [(2, "failed"), (4, "failed")]
     assert all(f"node(s) {IDS[1]} did not answer" in o.detail for o in got.outcomes)
-    assert not got.ok and cluster.last.silent == (IDS[1],) and cluster.last.partly == ()
+    assert not got.ok and cluster.document()["silent"] == [IDS[1]] and cluster.document()["partly_pruned"] == []
     assert [steps(d) for d in dirs] == before
 
 

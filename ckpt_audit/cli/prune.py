@@ -138,11 +138,11 @@ def prune_command(
         if not as_json:
             _render_plan(plan, trash, check)
         if (plan.empty and not trash) or dry_run:
-            _finish(ctx, as_json, check, trash, None, roots=roots)
+            _finish(ctx, as_json, check, trash, None, roots=roots, cluster=cluster)
         if not yes:
             if not sys.stdin.isatty():
                 if as_json:
-                    emit_json(_document(check, trash, None, roots))
+                    emit_json(_document(check, trash, None, roots, cluster))
                 click.echo(
                     "ckpt-audit: refusing to prompt: stdin is not a terminal; re-run with --yes to "
                     "delete, or --dry-run to only show the plan",
@@ -163,15 +163,15 @@ def prune_command(
         )
     if cluster is not None:
         report_nodes(cluster)
-    _finish(ctx, as_json, check, trash, outcome, roots=roots)
+    _finish(ctx, as_json, check, trash, outcome, roots=roots, cluster=cluster)
 
 
-def _finish(ctx, as_json, check, trash, outcome, *, roots) -> None:
+def _finish(ctx, as_json, check, trash, outcome, *, roots, cluster=None) -> None:
     from ckpt_audit.lifecycle.prune import Action
     from ckpt_audit.models import format_size
 
     if as_json:
-        emit_json(_document(check, trash, outcome, roots))
+        emit_json(_document(check, trash, outcome, roots, cluster))
     elif outcome is not None:
         click.echo(
             f"deleted {outcome.count(Action.DELETED)}, reclaimed {outcome.count(Action.RECLAIMED)}, "
@@ -184,7 +184,8 @@ def _finish(ctx, as_json, check, trash, outcome, *, roots) -> None:
     ctx.exit(int(ExitCode.FINDINGS if check.failed else ExitCode.OK))
 
 
-def _document(check, trash, outcome, roots) -> dict:
+def _document(check, trash, outcome, roots, cluster=None) -> dict:
+    extra = {} if cluster is None else {"ray": cluster.document()}  # prune --ray: nodes, partly pruned
     return {
         "command": "prune",
         "roots": list(roots),
@@ -193,6 +194,7 @@ def _document(check, trash, outcome, roots) -> dict:
         "trash": [{"path": t.path, "original_name": t.original_name, "exec_id": t.exec_id} for t in trash],
         "executed": outcome is not None,
         "result": outcome.to_dict() if outcome is not None else None,
+        **extra,
     }
 
 

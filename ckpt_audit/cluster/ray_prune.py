@@ -272,6 +272,7 @@ class Cluster:
         view = scanned.cluster
         self.roots = list(roots)
         self.nodes = list(view.answered) if view is not None else []
+        self.silent_at_scan = list(view.silent) if view is not None else []
         self.copies = dict(view.copies) if view is not None else {}
         self.keep_out = sorted({*roots, *(r.path for r in scanned.runs)})
         self.reclaim = sorted(
@@ -304,6 +305,18 @@ class Cluster:
             except Exception:  # noqa: BLE001 - a dead node, a killed worker or a timeout: this node did not answer
                 silent.append(node)
         return got, silent
+
+    def document(self) -> dict:
+        """The JSON `ray` block: who answered the scan, who did not answer (the scan, the check or the execution),
+        the checkpoints left partly pruned, and the errors a node's task raised."""
+        last = self.last
+        silent = dict.fromkeys([*self.silent_at_scan, *(last.silent if last else ())])
+        return {
+            "answered": self.nodes,
+            "silent": list(silent),
+            "partly_pruned": list(last.partly) if last else [],
+            "errors": dict(self.errors),
+        }
 
     # the survivor check, each node re-reading its own part
     def reread(self, ckpt: Checkpoint, **_ignored) -> Reread:
