@@ -221,8 +221,10 @@ def _flip_model_byte(dist_dir: Path) -> None:
     from torch.distributed.checkpoint import FileSystemReader
 
     meta = FileSystemReader(str(dist_dir)).read_metadata()
-    idx, info = max(
-        ((i, s) for i, s in meta.storage_data.items() if i.fqn.startswith("embedding.")), key=lambda kv: kv[1].length
+    # the word embeddings' chunk at the smallest (file, offset): the same item whichever rank's thread wrote first
+    info = min(
+        (s for i, s in meta.storage_data.items() if i.fqn == "embedding.word_embeddings.weight"),
+        key=lambda s: (s.relative_path, s.offset),
     )
     path = dist_dir / info.relative_path
     raw = bytearray(path.read_bytes())
@@ -245,7 +247,9 @@ def _break_item_directory(dist_dir: Path) -> None:
 
     meta = FileSystemReader(str(dist_dir)).read_metadata()
     info = next(
-        s for i, s in sorted(meta.storage_data.items(), key=lambda kv: kv[0].fqn) if i.fqn.startswith("optimizer.")
+        s
+        for i, s in sorted(meta.storage_data.items(), key=lambda kv: (kv[0].fqn, kv[1].relative_path, kv[1].offset))
+        if i.fqn.startswith("optimizer.")
     )
     path = dist_dir / info.relative_path
     raw = bytearray(path.read_bytes())
