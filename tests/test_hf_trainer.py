@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from ckpt_audit.cli import cli
 from ckpt_audit.deep import safe_load
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules import hf_trainer as rules
+from ckpt_audit.rules.status import ScanContext
 
 WRITER = Path(__file__).with_name("_write_hf_trainer.py")
 
@@ -367,3 +369,25 @@ def test_training_args_pickle_is_reported_as_what_it_is_and_a_foreign_global_sta
     # the same classes in any other pickle are unsafe
     [g] = file_rules.structure_findings("/o/checkpoint-8/optimizer.pt", problems=(), unsafe_globals=own)
     assert g.code == "unsafe-pickle"
+
+
+def test_a_deepspeed_checkpoint_is_one_hf_run_not_a_verl_run_too():
+    """Trainer under DeepSpeed keeps model and optimizer states in checkpoint-N/global_stepK/: that name reads like a
+    misnamed verl step, so without care the verl layout would take checkpoint-N for a run of its own."""
+    from ckpt_audit.scanner import reduce
+    from ckpt_audit.tree import FileFacts, Partial, Tree
+
+    ck, ds = "/o/checkpoint-6", "/o/checkpoint-6/global_step6"
+    files = {
+        ck: ("config.json", "latest", "model.safetensors", "rng_state_0.pth", "scheduler.pt", "trainer_state.json"),
+        ds: ("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "mp_rank_00_model_states.pt"),
+    }
+    tree = Tree(dirs={"/o": ("checkpoint-6",), ck: ("global_step6",), ds: ()}, files={"/o": (), **files})
+    paths = [f"{d}/{n}" for d, names in files.items() for n in names]
+    facts = {p: FileFacts(path=p, size_bytes=1, mtime_ns=1, inode=i, hash="0" * 32) for i, p in enumerate(paths)}
+    state = '{\n  "global_step": 6,\n  "log_history": []\n}'
+    facts[f"{ck}/trainer_state.json"] = replace(facts[f"{ck}/trainer_state.json"], text=state)
+    result = reduce([Partial(root="/o", tree=tree, facts=facts)], ctx=ScanContext(now_ns=10**18))
+    assert [(r.path, r.layout) for r in result.runs] == [("/o", "hf-trainer")]
+    [c] = result.runs[0].checkpoints
+    assert c.status.value == "complete", c.all_findings

@@ -87,7 +87,7 @@ class VerlFsdp:
         for d, subdirs in tree.dirs.items():
             if TRACKER in tree.file_names(d) or any(step_of(s)[0] is not None for s in subdirs):
                 # a step directory is never itself a run (verl's SFT nests nothing below it)
-                if step_of(d.rsplit("/", 1)[-1])[0] is None:
+                if step_of(d.rsplit("/", 1)[-1])[0] is None and not _hf_checkpoint(d, tree):
                     yield d
 
     def file_kind(self, path: str) -> FileKind | None:
@@ -245,6 +245,17 @@ class VerlFsdp:
             mtime_ns=mtime,
         )
         return replace(ckpt, findings=ckpt.findings + shards.check_step(ckpt, sft=sft))
+
+
+def _hf_checkpoint(d: str, tree: Tree) -> bool:
+    """An HF Trainer checkpoint-N (layouts.hf_trainer): under DeepSpeed it holds a global_stepK/ of DeepSpeed's, which
+    reads like a misnamed verl step, but it is no verl run."""
+    names = tree.file_names(d)
+    return (
+        bool(HF_CHECKPOINT_RE.fullmatch(d.rsplit("/", 1)[-1]))
+        and TRACKER not in names
+        and "trainer_state.json" in names
+    )
 
 
 def _is_role(name: str, tree: Tree, parent: str) -> bool:
