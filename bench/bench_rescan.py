@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import resource
 import statistics
 import subprocess
 import sys
@@ -93,26 +94,29 @@ def main() -> None:
             rescans.append(time.perf_counter() - t)
             reused = res.files_reused
         parts: dict[str, list[float]] = {"manifest": [], "scan": [], "record": []}
-        whole, bare = [], []
+        cpu: dict[str, list[float]] = {"manifest": [], "scan": [], "record": []}
+        whole, bare, whole_cpu = [], [], []
         # children load cached bytecode, as an installed package does (see bench_startup.py)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache")
         cmd = [sys.executable, "-m", "ckpt_audit", "scan", "-q", "--in-progress-window", "0", "--catalog", str(db)]
         subprocess.run([*cmd, str(root)], capture_output=True, env=env)  # writes the bytecode; not timed
         for _ in range(args.repeat):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             prev = read_previous(db)
-            t1 = time.perf_counter()
+            c1, t1 = time.process_time(), time.perf_counter()
             res = scan([root], previous=prev, in_progress_window_s=0)
-            t2 = time.perf_counter()
+            c2, t2 = time.process_time(), time.perf_counter()
             with open_catalog(db) as cat:
                 cat.record_scan(res)
-            t3 = time.perf_counter()
-            for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
+            c3, t3 = time.process_time(), time.perf_counter()
+            for k, v, c in zip(parts, (t1 - t0, t2 - t1, t3 - t2), (c1 - c0, c2 - c1, c3 - c2)):
                 parts[k].append(v)
+                cpu[k].append(c)
             t = time.perf_counter()
             subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
             bare.append(time.perf_counter() - t)
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
             proc = subprocess.run(
                 [*cmd, str(root)],
@@ -121,6 +125,8 @@ def main() -> None:
                 env=env,
             )
             whole.append(time.perf_counter() - t)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            whole_cpu.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
             assert proc.returncode == 0, proc.stdout + proc.stderr
         b, r = statistics.median(base), statistics.median(rescans)
         w, p = statistics.median(whole), statistics.median(bare)
@@ -131,6 +137,12 @@ def main() -> None:
             f"in-process re-scan (manifest read, walk, reuse, judge, record): {r * 1000:.0f} ms "
             f"(min {min(rescans) * 1000:.0f}, max {max(rescans) * 1000:.0f}); parts: "
             + ", ".join(f"{k} {statistics.median(v) * 1000:.0f} ms" for k, v in parts.items())
+        )
+        print(
+            "CPU time (user+sys; steadier than wall time on a loaded box): "
+            + ", ".join(f"{k} {statistics.median(v) * 1000:.0f} ms" for k, v in cpu.items())
+            + f"; whole process {statistics.median(whole_cpu) * 1000:.0f} ms, peak RSS "
+            f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB"
         )
         print(f"ratio in-process re-scan / walk: {r / b:.1f}x")
         goal = 0.5 if n <= 20_000 else 3.0 * n / 100_000
