@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DROPPABLE = ("optimizer", "scheduler", "rng", "data")
+CHECKPOINTERS = ("reference", "verl")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +68,8 @@ class TrainConfig:
     """Start by copying this run directory (e.g. a first half to resume from) to run_dir, which must not exist."""
     probe_dir: str | None = None
     """If set with a resume, every rank writes its live state right after restoring, in verl's layout, here."""
+    checkpointer: str = "reference"
+    """Who saves and loads: "reference" (harness.checkpoint) or "verl" (the installed verl's FSDPCheckpointManager)."""
     metrics_name: str = "metrics.jsonl"
     device: str = "auto"
     """"auto" = CUDA/NCCL when enough GPUs for world_size, else CPU/gloo; or "cpu"."""
@@ -84,6 +87,8 @@ class TrainConfig:
             raise ValueError("steps must be >= 1 and save_every >= 0")
         if bad := set(self.drop) - set(DROPPABLE):
             raise ValueError(f"unknown --drop {sorted(bad)}; choose from {', '.join(DROPPABLE)}")
+        if self.checkpointer not in CHECKPOINTERS:
+            raise ValueError(f"unknown checkpointer {self.checkpointer!r}; choose from {', '.join(CHECKPOINTERS)}")
         if self.sft and self.critic:
             raise ValueError("sft and critic are different trainers; pick one")
 

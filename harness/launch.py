@@ -121,9 +121,11 @@ def main(spec_path: str) -> int:
     import transformers  # noqa: F401
 
     from harness import model as models
+    from harness.checkpointers import warm
 
     for cfg in cfgs:
         models.build_actor(models.build_hf_config(cfg))  # imports the architecture's modeling module
+    warm(cfgs)
     for phase, cfg in enumerate(cfgs):
         sys.stderr.write(f"[launcher] phase {phase}: {cfg.world_size} ranks, steps to {cfg.steps}\n")
         if code := run_ranks(cfg, Path(spec_path).with_name(f"pg-init-{phase}")):

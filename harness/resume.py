@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.checkpointers import describe, refuse
 from harness.compare import COMPONENTS, Difference, compare_states
 from harness.config import TrainConfig
 from harness.continuity import MetricJudgement, judge_metrics
@@ -62,6 +63,8 @@ class ResumeTestSpec:
     """Continuity mode: max relative per-step loss deviation after the restart."""
     keep: Path | None = None
     """Keep the produced trees here (else a temporary directory, removed)."""
+    checkpointer: str = "reference"
+    """Who saves and loads in every phase: "reference" (harness.checkpoint) or "verl" (verl's own manager)."""
     timeout_s: float = 600
     num_workers: int = 1
 
@@ -98,6 +101,8 @@ class ResumeReport:
     """Structural failures (e.g. the resumed run did not continue at step k+1) and the continuity judgement's."""
     continuity: tuple[MetricJudgement, ...] = ()
     """W->W' only: loss, lr and grad_norm judged at the restart as `ckpt-audit continuity` judges real logs."""
+    checkpointer_name: str = "reference"
+    """What saved and loaded, with its version (e.g. "verl 0.9.1 FSDPCheckpointManager")."""
 
     @property
     def inconclusive(self) -> bool:
@@ -117,6 +122,7 @@ class ResumeReport:
             f"resume-test: {self.architecture or 'model'}, W={world}"
             + f"{' HSDP' if s.hsdp else ''}, {s.steps} steps, restart after step {s.k}"
             + (f", dropping {', '.join(s.drop)}" if s.drop else "")
+            + (f", through {self.checkpointer_name}" if s.checkpointer != "reference" else "")
         )
         lines = [head]
         if self.equivalent:
@@ -161,6 +167,8 @@ class ResumeReport:
             "steps": s.steps,
             "resume_step": s.k,
             "dropped": list(s.drop),
+            "checkpointer": s.checkpointer,
+            "checkpointer_name": self.checkpointer_name,
             "tolerance": s.tolerance,
             "first_divergent_step": self.first_divergent_step,
             "first_divergent_metric": self.first_divergent_metric,
@@ -210,6 +218,7 @@ def _base(spec: ResumeTestSpec) -> tuple:
         spec.steps,
         spec.k,
         spec.hsdp,
+        spec.checkpointer,
         spec.model_config,
         spec.layers,
         spec.hidden,
@@ -227,6 +236,8 @@ def plan_phases(specs: list[ResumeTestSpec], work: Path) -> tuple[list[TrainConf
     for i, spec in enumerate(specs):
         if not 1 <= spec.k < spec.steps:
             raise ValueError(f"resume step {spec.k} must be between 1 and steps-1 ({spec.steps - 1})")
+        if why := refuse(spec.checkpointer, world_size=spec.world_size, resume_world_size=spec.second_world_size):
+            raise ValueError(why)
         replicas = 2 if spec.hsdp else 1
         common = dict(
             model_config=spec.model_config,
@@ -235,6 +246,7 @@ def plan_phases(specs: list[ResumeTestSpec], work: Path) -> tuple[list[TrainConf
             seed=spec.seed,
             num_workers=spec.num_workers,
             replicas=replicas,
+            checkpointer=spec.checkpointer,
         )
         key = _base(spec)
         if key not in bases:
@@ -383,6 +395,7 @@ def judge(spec: ResumeTestSpec, paths: dict[str, Path], *, seconds: float, tree:
         architecture=architecture,
         problems=tuple(problems),
         continuity=continuity,
+        checkpointer_name=describe(spec.checkpointer),
     )
 
 

@@ -62,6 +62,7 @@ def run_rank(cfg: TrainConfig, rank: int, init_file: str) -> None:
 
     from harness import checkpoint, data, rng, sharding
     from harness import model as models
+    from harness.checkpointers import open_checkpointer
 
     device_type = pick_device(cfg)
     torch.set_num_threads(1)
@@ -92,6 +93,7 @@ def run_rank(cfg: TrainConfig, rank: int, init_file: str) -> None:
             built.append(make_role(name, module, tokenizer, cfg))
         rng.seed_rank(cfg.seed, rank)
         stream = data.BatchStream(cfg, rank, device)
+        ckpt = open_checkpointer(cfg, built, rank=rank, mesh_shape=tuple(mesh.mesh.shape))
 
         start = 0
         if cfg.resume is not None:
@@ -101,18 +103,7 @@ def run_rank(cfg: TrainConfig, rank: int, init_file: str) -> None:
                     print("harness: no checkpoint to resume from; training from scratch", file=sys.stderr)
             else:
                 start = checkpoint.step_of(folder)
-                for role in built:
-                    checkpoint.load_role(
-                        role,
-                        checkpoint.role_dir(folder, role.name, sft=cfg.sft),
-                        rank=rank,
-                        world_size=cfg.world_size,
-                        mesh_shape=tuple(mesh.mesh.shape),
-                        drop=cfg.drop,
-                    )
-                data_file = folder / "data.pt"
-                if "data" not in cfg.drop and data_file.is_file():
-                    stream.load_state_dict(checkpoint.load_file(data_file))
+                ckpt.restore(folder, stream)
                 dist.barrier()
                 if cfg.probe_dir:
                     checkpoint.save_probe(
@@ -136,15 +127,7 @@ def run_rank(cfg: TrainConfig, rank: int, init_file: str) -> None:
                     metrics.write(json.dumps(row) + "\n")
                     metrics.flush()
                 if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
-                    checkpoint.save_checkpoint(
-                        built,
-                        stream,
-                        run_dir=cfg.run_path,
-                        step=step,
-                        rank=rank,
-                        world_size=cfg.world_size,
-                        sft=cfg.sft,
-                    )
+                    ckpt.save(stream, step=step)
         finally:
             if metrics is not None:
                 metrics.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -71,6 +72,14 @@ from ckpt_audit.exitcodes import ExitCode
     help="Seconds before every rank is killed.",
 )
 @click.option(
+    "--checkpointer",
+    type=click.Choice(["reference", "verl"]),
+    default="reference",
+    show_default=True,
+    help="Who saves and loads: the reference writer, or the installed verl's own FSDPCheckpointManager "
+    "(the 'verl' extra; same world size only).",
+)
+@click.option(
     "--drop",
     multiple=True,
     hidden=True,
@@ -99,6 +108,7 @@ def resume_test_command(
     tolerance,
     keep,
     timeout_s,
+    checkpointer,
     drop,
     plot_path,
     as_json,
@@ -119,10 +129,16 @@ def resume_test_command(
         ckpt-audit resume-test -w 3 --steps 12 --resume-step 7 --json
         ckpt-audit resume-test -w 2 --resume-world-size 3 --plot resume.svg
         ckpt-audit resume-test --model-config ./my-model/config.json --layers 2 --hidden 64
+        ckpt-audit resume-test --checkpointer verl      # through the installed verl's own manager
     """
+    from harness.checkpointers import refuse
     from harness.launch import HarnessError
     from harness.resume import ResumeTestSpec, default_steps, run_resume_test
 
+    if why := refuse(checkpointer, world_size=world_size, resume_world_size=resume_world_size or world_size):
+        raise click.UsageError(why)
+    if checkpointer == "verl" and importlib.util.find_spec("verl") is None:
+        raise CommandError("--checkpointer verl needs verl installed: pip install 'ckpt-audit[verl]' (docs/harness.md)")
     if plot_path is not None and resume_world_size in (None, world_size):
         raise click.UsageError("--plot needs --resume-world-size (a same-size resume is compared bit for bit)")
     if plot_path is not None and not os.access(plot_path.parent, os.W_OK):  # fail before minutes of training
@@ -142,6 +158,7 @@ def resume_test_command(
         tolerance=tolerance,
         keep=keep,
         timeout_s=timeout_s,
+        checkpointer=checkpointer,
     )
     try:
         report = run_resume_test(spec, progress=lambda msg: click.echo(msg, err=True))

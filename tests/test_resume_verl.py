@@ -1,0 +1,63 @@
+"""resume-test --checkpointer verl: the reference trainer saves and loads through the installed verl's own
+FSDPCheckpointManager (W=2, gloo), through the real CLI; a defect planted in what the trainer hands verl is named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ckpt_audit.cli import cli
+
+SHORT = ["-w", "2", "--steps", "3", "--resume-step", "2"]  # restart mid-epoch (4 batches per epoch)
+
+
+@pytest.mark.slow
+def test_verl_manager_resumes_bit_exactly(tmp_path):
+    pytest.importorskip("verl.utils.checkpoint.fsdp_checkpoint_manager")
+    keep = tmp_path / "kept"
+    result = CliRunner().invoke(cli, ["resume-test", *SHORT, "--checkpointer", "verl", "--json", "--keep", str(keep)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["equivalent"] is True and doc["culprit"] is None and doc["restore_difference_count"] == 0
+    assert doc["checkpointer"] == "verl"
+    assert doc["checkpointer_name"] == f"verl {version('verl')} FSDPCheckpointManager"
+    actor = keep / "test0" / "resumed" / "demo" / "exp" / "global_step_2" / "actor"
+    assert (actor / "extra_state_world_size_2_rank_1.pt").is_file() and (actor / "huggingface").is_dir()
+    # verl writes generation_config.json only for a model loaded from a path; the reference writer always does:
+    # the tree is verl's manager's own, not ours
+    assert not (actor / "huggingface" / "generation_config.json").exists()
+
+
+@pytest.mark.slow
+def test_verl_data_position_withheld_is_caught_and_named():
+    pytest.importorskip("verl.utils.checkpoint.fsdp_checkpoint_manager")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", "resume-test", *SHORT, "--checkpointer", "verl", "--drop", "data"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "through verl" in lines[0] and lines[1] == "DIVERGED (culprit: data)"
+    assert any(line.strip().startswith("data: _snapshot.") and "samples_yielded: 24 vs 0" in line for line in lines)
+    assert "Traceback" not in proc.stderr
+
+
+def test_verl_refuses_another_world_size_before_training():
+    result = CliRunner().invoke(cli, ["resume-test", "--checkpointer", "verl", "--resume-world-size", "3"])
+    assert result.exit_code == 2 and "verl #2265" in result.output and "training" not in result.output
+
+
+def test_reference_stays_the_default():
+    from harness.checkpointers import describe
+    from harness.resume import ResumeTestSpec, plan_phases
+
+    phases, _ = plan_phases([ResumeTestSpec()], Path("/nonexistent"))
+    assert {cfg.checkpointer for cfg in phases} == {"reference"} and describe("reference") == "reference"
