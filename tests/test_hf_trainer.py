@@ -253,6 +253,26 @@ def test_trainer_state_of_another_step_and_a_fresh_uncommitted_save(out, tmp_pat
 
 
 @pytest.mark.slow
+def test_a_long_trainer_state_is_judged_from_its_first_64_kib(out, tmp_path):
+    from ckpt_audit import scanner
+    from ckpt_audit.layouts import hf_trainer
+
+    assert hf_trainer.TEXT_LIMIT == scanner.TEXT_LIMIT  # the layout knows how much of a file the scan read
+    for step, written in ((4, 4), (6, 5)):
+        path = out / f"checkpoint-{step}" / "trainer_state.json"
+        doc = json.loads(path.read_text())
+        doc["log_history"] *= 2000  # a long run's log: megabytes, as Trainer dumps it (indent 2, sorted keys)
+        doc["global_step"] = written
+        path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+        assert path.stat().st_size > 4 * scanner.TEXT_LIMIT
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "incomplete"}
+    [f] = [f for f in findings_of(doc, 6) if f["code"] == "hf-step-mismatch"]
+    assert "global_step is 5" in f["message"]
+
+
+@pytest.mark.slow
 def test_a_foreign_global_in_rng_state_makes_it_unsafe(out, tmp_path):
     import torch
 
