@@ -440,6 +440,14 @@ _TABLE: tuple[Code, ...] = (
         ),
     ),
     Code(
+        code="torchtitan-stray-step",
+        severity=W,
+        explanation=(
+            "a folder in a torchtitan checkpoint folder whose name contains step-N but is not step-N (step-5.bak): "
+            "torchtitan still counts it as step N when resuming and purging"
+        ),
+    ),
+    Code(
         code="torchtitan-seed",
         severity=INFO,
         explanation="torchtitan's step-0 seed checkpoint: model only, which is what torchtitan loads from step 0",

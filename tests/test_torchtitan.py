@@ -267,3 +267,13 @@ def test_a_rescan_checks_a_truncated_distcp_against_the_catalogued_metadata(ckpt
     # only the truncated file was read for a reason (the scrub re-reads a share of the rest by content, on purpose)
     assert doc["files_hashed"] - doc["files_scrubbed"] == 1
     assert statuses(doc)[1] == "corrupt" and "dcp-range-outside-file" in codes_of(doc, 1)
+
+
+def test_a_step_set_aside_in_the_folder_is_still_a_step_to_torchtitan(ckpts, tmp_path):
+    os.rename(ckpts / "step-3", ckpts / "step-3.bak")  # torchtitan's re.search still reads step 3 from it
+    age(ckpts.parent)
+    doc = scan_json(ckpts, tmp_path / "c.db")
+    [run] = doc["runs"]
+    assert statuses(doc) == {0: "complete", 1: "complete", 2: "complete"}
+    [f] = [f for f in run["findings"] if f["code"] == "torchtitan-stray-step"]
+    assert f["path"] == str(ckpts / "step-3.bak") and f["severity"] == "warning"

@@ -27,6 +27,7 @@ from ckpt_audit.tree import FileFacts, Tree
 
 NAME = "torchtitan"
 STEP_DIR_RE = re.compile(r"step-(\d+)")
+STEP_SEARCH_RE = re.compile(r"step-(\d+)")  # torchtitan's own test: re.search, so "step-5.bak" is step 5 to it
 METADATA_TMP = f"{METADATA}.tmp"
 HF_INDEX = "model.safetensors.index.json"
 OPTIMIZER = "optimizer"  # torchtitan's state-dict key for the optimizers (components/checkpointer/base.py)
@@ -82,6 +83,7 @@ class Torchtitan:
         for sub in tree.subdirs(run_dir):
             step = step_of(sub)
             if step is None:
+                found.extend(_stray(run_dir, sub, tree))
                 continue
             if step > MAX_STEP:
                 found.append(finding("step-out-of-range", f"{run_dir}/{sub}", f"step {step} is past 2^63-1"))
@@ -96,7 +98,7 @@ class Torchtitan:
                     "torchtitan-resume-broken",
                     target.path,
                     f"torchtitan's auto-resume picks step {target.step} (the highest step-N with {METADATA}), "
-                    f"which is {target.status}: the restart fails or loads damaged state; move it aside",
+                    f"which is {target.status}: the restart fails or loads damaged state; move it out of {run_dir}",
                 )
             )
         return Run(
@@ -139,6 +141,23 @@ class Torchtitan:
         )
         # DCP renames .metadata into place last: until then the folder is uncommitted (in progress while young)
         return status.judge(ckpt, tracker_step=step if _committed(step_dir, tree) else None, ctx=ctx)
+
+
+def _stray(run_dir: str, name: str, tree: Tree) -> tuple[Finding, ...]:
+    """A folder torchtitan takes for a step although it is not named step-N (a copy set aside as step-5.bak): its
+    resume may pick that number and its keep_latest_k purge counts and deletes it."""
+    m = STEP_SEARCH_RE.search(name)
+    if m is None or not _committed(f"{run_dir}/{name}", tree):
+        return ()
+    return (
+        finding(
+            "torchtitan-stray-step",
+            f"{run_dir}/{name}",
+            f"torchtitan reads {name!r} as step {m.group(1)} (it searches folder names for step-N): its resume may "
+            f"pick step {m.group(1)} and load step-{m.group(1)}, and its purge deletes this folder; move it out of "
+            f"{run_dir}",
+        ),
+    )
 
 
 def _committed(step_dir: str, tree: Tree) -> bool:
