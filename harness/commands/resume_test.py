@@ -138,7 +138,10 @@ def resume_test_command(
     if why := refuse(checkpointer, world_size=world_size, resume_world_size=resume_world_size or world_size):
         raise click.UsageError(why)
     if checkpointer == "verl" and importlib.util.find_spec("verl") is None:
-        raise CommandError("--checkpointer verl needs verl installed: pip install 'ckpt-audit[verl]' (docs/harness.md)")
+        raise CommandError(
+            "--checkpointer verl needs verl: pip install 'ckpt-audit[verl]' && pip install --no-deps verl==0.9.1 "
+            "(docs/harness.md)"
+        )
     if plot_path is not None and resume_world_size in (None, world_size):
         raise click.UsageError("--plot needs --resume-world-size (a same-size resume is compared bit for bit)")
     if plot_path is not None and not os.access(plot_path.parent, os.W_OK):  # fail before minutes of training
