@@ -277,3 +277,13 @@ def test_a_step_set_aside_in_the_folder_is_still_a_step_to_torchtitan(ckpts, tmp
     assert statuses(doc) == {0: "complete", 1: "complete", 2: "complete"}
     [f] = [f for f in run["findings"] if f["code"] == "torchtitan-stray-step"]
     assert f["path"] == str(ckpts / "step-3.bak") and f["severity"] == "warning"
+
+
+def test_verify_of_one_step_judges_it_with_its_run_and_export_refuses_dcp(ckpts, tmp_path):
+    doc = scan_json(ckpts / "step-3", tmp_path / "c.db", command="verify")
+    [run] = doc["runs"]
+    assert run["layout"] == "torchtitan" and run["path"] == str(ckpts)
+    assert statuses(doc) == {3: "complete"} and "torchtitan-model-only" in codes_of(doc, 3)
+    res = invoke("export", str(ckpts / "step-2"), "--to", str(tmp_path / "hf"), catalog=tmp_path / "c.db")
+    assert res.exit_code == 3 and "dcp_to_torch_save" in res.output
+    assert not (tmp_path / "hf").exists()

@@ -66,15 +66,16 @@ def step_of(name: str) -> tuple[int | None, bool]:
 
 
 HF_CHECKPOINT_RE = re.compile(r"checkpoint-\d+")  # HF Trainer's checkpoint-N (layouts.hf_trainer): a step too
+TITAN_STEP_RE = re.compile(r"step-\d+")  # torchtitan's step-N (layouts.torchtitan): a step too
 
 
 def enclosing_step_dir(path: str) -> str | None:
     """`path` itself or its nearest ancestor that is a step directory (global_step_N, or misnamed, or HF Trainer's
-    checkpoint-N), else None."""
+    checkpoint-N, or torchtitan's step-N), else None."""
     p = path.rstrip("/")
     while p and p != "/":
         name = p.rsplit("/", 1)[-1]
-        if step_of(name)[0] is not None or HF_CHECKPOINT_RE.fullmatch(name):
+        if step_of(name)[0] is not None or HF_CHECKPOINT_RE.fullmatch(name) or TITAN_STEP_RE.fullmatch(name):
             return p
         p = p.rsplit("/", 1)[0]
     return None

@@ -388,6 +388,12 @@ def _role_dir(src: Path, role: str) -> Path:
         return src / role
     if _model_shards(src) or (src / "huggingface").is_dir() or _hf_trainer_dir(src):  # SFT, role dir, HF Trainer
         return src
+    if (src / ".metadata").is_file():  # torchtitan's step-N, or plain DCP (docs/layouts.md#torchtitan-step-n)
+        raise ExportError(
+            f"{src}: a DCP checkpoint (torchtitan step-N, plain DCP) is not supported: its weights are DCP chunks "
+            "in the trainer's own names; convert it with torch.distributed.checkpoint.format_utils.dcp_to_torch_save, "
+            "or have torchtitan save HF safetensors (checkpoint.last_save_in_hf)"
+        )
     raise ExportError(f"{src}: no {role}/ directory and no model shards")
 
 
