@@ -287,3 +287,14 @@ def test_verify_of_one_step_judges_it_with_its_run_and_export_refuses_dcp(ckpts,
     res = invoke("export", str(ckpts / "step-2"), "--to", str(tmp_path / "hf"), catalog=tmp_path / "c.db")
     assert res.exit_code == 3 and "dcp_to_torch_save" in res.output
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_metadata_that_does_not_parse_is_corrupt_at_scan(ckpts, tmp_path):
+    (ckpts / "step-1" / ".metadata").write_bytes(b"\x80\x04not a pickle")
+    age(ckpts.parent)
+    doc = scan_json(ckpts, tmp_path / "c.db")
+    assert statuses(doc) == {0: "complete", 1: "corrupt", 2: "complete", 3: "complete"}
+    [f] = [f for f in findings_of(doc, 1) if f["code"] == "dcp-metadata-invalid"]
+    assert f["path"] == str(ckpts / "step-1" / ".metadata")
+    again = scan_json(ckpts, tmp_path / "c.db")  # reused from the catalog, still corrupt
+    assert statuses(again)[1] == "corrupt"
