@@ -241,8 +241,12 @@ def test_latest_and_prune_dry_run_through_the_cli(ckpts, tmp_path):
     res = invoke("prune", "--dry-run", "--json", "--keep-last", "1", str(ckpts), catalog=cat)
     assert res.exit_code == 0, res.output
     plan = json.loads(res.stdout)["plan"]
-    assert {d["step"]: d["reasons"] for d in plan["delete"]} == {0: ["not-kept"], 1: ["not-kept"], 2: ["incomplete"]}
-    assert {d["step"]: d["reasons"] for d in plan["keep"]} == {3: ["newest-complete", "tracker-target", "keep-last"]}
+    assert {d["step"]: d["reasons"] for d in plan["delete"]} == {0: ["not-kept"], 2: ["incomplete"]}
+    # step-3 is model only: step-1, the newest a resume continues from, is kept too
+    assert {d["step"]: d["reasons"] for d in plan["keep"]} == {
+        1: ["newest-resumable"],
+        3: ["newest-complete", "tracker-target", "keep-last"],
+    }
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-0", "step-1", "step-2", "step-3"]  # a dry run
 
 

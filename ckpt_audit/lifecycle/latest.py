@@ -75,6 +75,13 @@ def why_not(ckpt: Checkpoint, run: Run) -> Passed | None:
 
 # complete (the weights are whole, so retention counts them) but a resume from them restarts the optimizer
 MODEL_ONLY = frozenset({"hf-model-only", "torchtitan-model-only"})
+
+
+def is_model_only(ckpt: Checkpoint) -> bool:
+    """Whole weights without the optimizer state: a resume from it restarts the optimizer (or fails)."""
+    return any(f.code in MODEL_ONLY for f in ckpt.all_findings)
+
+
 # non-error findings that explain a status by themselves
 _TELLING = frozenset(
     {"in-progress", "husk", "missing-dataloader-state", "symlink-outside-root", "file-vanished", *MODEL_ONLY}

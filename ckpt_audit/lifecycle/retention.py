@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Literal, Protocol
 
 from ckpt_audit.continuity.metrics import MetricLog, MetricsError, read_metrics
+from ckpt_audit.lifecycle.latest import is_model_only
 from ckpt_audit.models import Checkpoint, Run, Status
 from ckpt_audit.rules.tracker import ahead_of_tracker
 from ckpt_audit.units import NS_PER_S, format_duration
@@ -34,6 +35,7 @@ class Reason(StrEnum):
 
     # kept, and no policy or selection can change that
     NEWEST_COMPLETE = "newest-complete"
+    NEWEST_RESUMABLE = "newest-resumable"  # newest complete with optimizer state, when the newest is model only
     TRACKER_TARGET = "tracker-target"
     TRACKER_UNREAD = "tracker-unread"  # the tracker could not be read: any checkpoint may be the one resume loads
     PINNED = "pinned"
@@ -67,6 +69,7 @@ class Reason(StrEnum):
 PROTECTED = frozenset(
     {
         Reason.NEWEST_COMPLETE,
+        Reason.NEWEST_RESUMABLE,
         Reason.TRACKER_TARGET,
         Reason.TRACKER_UNREAD,
         Reason.PINNED,
@@ -78,6 +81,7 @@ PROTECTED = frozenset(
 
 EXPLAIN: dict[Reason, str] = {
     Reason.NEWEST_COMPLETE: "newest complete checkpoint of its run (never deleted)",
+    Reason.NEWEST_RESUMABLE: "newest checkpoint a resume can continue from; newer ones are model only (never deleted)",
     Reason.TRACKER_TARGET: "the tracker names it: resume loads it (never deleted)",
     Reason.TRACKER_UNREAD: "the run's tracker could not be read (tracker-unread): it may name this one (never deleted)",
     Reason.PINNED: "pinned (never deleted)",
@@ -339,6 +343,9 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
     ckpts = sorted(run.checkpoints, key=lambda c: (c.step, c.path))
     complete = sorted((c for c in ckpts if c.status is Status.COMPLETE), key=lambda c: (-c.step, c.path))
     newest = complete[0].path if complete else None
+    # a model-only save (HF save_only_model, torchtitan's last save) is whole but restarts the optimizer: the newest
+    # checkpoint training can continue from is kept too
+    newest_resumable = next((c.path for c in complete if not is_model_only(c)), None)
 
     kept_by: dict[str, list[Reason]] = {}
     for rule in policy.rules:
@@ -359,6 +366,8 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
         reasons: list[Reason] = []
         if c.path == newest:
             reasons.append(Reason.NEWEST_COMPLETE)
+        elif c.path == newest_resumable:
+            reasons.append(Reason.NEWEST_RESUMABLE)
         if run.tracker_step is not None and c.step == run.tracker_step:
             reasons.append(Reason.TRACKER_TARGET)
         if tracker_unread:
