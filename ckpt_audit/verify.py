@@ -26,6 +26,8 @@ from ckpt_audit.rules import status as status_rules
 from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
+# codes the scan reports per file and verify again per tensor: both are kept (the scan's finding has no tensor)
+NAMED_BY_VERIFY = frozenset({"distcp-crc-mismatch"})
 
 
 def verify(
@@ -103,7 +105,12 @@ def _new(existing: Sequence[Finding], found: Sequence[Finding]) -> tuple[Finding
     out, seen = [], set()
     for f in found:
         key = (f.code, f.path, f.rank, f.tensor, f.message)
-        if (f.code, f.path) in have or key in seen or (f.code == "mesh-config-mismatch" and f.path in meshes):
+        named = f.code in NAMED_BY_VERIFY and f.tensor is not None
+        if (
+            ((f.code, f.path) in have and not named)
+            or key in seen
+            or (f.code == "mesh-config-mismatch" and f.path in meshes)
+        ):
             continue
         seen.add(key)
         out.append(f)
@@ -158,7 +165,9 @@ def _megatron(comp: Component, bad: set[str]) -> list[Finding]:
         meta = dcp_check.read_metadata(f"{dist}/.metadata")
     except (OSError, ValueError, TypeError):
         return out
-    out.extend(megatron_check.check_item_crcs(dist, meta, skip=bad))
+    # the scan names a .distcp whose item CRCs fail; verify reads the items again to name the tensors
+    crc_only = {f.path for f in comp.findings if f.code in NAMED_BY_VERIFY}
+    out.extend(megatron_check.check_item_crcs(dist, meta, skip=bad - crc_only))
     has_model = megatron_check.has_model_state(meta)
     hf_weights = any(f.kind is FileKind.HF and f.path.endswith((".safetensors", ".bin")) for f in comp.files)
     if not has_model and not hf_weights:

@@ -48,7 +48,7 @@ TABLE = {
         ("dcp-file-missing",),
     ),
     "distcp-truncated": ("fails: CheckpointException", "corrupt", "corrupt", ("dcp-range-outside-file",)),
-    "distcp-bitflip": ("loads-changed", "complete", "corrupt", ("distcp-crc-mismatch",)),
+    "distcp-bitflip": ("loads-changed", "corrupt", "corrupt", ("distcp-crc-mismatch",)),
     "distcp-zip-damaged": ("fails", "complete", "corrupt", ("distcp-item-invalid",)),
     "metadata-missing": ("fails: CheckpointException", "incomplete", "incomplete", ("dcp-metadata-missing",)),
     "metadata-garbage": ("fails: CheckpointException", "corrupt", "corrupt", ("dcp-metadata-invalid",)),
@@ -63,7 +63,7 @@ TABLE = {
     "integrity-ok": ("loads", "complete", "complete", ()),
     "integrity-mismatch": (
         "loads-changed",
-        "complete",
+        "corrupt",
         "corrupt",
         ("megatron-integrity-mismatch", "distcp-crc-mismatch"),
     ),
@@ -211,7 +211,7 @@ def _verified(mcore: Path, case: str):
 
 def test_bitflip_named_by_file_rank_and_tensor(mcore):
     """The flipped bit lies in the largest embedding chunk: the finding names its .distcp, rank and tensor."""
-    [f] = [f for f in _verified(mcore, "distcp-bitflip") if f.code == "distcp-crc-mismatch"]
+    [f] = [f for f in _verified(mcore, "distcp-bitflip") if f.code == "distcp-crc-mismatch" and f.tensor]
     assert f.tensor == "embedding.word_embeddings.weight" and f.path.endswith(".distcp") and f.rank in (0, 1)
 
 
@@ -226,16 +226,18 @@ def test_integrity_mismatch_names_the_changed_file(mcore):
 
 
 def test_cli_scan_then_verify_on_a_flipped_bit(mcore, tmp_path):
-    """The cron scan is blind to a bit flipped inside a .distcp before its first scan (it has no item byte ranges at
-    read time); verify, through the real CLI, exits 1 and names the tensor."""
+    """The cron scan finds a bit flipped inside a .distcp (each item's zip CRCs, walked in its one read of the file)
+    and names the file and item; verify, through the real CLI, names the tensor too. Both exit 1."""
     run = tmp_path / "exp"
     shutil.copytree(_run(mcore, "distcp-bitflip"), run)
     env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
     cli = [sys.executable, "-m", "ckpt_audit.cli"]
-    scanned = subprocess.run([*cli, "scan", "--json", str(run)], env=env, capture_output=True, text=True, timeout=300)
-    assert scanned.returncode == 0, scanned.stderr[-500:]
-    out = subprocess.run([*cli, "verify", "--json", str(run)], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-500:]
-    [comp] = json.loads(out.stdout)["runs"][0]["checkpoints"][0]["components"]
-    [f] = [f for f in comp["findings"] if f["code"] == "distcp-crc-mismatch"]
-    assert f["tensor"] == "embedding.word_embeddings.weight"
+    found = {}
+    for command in ("scan", "verify"):
+        out = subprocess.run([*cli, command, "--json", str(run)], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-500:]
+        [comp] = json.loads(out.stdout)["runs"][0]["checkpoints"][0]["components"]
+        found[command] = [f for f in comp["findings"] if f["code"] == "distcp-crc-mismatch"]
+    [f] = found["scan"]
+    assert f["path"].endswith(".distcp") and "item(s) at byte" in f["message"] and f["tensor"] is None
+    assert {g["tensor"] for g in found["verify"]} == {None, "embedding.word_embeddings.weight"}

@@ -33,6 +33,7 @@ from ckpt_audit.readers.ptzip import (
     not_a_zip_problem,
     parse_local_header,
     read_archive,
+    read_item_chain,
     sniff,
 )
 
@@ -163,7 +164,9 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
         zip_error: Problem | None = None
         if is_zip:
             try:
-                archive = read_archive(fd, st.st_size)
+                # a .distcp is many small zips back to back: each item's CRCs, when its chain of zips is whole
+                chain = fspath.endswith(".distcp")
+                archive = read_item_chain(fd, st.st_size) if chain else read_archive(fd, st.st_size)
             except ZipFormatError as exc:
                 zip_error = exc.problem
         elif expect_zip:

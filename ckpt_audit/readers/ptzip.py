@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ckpt_audit.readers.problem import Problem
 
@@ -249,6 +249,48 @@ def read_archive(fd: int, file_size: int | None = None, *, base: int = 0) -> PtA
         prefix=prefix,
         problems=tuple(problems),
     )
+
+
+MAX_CHAIN_ITEMS = 1 << 22
+
+
+def read_item_chain(fd: int, file_size: int) -> PtArchive | None:
+    """The zips of a file of torch.save blobs written back to back (a DCP `.distcp`), walked back from its end through
+    each zip's end records (torch writes no comment, and zip64 records always), as one PtArchive whose entries carry
+    file offsets and their item's start in the name (`@<offset>/archive/data/0`). None when the chain does not lead
+    exactly back to byte 0 (items DCP wrote raw, or damage): verify judges those from `.metadata`'s byte ranges."""
+    entries: list[ZipEntry] = []
+    end = file_size
+    for _ in range(MAX_CHAIN_ITEMS):
+        if end == 0:
+            entries.sort(key=lambda e: e.header_offset)
+            return PtArchive(file_size=file_size, cd_offset=file_size, cd_size=0, entries=tuple(entries), prefix=None)
+        tail_len = _EOCD_LEN + _EOCD64_LOC_LEN + _EOCD64_LEN
+        if end < tail_len + LOCAL_HEADER_LEN:
+            return None
+        tail = _pread_exact(fd, tail_len, end - tail_len)
+        rec, loc, eocd = 0, _EOCD64_LEN, _EOCD64_LEN + _EOCD64_LOC_LEN
+        if tail[eocd : eocd + 4] != _EOCD_SIG or tail[loc : loc + 4] != _EOCD64_LOC_SIG or tail[:4] != _EOCD64_SIG:
+            return None
+        if struct.unpack_from("<H", tail, eocd + 20)[0] != 0:
+            return None
+        (_, _sz, _vm, _vn, _d, _cd_d, n_here, n_total, cd_size, cd_offset) = struct.unpack_from(
+            "<4sQHHIIQQQQ", tail, rec
+        )
+        base = end - tail_len - cd_size - cd_offset  # the directory sits right before the zip64 end record
+        if n_here != n_total or base < 0 or cd_size > _MAX_CD_BYTES:
+            return None
+        cd = _pread_exact(fd, cd_size, base + cd_offset)
+        try:
+            found = _parse_central_directory(cd, n_total, cd_offset)
+        except ZipFormatError:
+            return None
+        for e in found:
+            if e.header_offset + LOCAL_HEADER_LEN + e.compressed_size > cd_offset:
+                return None
+            entries.append(replace(e, name=f"@{base}/{e.name}", header_offset=base + e.header_offset))
+        end = base
+    return None
 
 
 def open_archive(path: str | os.PathLike[str]) -> PtArchive:

@@ -78,6 +78,16 @@ def digest_findings(
             out.append(finding("zero-byte", path, "empty file (0 bytes)"))
         return tuple(out)
     if kind in NOT_TORCH_ZIP:
+        if crc_bad:  # the items' own CRCs (hashing walks a .distcp's chain of zips): torch.load checks none
+            items = sorted({int(name[1:].split("/", 1)[0]) for name in crc_bad if name.startswith("@")})
+            out.append(
+                finding(
+                    "distcp-crc-mismatch",
+                    path,
+                    f"CRC-32 mismatch in {len(crc_bad)} entr{'y' if len(crc_bad) == 1 else 'ies'} of the item(s) at"
+                    f" byte {', '.join(map(str, items[:3]))}: loads silently with changed values",
+                )
+            )
         return tuple(out)
     if zip_error is not None:
         out.append(zip_finding(path, zip_error))
