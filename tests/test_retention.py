@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
+from ckpt_audit.codes import finding
 from ckpt_audit.lifecycle.retention import (
     KeepBest,
     KeepEvery,
@@ -76,6 +78,21 @@ def test_keep_last_counts_only_complete_and_deletes_broken_first():
         keep=(keep(c30, R.KEEP_LAST), keep(c60, R.NEWEST_COMPLETE, R.TRACKER_TARGET, R.KEEP_LAST)),
     )
     assert plan.bytes_freed == 400 and plan.bytes_kept == 200
+
+
+def test_a_model_only_newest_keeps_the_newest_resumable_too():
+    """A finished torchtitan run ends with a model-only save: the step a resume continues from is protected."""
+    last = ck(30)
+    last = replace(last, findings=(finding("torchtitan-model-only", last.path, "model only"),))
+    c10, c20 = ck(10), ck(20)
+    policy = Policy(rules=(KeepLast(n=1),))
+    plan = plan_prune([run_of(c10, c20, last)], policy, now_ns=NOW)
+    assert plan == PrunePlan(
+        policy=policy,
+        now_ns=NOW,
+        delete=(drop(c10, R.NOT_KEPT),),
+        keep=(keep(c20, R.NEWEST_RESUMABLE), keep(last, R.NEWEST_COMPLETE, R.KEEP_LAST)),
+    )
 
 
 def test_rules_compose_as_a_union():
