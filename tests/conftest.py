@@ -19,6 +19,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from ray_cluster import (  # noqa: F401 - the session Ray cluster's fixtures
+    _ray_session,
+    last_the_tests_that_remove_a_node,
+    ray_cluster,
+    ray_extra_node,
+    register_marker,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = ".fixture-manifest.json"
@@ -167,11 +174,17 @@ SLOW_FIXTURES = frozenset(
         "trainer_logs",  # test_continuity: three trainer runs
         "dtensor_dir",  # test_pickles: a 2-process gloo group saving DTensors
         "hf_run",  # test_hf_trainer: a real transformers Trainer run (cached like the trees above)
+        "ray_cluster",  # tests/ray_cluster.py: the session's local Ray cluster (tens of seconds to start)
     }
 )
 
 
+def pytest_configure(config):
+    register_marker(config)  # tests/ray_cluster.py: ray_dead_node_ok
+
+
 def pytest_collection_modifyitems(items):
+    last_the_tests_that_remove_a_node(items)  # tests/ray_cluster.py: the shared cluster serves the others first
     for item in items:
         callspec = getattr(item, "callspec", None)
         named = {v for v in callspec.params.values() if isinstance(v, str)} if callspec else set()

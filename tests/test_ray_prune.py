@@ -1,7 +1,7 @@
-"""prune --ray on a real local Ray cluster (2 nodes, ray.cluster_utils.Cluster): a reference-trainer tree split by
-rank over node directories, pruned over the union; a node whose execution is killed mid-way, a silent node, links
-out of a node's root. At the end, without Ray: the node-side checks, and the driver's execution with each node's
-task body run in-process."""
+"""prune --ray on a real local Ray cluster (the session's, tests/ray_cluster.py: two of its nodes hold the tree, the
+third holds nothing of it): a reference-trainer tree split by rank over node directories, pruned over the union; a
+node whose execution is killed mid-way, a silent node (an extra node, removed), links out of a node's root. At the
+end, without Ray: the node-side checks, and the driver's execution with each node's task body run in-process."""
 
 from __future__ import annotations
 
@@ -26,27 +26,6 @@ from ckpt_audit.models import Checkpoint, FileKind, ShardFile, Status
 RANK = re.compile(r"_rank_(\d+)\.")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
-    base = tmp_path_factory.mktemp("ray_prune")
-    table, kill = base / "node_roots.json", base / "kill"
-    table.write_text("{}")
-    kill.mkdir()
-    mp = pytest.MonkeyPatch()
-    mp.setenv(ENV, f"@{table}")  # the nodes start below and inherit both; filled per test once ids are known
-    mp.setenv(ray_prune.KILL_DIR_ENV, str(kill))
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
-    nodes = [c.head_node, c.add_node(num_cpus=1, object_store_memory=80 * 2**20)]
-    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
-    yield c, [n.node_id for n in nodes], table, kill
-    ray.shutdown()
-    c.shutdown()
-    mp.undo()
-
-
 def split(run: Path, base: Path, n_nodes: int) -> list[Path]:
     """`run`'s tree copied into base/node<i>/<project>/<exp>: rank r's files on node r % n, the rest on node 0."""
     top = run.parent.parent
@@ -62,8 +41,10 @@ def split(run: Path, base: Path, n_nodes: int) -> list[Path]:
 
 
 def place(table: Path, ids: list[str], dirs: list[Path]) -> str:
-    """Node i's copy of the root (node 0's directory, the logical root the driver sees) is dirs[i]."""
-    table.write_text(json.dumps({nid: {str(dirs[0]): str(d)} for nid, d in zip(ids, dirs, strict=True)}))
+    """Node i's copy of the root (node 0's directory, the logical root the driver sees) is dirs[i]; the nodes past
+    the last directory (the shared cluster's others) map it to a directory that does not exist: they hold nothing."""
+    absent = [dirs[0].parent / "absent"] * (len(ids) - len(dirs))
+    table.write_text(json.dumps({nid: {str(dirs[0]): str(d)} for nid, d in zip(ids, [*dirs, *absent], strict=True)}))
     return str(dirs[0])
 
 
@@ -82,8 +63,8 @@ def steps(d: Path) -> dict[int, list[str]]:
 
 
 @pytest.mark.slow
-def test_keeps_the_newest_complete_over_the_union_and_deletes_the_rest_on_every_node(cluster, verl_run, tmp_path):
-    _, ids, table, _ = cluster
+def test_keeps_the_newest_complete_over_the_union_and_deletes_the_rest_on_every_node(ray_cluster, verl_run, tmp_path):
+    ids, table = ray_cluster.ids, ray_cluster.table
     dirs = split(verl_run, tmp_path, 2)
     root = place(table, ids, dirs)
     before = [steps(d) for d in dirs]
@@ -113,8 +94,8 @@ def test_keeps_the_newest_complete_over_the_union_and_deletes_the_rest_on_every_
 
 
 @pytest.mark.slow
-def test_a_node_killed_mid_prune_leaves_marks_and_the_rerun_finishes(cluster, verl_run, tmp_path):
-    _, ids, table, kill = cluster
+def test_a_node_killed_mid_prune_leaves_marks_and_the_rerun_finishes(ray_cluster, verl_run, tmp_path):
+    ids, table, kill = ray_cluster.ids, ray_cluster.table, ray_cluster.kill
     dirs = split(verl_run, tmp_path, 2)
     root = place(table, ids, dirs)
     before = [steps(d) for d in dirs]
@@ -142,8 +123,8 @@ def test_a_node_killed_mid_prune_leaves_marks_and_the_rerun_finishes(cluster, ve
 
 
 @pytest.mark.slow
-def test_a_link_out_of_a_nodes_root_protects_the_checkpoint_and_its_target(cluster, verl_run, tmp_path):
-    _, ids, table, _ = cluster
+def test_a_link_out_of_a_nodes_root_protects_the_checkpoint_and_its_target(ray_cluster, verl_run, tmp_path):
+    ids, table = ray_cluster.ids, ray_cluster.table
     dirs = split(verl_run, tmp_path, 2)
     root = place(table, ids, dirs)
     victim = tmp_path / "outside" / "victim.pt"
@@ -161,9 +142,13 @@ def test_a_link_out_of_a_nodes_root_protects_the_checkpoint_and_its_target(clust
 
 
 @pytest.mark.slow
-def test_a_silent_node_protects_what_it_held(cluster, verl_run, tmp_path):
-    """Runs last in this module: it removes node 1, which holds a copy of step 2's rank-1 shards (node 0 holds all)."""
-    c, ids, table, _ = cluster
+@pytest.mark.ray_dead_node_ok  # a node removed earlier is only in the first scan (silent, holding nothing): removing
+# node 1 makes Ray forget it (tests/ray_cluster.py), so the prune's own scan sees node 1 alone silent
+def test_a_silent_node_protects_what_it_held(ray_cluster, ray_extra_node, verl_run, tmp_path):
+    """Node 1, an extra node added for this test, holds a copy of step 2's rank-1 shards (node 0 holds all) and is
+    removed before the prune; the shared cluster's other nodes hold nothing."""
+    table, x = ray_cluster.table, ray_extra_node.node_id
+    ids = [ray_cluster.ids[0], x, *ray_cluster.ids[1:]]
     dirs = split(verl_run, tmp_path, 1) + [tmp_path / "node1"]
     root = place(table, ids, dirs)
     for f in next(dirs[0].rglob("global_step_2")).rglob("*_rank_1.pt"):
@@ -173,13 +158,13 @@ def test_a_silent_node_protects_what_it_held(cluster, verl_run, tmp_path):
     db = tmp_path / "c.db"
     seen = CliRunner().invoke(cli, ["scan", "--ray", "--catalog", str(db), root])
     assert seen.exit_code == 0, seen.output
-    c.remove_node(next(n for n in c.list_all_nodes() if n.node_id == ids[1]))
+    ray_cluster.remove(x)
     got = prune(root, db, "--keep-last", "1", "--yes", "--json")
     assert got.exit_code == 0, got.output
     plan = json.loads(got.output)["plan"]
     assert [i["step"] for i in plan["delete"]] == [4]
     step2 = next(i for i in plan["keep"] if i["step"] == 2)
-    assert json.loads(got.output)["ray"]["silent"] == [ids[1]]
+    assert json.loads(got.output)["ray"]["silent"] == [x]
     assert step2["status"] == "unknown" and "unread" in step2["reasons"]
     assert sorted(steps(dirs[0])) == [2, 6] and sorted(steps(dirs[1])) == [2]
 

@@ -1,5 +1,5 @@
-"""Node-local placement on a real local Ray cluster (3 nodes, ray.cluster_utils.Cluster): a reference-trainer tree
-split by rank over node directories is judged exactly as the same tree on one disk."""
+"""Node-local placement on a real local Ray cluster (the session's 3 nodes, tests/ray_cluster.py): a reference-trainer
+tree split by rank over node directories is judged exactly as the same tree on one disk."""
 
 from __future__ import annotations
 
@@ -19,32 +19,13 @@ from ckpt_audit.cli import cli
 from ckpt_audit.cli import ray as ray_cli
 from ckpt_audit.cluster import ray_scan
 from ckpt_audit.cluster.findings import judge_nodes
-from ckpt_audit.cluster.noderoots import ENV
 from ckpt_audit.session import open_session
 
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
+pytest.importorskip("ray")
 
 pytestmark = pytest.mark.slow
 LOGICAL = "/ckpt-audit-logical/ckpts"  # exists on no node: every node maps it to its own directory
 RANK = re.compile(r"_rank_(\d+)\.")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    table = tmp_path_factory.mktemp("roots") / "node_roots.json"
-    table.write_text("{}")
-    mp = pytest.MonkeyPatch()
-    mp.setenv(ENV, f"@{table}")  # the nodes start below and inherit it; the table is filled once ids are known
-    (table.parent / "hold").mkdir()
-    mp.setenv(ray_scan.HOLD_ENV, str(table.parent / "hold"))  # a test may hold a node's task to kill it mid-scan
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
-    nodes = [c.head_node] + [c.add_node(num_cpus=1, object_store_memory=80 * 2**20) for _ in range(2)]
-    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
-    yield c, [n.node_id for n in nodes], table
-    ray.shutdown()
-    c.shutdown()
-    mp.undo()
 
 
 def split_by_rank(run: Path, base: Path, n_nodes: int) -> list[Path]:
@@ -66,8 +47,8 @@ def summary(result, root: str) -> tuple:
     return ckpts, found, hashes
 
 
-def test_ranks_split_over_three_nodes_judged_as_one_disk(cluster, verl_run, tmp_path):
-    _, ids, table = cluster
+def test_ranks_split_over_three_nodes_judged_as_one_disk(ray_cluster, verl_run, tmp_path):
+    ids, table = ray_cluster.ids, ray_cluster.table
     dirs = split_by_rank(verl_run, tmp_path, 3)
     table.write_text(json.dumps({nid: {LOGICAL: str(d)} for nid, d in zip(ids, dirs)}))
     now = time.time_ns() + 86_400 * 10**9
@@ -93,8 +74,8 @@ def _codes(result):
     return [(f.code, f.path.replace(LOGICAL, "<root>"), f.message) for f in result.all_findings]
 
 
-def test_spread_ranks_named_by_node_and_a_differing_replica_is_an_error(cluster, verl_run, tmp_path):
-    _, ids, table = cluster
+def test_spread_ranks_named_by_node_and_a_differing_replica_is_an_error(ray_cluster, verl_run, tmp_path):
+    ids, table = ray_cluster.ids, ray_cluster.table
     dirs = split_by_rank(verl_run, tmp_path, 2) + [tmp_path / "node2"]
     now = time.time_ns() + 86_400 * 10**9
     got, silent = _scan(table, dirs, ids, now)
@@ -117,9 +98,9 @@ def test_spread_ranks_named_by_node_and_a_differing_replica_is_an_error(cluster,
     assert step4.status.name == "CORRUPT"
 
 
-def test_scan_ray_cli_records_the_union_in_the_catalog(cluster, verl_run, tmp_path):
+def test_scan_ray_cli_records_the_union_in_the_catalog(ray_cluster, verl_run, tmp_path):
     """The head node's directory is the logical root itself (no entry: identity); the others are mapped to it."""
-    _, ids, table = cluster
+    ids, table = ray_cluster.ids, ray_cluster.table
     dirs = split_by_rank(verl_run, tmp_path, 2)
     table.write_text(json.dumps({ids[1]: {str(dirs[0]): str(dirs[1])}, ids[2]: {str(dirs[0]): str(tmp_path / "none")}}))
     out = CliRunner().invoke(cli, ["scan", "--ray", "--json", "--catalog", str(tmp_path / "c.db"), str(dirs[0])])
@@ -144,40 +125,46 @@ def test_scan_ray_cli_records_the_union_in_the_catalog(cluster, verl_run, tmp_pa
     assert deep.exit_code == 2 and deep.output.strip() == f"ckpt-audit: {ray_cli.DEEP_REFUSED}"
 
 
-def test_a_node_killed_during_the_scan_makes_its_checkpoints_unknown_never_incomplete(cluster, verl_run, tmp_path):
-    """Runs last in this module: node 2, which holds rank 1 of every checkpoint, is killed while its task runs."""
-    c, ids, table = cluster
-    dirs = [tmp_path / "node0", tmp_path / "node1"] + split_by_rank(verl_run, tmp_path / "x", 2)[1:]
+def test_a_node_killed_during_the_scan_makes_its_checkpoints_unknown_never_incomplete(
+    ray_cluster, ray_extra_node, verl_run, tmp_path
+):
+    """Node X, added for this test, holds rank 1 of every checkpoint and is killed while its task runs; the shared
+    nodes hold the rest (the head) or nothing (the others), and answer."""
+    shared, table = ray_cluster.ids, ray_cluster.table
+    x = ray_extra_node.node_id
+    ids = [*shared, x]
+    dirs = [tmp_path / f"node{i}" for i in range(len(shared))] + split_by_rank(verl_run, tmp_path / "x", 2)[1:]
     split_by_rank(verl_run, tmp_path / "y", 2)[0].rename(dirs[0])
-    dirs[1].mkdir()
+    for d in dirs[1 : len(shared)]:
+        d.mkdir()
     now = time.time_ns() + 86_400 * 10**9
     got, silent = _scan(table, dirs, ids, now)
     assert {c.status.name for r in got.runs for c in r.checkpoints} == {"COMPLETE"}
 
-    hold = table.parent / "hold"
-    (hold / f"{ids[2]}.started").unlink()
-    (hold / f"{ids[2]}.hold").touch()  # node 2's next task waits until it is killed
+    hold = ray_cluster.hold
+    (hold / f"{x}.started").unlink()
+    (hold / f"{x}.hold").touch()  # node X's next task waits until it is killed
     done: dict = {}
     scan = threading.Thread(
         target=lambda: done.update(result=ray_scan.scan_cluster([LOGICAL], address=None, in_progress_window_s=60))
     )
     scan.start()
     deadline = time.monotonic() + 60
-    while not (hold / f"{ids[2]}.started").exists() and time.monotonic() < deadline:
+    while not (hold / f"{x}.started").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert (hold / f"{ids[2]}.started").exists() and scan.is_alive()  # its task is running now
-    c.remove_node(next(n for n in c.list_all_nodes() if n.node_id == ids[2]))  # raylet and workers killed
+    assert (hold / f"{x}.started").exists() and scan.is_alive()  # its task is running now
+    ray_cluster.remove(x)  # raylet and workers killed
     scan.join(timeout=120)
-    (hold / f"{ids[2]}.hold").unlink()
+    (hold / f"{x}.hold").unlink()
     assert not scan.is_alive()
     got = done["result"]
-    assert got.cluster.silent == (ids[2],) and sorted(got.cluster.answered) == sorted(ids[:2])
+    assert got.cluster.silent == (x,) and sorted(got.cluster.answered) == sorted(shared)
     assert {c.step: c.status.name for r in got.runs for c in r.checkpoints} == {
         2: "UNKNOWN",
         4: "UNKNOWN",
         6: "UNKNOWN",
     }
-    assert any(f.code == "node-silent" and ids[2] in f.message for f in got.all_findings)
+    assert any(f.code == "node-silent" and x in f.message for f in got.all_findings)
     with open_session(tmp_path / "c.db") as s:
         s.record(got)
     with sqlite3.connect(tmp_path / "c.db") as db:
@@ -185,5 +172,5 @@ def test_a_node_killed_during_the_scan_makes_its_checkpoints_unknown_never_incom
 
     # Ray now lists it dead: the next scan judges alike
     got, silent = _scan(table, dirs, ids, now)
-    assert silent == [ids[2]]
+    assert silent == [x]
     assert {c.status.name for r in got.runs for c in r.checkpoints} == {"UNKNOWN"}

@@ -1,5 +1,5 @@
-"""scan --ray --placement shared on a real local Ray cluster (2 nodes, ray.cluster_utils.Cluster), through the
-CLI: a shared root's files are read on every node and the catalog is the local scan's, row for row."""
+"""scan --ray --placement shared on a real local Ray cluster (the session's 3 nodes, tests/ray_cluster.py), through
+the CLI: a shared root's files are read on every node and the catalog is the local scan's, row for row."""
 
 from __future__ import annotations
 
@@ -12,30 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from ckpt_audit.cli import cli
-from ckpt_audit.cluster.noderoots import ENV
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 pytestmark = pytest.mark.slow
 # columns that name the scan, not the tree: they differ between any two scans
 SCAN_COLUMNS = {"id", "scan_id", "last_scan_id", "verified_ns", "started_ns", "finished_ns"}
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    table = tmp_path_factory.mktemp("roots") / "node_roots.json"
-    table.write_text("{}")
-    mp = pytest.MonkeyPatch()
-    mp.setenv(ENV, f"@{table}")  # the nodes inherit it; a test maps one node's view of the root elsewhere
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 80 * 2**20})
-    # two nodes: enough to split a root (each extra simulated node costs 3-15 s of start-up on 2 cores)
-    nodes = [c.head_node, c.add_node(num_cpus=1, object_store_memory=80 * 2**20)]
-    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
-    yield [n.node_id for n in nodes], table
-    ray.shutdown()
-    c.shutdown()
-    mp.undo()
 
 
 def catalog_rows(db: Path) -> dict[str, list[tuple]]:
@@ -63,8 +45,8 @@ def shared_root(verl_run, verl_run_sft, tmp_path) -> Path:
     return root
 
 
-def test_shared_scan_records_the_local_scans_catalog_reading_on_every_node(cluster, shared_root, tmp_path):
-    ids, table = cluster
+def test_shared_scan_records_the_local_scans_catalog_reading_on_every_node(ray_cluster, shared_root, tmp_path):
+    ids, table = ray_cluster.ids, ray_cluster.table
     table.write_text("{}")
     got = scan(shared_root, tmp_path / "ray.db", "--ray", "--placement", "shared")
     want = scan(shared_root, tmp_path / "local.db")
@@ -88,10 +70,10 @@ def test_shared_scan_records_the_local_scans_catalog_reading_on_every_node(clust
 
 
 def test_a_node_that_sees_other_files_hands_them_back_and_the_catalog_is_still_the_local_one(
-    cluster, shared_root, tmp_path
+    ray_cluster, shared_root, tmp_path
 ):
     """A wrong placement guess: node 1's view of the root is a copy (same names and bytes, other inodes)."""
-    ids, table = cluster
+    ids, table = ray_cluster.ids, ray_cluster.table
     copy = tmp_path / "copy"
     shutil.copytree(shared_root, copy)
     (copy / "sft" / "exp" / "global_step_2" / "model_world_size_2_rank_0.pt").write_bytes(b"other bytes")
@@ -107,16 +89,15 @@ def test_a_node_that_sees_other_files_hands_them_back_and_the_catalog_is_still_t
     assert got["placement"]["read_by_driver"] == node1["handed_back"]
 
 
-def test_auto_on_a_local_filesystem_is_node_local(cluster, shared_root, tmp_path):
-    ids, table = cluster
-    table.write_text("{}")
+def test_auto_on_a_local_filesystem_is_node_local(ray_cluster, shared_root, tmp_path):
+    ray_cluster.table.write_text("{}")
     got = scan(shared_root, tmp_path / "ray.db", "--ray")
     assert "placement" not in got and got["ray"] is True  # the node-local path answered
 
 
-def test_nodes_whose_task_fails_leave_their_share_to_the_driver(cluster, shared_root, tmp_path):
+def test_nodes_whose_task_fails_leave_their_share_to_the_driver(ray_cluster, shared_root, tmp_path):
     """Every node's task raises (its CKPT_AUDIT_NODE_ROOTS table is unreadable): the driver reads every file."""
-    ids, table = cluster
+    ids, table = ray_cluster.ids, ray_cluster.table
     table.write_text("not json")
     try:
         got = scan(shared_root, tmp_path / "ray.db", "--ray", "--placement", "shared")
@@ -129,12 +110,12 @@ def test_nodes_whose_task_fails_leave_their_share_to_the_driver(cluster, shared_
     assert placed["read_by_driver"] == got["files_hashed"] > 40
 
 
-def test_the_auto_probe_reports_each_nodes_own_view_of_the_root(cluster, shared_root, tmp_path):
+def test_the_auto_probe_reports_each_nodes_own_view_of_the_root(ray_cluster, shared_root, tmp_path):
     """On one machine every node sees the driver's root directory, unless its CKPT_AUDIT_NODE_ROOTS maps it to a
     copy: that node's view differs, so auto could not call the root shared even on a network filesystem."""
     from ckpt_audit.cluster.shared import RootView, choose_placement, probe_views, root_view
 
-    ids, table = cluster
+    ids, table = ray_cluster.ids, ray_cluster.table
     root = str(shared_root)
     table.write_text("{}")
     here = root_view(root)
