@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from ray_cluster import (  # noqa: F401 - the session Ray cluster's fixtures
     _ray_session,
-    last_the_tests_that_remove_a_node,
+    order_ray_tests,
     ray_cluster,
     ray_extra_node,
     register_marker,
@@ -72,19 +72,27 @@ def build_tree(tmp_path_factory, name: str, **params) -> Path:
     """The run directory of a real trainer run with `params` (write_tree's keywords), cached across sessions."""
     from harness.tree import write_tree
 
+    return _run_dir(build_cached(tmp_path_factory, name, write_tree, **params), params)
+
+
+def build_cached(tmp_path_factory, name: str, writer, **params) -> Path:
+    """The directory `writer(dir, **params)` fills, cached across sessions. `writer` must live in harness/*.py:
+    the key hashes those files (its source), not the writer itself."""
     cache = _cache_root()
     if cache is None:
-        return write_tree(tmp_path_factory.mktemp(name), **params)
+        root = tmp_path_factory.mktemp(name)
+        writer(root, **params)
+        return root
     cache.mkdir(parents=True, exist_ok=True)
     final = cache / f"{name}-{_key(params)}"
     with open(cache / f"{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent session waits for this build instead of doubling it
         if final.is_dir() and _intact(final):
-            return _run_dir(final, params)
+            return final
         shutil.rmtree(final, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
         try:
-            write_tree(staging, **params)
+            writer(staging, **params)
             (staging / MANIFEST).write_text(json.dumps(_manifest(staging)))
             os.rename(staging, final)
         finally:
@@ -93,7 +101,7 @@ def build_tree(tmp_path_factory, name: str, **params) -> Path:
             if stale.is_dir() and stale != final and stale.name.count("-") == final.name.count("-"):
                 shutil.rmtree(stale, ignore_errors=True)
                 stale.with_name(stale.name + ".lock").unlink(missing_ok=True)
-    return _run_dir(final, params)
+    return final
 
 
 def _run_dir(tree: Path, params: dict) -> Path:
@@ -136,6 +144,21 @@ def verl_run_sft(tmp_path_factory) -> Path:
     return build_tree(tmp_path_factory, "verl_run_sft", world_size=2, steps=4, save_every=2, sft=True)
 
 
+@pytest.fixture(scope="session")
+def dcp_trees(tmp_path_factory) -> dict[str, Path]:
+    """harness/dcp_tree.py's gloo run (W=2), once per session for every module that reads it, cached like the trees
+    above: {"megatron": verl Megatron run, "dcp": plain DCP checkpoint dir, "verl": verl FSDP2 run}. Shared: copy
+    before changing anything."""
+    from harness.dcp_tree import write_dcp_trees
+
+    root = build_cached(tmp_path_factory, "dcp_trees", write_dcp_trees, world_size=2, fsdp_run=True)
+    return {
+        "megatron": root / "megatron" / "exp",
+        "dcp": root / "dcp" / "checkpoint" / "step-1",
+        "verl": root / "verl" / "exp",
+    }
+
+
 @pytest.fixture
 def copy_run(tmp_path):
     """copy_run(src) -> a private copy of run directory `src` at tmp_path/<n>/<project>/<experiment>
@@ -168,9 +191,9 @@ SLOW_FIXTURES = frozenset(
         "verl_run_w1",
         "verl_run_critic",
         "verl_run_sft",
-        "trees",  # test_verify: harness.dcp_tree's gloo runs (DCP, Megatron, FSDP2), built each session
-        "dcp_trees",  # test_scan_cache: the same
-        "megatron_tree",  # test_resume_gate_trees: the same
+        "dcp_trees",  # harness.dcp_tree's gloo run (DCP, Megatron, FSDP2), cached like the trees above
+        "trees",  # test_verify: dcp_trees
+        "megatron_tree",  # test_resume_gate_trees: dcp_trees
         "trainer_logs",  # test_continuity: three trainer runs
         "dtensor_dir",  # test_pickles: a 2-process gloo group saving DTensors
         "hf_run",  # test_hf_trainer: a real transformers Trainer run (cached like the trees above)
@@ -184,7 +207,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
-    last_the_tests_that_remove_a_node(items)  # tests/ray_cluster.py: the shared cluster serves the others first
+    order_ray_tests(items)  # tests/ray_cluster.py: the tests that remove a node after the other Ray tests
     for item in items:
         callspec = getattr(item, "callspec", None)
         named = {v for v in callspec.params.values() if isinstance(v, str)} if callspec else set()

@@ -2,7 +2,8 @@
 
 Starting a simulated node costs 3-15 s on 2 cores (30-50 s per cluster under load), and each node's first task pays
 its worker's start-up too, so the Ray tests share one cluster, started when the first of them asks for
-`ray_cluster` (a run without Ray tests, or without Ray, never starts it) and shut down at the end of the session.
+`ray_cluster` (a run without Ray tests, or without Ray, never starts it) and shut down after the last of them (or
+at the end of the session), so that it does not idle through the rest of the suite.
 
 What a test may change, and how it is put back:
 - CKPT_AUDIT_NODE_ROOTS is `@<table>` for every node: a raylet's environment is fixed when the node starts, so the
@@ -11,8 +12,8 @@ What a test may change, and how it is put back:
   driver has the three variables for the test's duration only, as the nodes do.
 - A node a test kills or removes is its own extra node (`ray_extra_node`), never a shared one. But Ray lists a
   removed node dead for as long as its GCS keeps it, and scan --ray counts a node Ray lists dead as silent: the
-  other tests would see it. So the tests that remove a node run after all the others
-  (`last_the_tests_that_remove_a_node`), and a test that finds a dead node listed gets a fresh cluster (`ensure`),
+  other tests would see it. So the tests that remove a node run right after all the other Ray tests
+  (`order_ray_tests`), and a test that finds a dead node listed gets a fresh cluster (`ensure`),
   unless it is marked `ray_dead_node_ok`: its assertions hold while one node an earlier test removed is listed dead
   (the GCS keeps one: DEAD_NODES_KEPT; the test's own removal evicts it). Marked tests run after the unmarked ones.
   In one run the cluster starts once; a fresh one is started only for tests run out of that order.
@@ -32,6 +33,7 @@ NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 * 2**20, "include_dashboar
 DEAD_NODES_KEPT = 1  # the GCS forgets the older dead nodes (Ray's default keeps 1,000); 0 is refused by Ray
 HEAD_ARGS = {**NODE_ARGS, "no_monitor": True, "_system_config": {"maximum_gcs_dead_node_cached_count": DEAD_NODES_KEPT}}
 SHARED_NODES = 3  # tests/test_ray_scan.py splits ranks over three nodes; the others use two and leave one idle
+RAY = "ray_cluster"
 EXTRA = "ray_extra_node"  # the fixture that marks a test as one that removes a node
 DEAD_OK = "ray_dead_node_ok"
 
@@ -125,29 +127,40 @@ def ray_cluster(_ray_session, monkeypatch, request) -> SharedCluster:
     for name, value in _ray_session.env().items():
         monkeypatch.setenv(name, value)
     _ray_session.ensure(dead_ok=request.node.get_closest_marker(DEAD_OK) is not None)
-    return _ray_session
+    yield _ray_session
+    items = request.session.items
+    later = items[items.index(request.node) + 1 :] if request.node in items else ()
+    if _ray_session.cluster is not None and not any(RAY in getattr(i, "fixturenames", ()) for i in later):
+        _ray_session.shutdown()  # the last Ray test of this run
 
 
 @pytest.fixture
 def ray_extra_node(ray_cluster):
     """A node added to the shared cluster for this test alone, which the test may kill (`ray_cluster.remove`).
-    Whether killed or not, it is gone after the test, and the cluster with it (see the module docstring)."""
+    Whether killed or not, it is removed after the test (and Ray then lists it dead: see the module docstring)."""
     node = ray_cluster.add_node()
     yield node
     if node in ray_cluster.extra:
         ray_cluster.remove(node.node_id)
 
 
-def last_the_tests_that_remove_a_node(items: list) -> None:
-    """Move the tests that use `ray_extra_node` to the end (stable), those marked ray_dead_node_ok last: the shared
-    cluster serves every other Ray test before the first node is removed."""
+def order_ray_tests(items: list) -> None:
+    """Move the tests that use `ray_extra_node` (in their order, those marked ray_dead_node_ok last) to right after
+    the last other Ray test: the shared cluster serves every other Ray test before the first node is removed."""
 
     def rank(item) -> int:
         if EXTRA not in getattr(item, "fixturenames", ()):
             return 0
         return 2 if item.get_closest_marker(DEAD_OK) is not None else 1
 
-    items.sort(key=rank)
+    moved = sorted((i for i in items if rank(i)), key=rank)
+    if not moved:
+        return
+    first = next(k for k, i in enumerate(items) if rank(i))
+    rest = [i for i in items if not rank(i)]
+    ray = [k for k, i in enumerate(rest) if RAY in getattr(i, "fixturenames", ())]
+    at = ray[-1] + 1 if ray else first  # no other Ray test: where the first of them was
+    items[:] = rest[:at] + moved + rest[at:]
 
 
 def register_marker(config) -> None:
