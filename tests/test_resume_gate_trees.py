@@ -91,10 +91,8 @@ def test_async_save_of_a_fresh_run_has_no_tracker_at_all(run, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def megatron_tree(tmp_path_factory) -> Path:
-    from harness.dcp_tree import write_dcp_trees
-
-    return write_dcp_trees(tmp_path_factory.mktemp("gate-megatron"), world_size=2)["megatron"]
+def megatron_tree(dcp_trees) -> Path:
+    return dcp_trees["megatron"]  # tests/conftest.py: one cached gloo run per session
 
 
 @pytest.fixture

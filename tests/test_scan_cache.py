@@ -189,13 +189,6 @@ BROKEN: dict[str, tuple[str, Callable[[Path], None]]] = {
 }
 
 
-@pytest.fixture(scope="session")
-def dcp_trees(tmp_path_factory) -> dict[str, Path]:
-    from harness.dcp_tree import write_dcp_trees
-
-    return write_dcp_trees(tmp_path_factory.mktemp("cache-dcp-trees"), world_size=2)
-
-
 def _source(request, name: str) -> Path:
     if name in ("megatron", "dcp"):
         return Path(request.getfixturevalue("dcp_trees")[name])

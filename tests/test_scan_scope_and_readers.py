@@ -197,13 +197,6 @@ def test_a_writer_leaves_no_wal_a_reader_would_need_to_create(run, tmp_path):
 # -- file rules run once the layout knows the file's kind ----------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def dcp_trees(tmp_path_factory) -> dict[str, Path]:
-    from harness.dcp_tree import write_dcp_trees
-
-    return write_dcp_trees(tmp_path_factory.mktemp("readers-dcp-trees"), world_size=2)
-
-
 def _distcps(run: Path) -> list[Path]:
     found = sorted(run.rglob("*.distcp"))
     assert found and all(p.read_bytes()[:4] == b"PK\x03\x04" for p in found)  # they start like a zip

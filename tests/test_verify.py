@@ -1,8 +1,8 @@
 """verify: each deep check on a real tree (real gloo FSDP2 / DCP saves) broken in exactly that property.
 
-Trees come from harness/dcp_tree.py (one multi-process gloo run per session); the FSDP2 run is the harness's
-`verl_run` from tests/conftest.py. Shards are broken by loading them with weights_only=True, changing
-one thing and torch.save-ing them back under the same name.
+Trees come from harness/dcp_tree.py (conftest's cached `dcp_trees`: one multi-process gloo run per session); the
+FSDP2 run is the harness's `verl_run` from tests/conftest.py. Shards are broken by loading them with
+weights_only=True, changing one thing and torch.save-ing them back under the same name.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ CLI = [sys.executable, "-m", "ckpt_audit.cli"]
 
 
 @pytest.fixture(scope="session")
-def trees(tmp_path_factory) -> dict[str, Path]:
-    from harness.dcp_tree import write_dcp_trees
-
-    return write_dcp_trees(tmp_path_factory.mktemp("verify-trees"), world_size=2, fsdp_run=True)
+def trees(dcp_trees) -> dict[str, Path]:
+    return dcp_trees  # tests/conftest.py: one cached gloo run per session, shared with the scan and gate tests
 
 
 @pytest.fixture(scope="session")
