@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import shutil
 import sqlite3
 import subprocess
@@ -339,6 +340,60 @@ def test_tui_offers_a_default_destination_the_checks_accept(scanned):
 
 TENSORS = 27  # tensors in verl_run's export (asserted below): the kill points are counted in them
 
+# One warm interpreter imports the CLI and export once, then forks a child per command: each child is still a real
+# process killed with SIGKILL at its k-th step (what the matrix tests), without a start-up and import per point.
+_FORK_SERVER = """
+import json, os, sys
+import ckpt_audit.cli.export, ckpt_audit.lifecycle.export
+from ckpt_audit.cli import main
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            os.environ.update(req["env"])
+            sys.argv = ["ckpt-audit", *req["args"]]
+            for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, req["out"], os.O_WRONLY | os.O_CREAT),
+                                    (2, req["err"], os.O_WRONLY | os.O_CREAT)):
+                os.dup2(os.open(path, flags), fd)
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+
+
+@pytest.fixture
+def forked_cli(tmp_path):
+    """forked_cli(catalog, *args, env=...) -> CompletedProcess of `ckpt-audit ARGS` run in a child of one warm
+    interpreter (returncode -9 when SIGKILL ended it)."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", _FORK_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    count = 0
+
+    def run(catalog: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        nonlocal count
+        count += 1
+        out, err = tmp_path / f"forked{count}.out", tmp_path / f"forked{count}.err"
+        env = {"CKPT_AUDIT_CATALOG": str(catalog), **(env or {})}
+        server.stdin.write(json.dumps({"args": list(map(str, args)), "env": env, "out": str(out), "err": str(err)}))
+        server.stdin.write("\n")
+        server.stdin.flush()
+        ready, _, _ = select.select([server.stdout], [], [], 300)  # what cli()'s timeout was
+        assert ready, f"ckpt-audit {args} hung"
+        code = int(server.stdout.readline())
+        return subprocess.CompletedProcess(args, code, out.read_text(), err.read_text())
+
+    yield run
+    server.stdin.close()
+    assert server.wait(timeout=60) == 0
+
 
 def kill_points(t: int) -> dict[str, int]:
     """export's counted steps (ckpt_audit.lifecycle.export docstring): t written, t read back, marker, rename, old
@@ -354,19 +409,19 @@ def kill_points(t: int) -> dict[str, int]:
     }
 
 
-def test_kill_9_at_every_point_of_an_export_leaves_source_target_and_catalog_whole(scanned, tmp_path):
+def test_kill_9_at_every_point_of_an_export_leaves_source_target_and_catalog_whole(scanned, forked_cli, tmp_path):
     """At each point: the source byte-identical, --to a whole export (the earlier one before the rename, the new one
     after), the catalog intact with nothing half-recorded, and a re-run succeeds. Each re-run's export is the
     earlier export the next point's --force replaces (sources alternate, so the two are told apart)."""
     root, run, catalog = scanned
     out = tmp_path / "hf"
-    first = cli(catalog, "export", step(run, 2), "--to", out, "--json")
+    first = forked_cli(catalog, "export", step(run, 2), "--to", out, "--json")
     assert first.returncode == 0 and json.loads(first.stdout)["tensors"] == TENSORS
     before = tree_digest(root)
     earlier = step(run, 2)
     for point, k in kill_points(TENSORS).items():
         new = step(run, 6) if earlier != step(run, 6) else step(run, 4)
-        killed = cli(catalog, "export", new, "--to", out, "--force", env={KILL_AFTER_ENV: str(k)})
+        killed = forked_cli(catalog, "export", new, "--to", out, "--force", env={KILL_AFTER_ENV: str(k)})
         assert killed.returncode == -9, (point, killed.returncode, killed.stderr)
 
         assert tree_digest(root) == before, point
@@ -381,28 +436,28 @@ def test_kill_9_at_every_point_of_an_export_leaves_source_target_and_catalog_who
         ).fetchone() == (0,), point
         db.close()
 
-        again = cli(catalog, "export", new, "--to", out, "--force")
+        again = forked_cli(catalog, "export", new, "--to", out, "--force")
         assert again.returncode == 0, (point, again.stderr)
         assert export_files_match_marker(out)["source"] == str(new), point
         assert [p.name for p in out.parent.iterdir() if p.name.startswith(".hf.")] == [], point  # reclaimed
         earlier = new
 
 
-def test_the_kill_points_are_counted_as_the_matrix_assumes(scanned, tmp_path):
+def test_the_kill_points_are_counted_as_the_matrix_assumes(scanned, forked_cli, tmp_path):
     """One step past the last kill point the export completes: the matrix above killed where it says it did."""
     _root, run, catalog = scanned
     out = tmp_path / "hf"
-    assert cli(catalog, "export", step(run, 4), "--to", out).returncode == 0
+    assert forked_cli(catalog, "export", step(run, 4), "--to", out).returncode == 0
     past = max(kill_points(TENSORS).values()) + 1
-    proc = cli(catalog, "export", step(run, 6), "--to", out, "--force", env={KILL_AFTER_ENV: str(past)})
+    proc = forked_cli(catalog, "export", step(run, 6), "--to", out, "--force", env={KILL_AFTER_ENV: str(past)})
     assert proc.returncode == 0, proc.stderr
     # Without an earlier export there is no removal step: the catalog transaction is one step sooner.
     fresh = tmp_path / "fresh"
-    killed = cli(catalog, "export", step(run, 6), "--to", fresh, env={KILL_AFTER_ENV: str(past - 2)})
+    killed = forked_cli(catalog, "export", step(run, 6), "--to", fresh, env={KILL_AFTER_ENV: str(past - 2)})
     assert killed.returncode == -9 and export_files_match_marker(fresh)["source"] == str(step(run, 6))
     db = sqlite3.connect(catalog)
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert db.execute("SELECT COUNT(*) FROM exports WHERE out_dir = ?", [str(fresh)]).fetchone() == (0,)
     db.close()
-    proc = cli(catalog, "export", step(run, 6), "--to", fresh, "--force", env={KILL_AFTER_ENV: str(past)})
+    proc = forked_cli(catalog, "export", step(run, 6), "--to", fresh, "--force", env={KILL_AFTER_ENV: str(past)})
     assert proc.returncode == 0, proc.stderr
