@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import select
 import shutil
 import sqlite3
 import subprocess
@@ -22,6 +21,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from forked_cli import ForkedCli
 
 from ckpt_audit.killpoints import KILL_AFTER_ENV
 from harness.commands.demo import flip_payload_byte
@@ -340,59 +340,14 @@ def test_tui_offers_a_default_destination_the_checks_accept(scanned):
 
 TENSORS = 27  # tensors in verl_run's export (asserted below): the kill points are counted in them
 
-# One warm interpreter imports the CLI and export once, then forks a child per command: each child is still a real
-# process killed with SIGKILL at its k-th step (what the matrix tests), without a start-up and import per point.
-_FORK_SERVER = """
-import json, os, sys
-import ckpt_audit.cli.export, ckpt_audit.lifecycle.export
-from ckpt_audit.cli import main
-for line in sys.stdin:
-    req = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 3
-        try:
-            os.environ.update(req["env"])
-            sys.argv = ["ckpt-audit", *req["args"]]
-            for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, req["out"], os.O_WRONLY | os.O_CREAT),
-                                    (2, req["err"], os.O_WRONLY | os.O_CREAT)):
-                os.dup2(os.open(path, flags), fd)
-            main()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-"""
-
 
 @pytest.fixture
 def forked_cli(tmp_path):
-    """forked_cli(catalog, *args, env=...) -> CompletedProcess of `ckpt-audit ARGS` run in a child of one warm
-    interpreter (returncode -9 when SIGKILL ended it)."""
-    server = subprocess.Popen(
-        [sys.executable, "-c", _FORK_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    count = 0
-
-    def run(catalog: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        nonlocal count
-        count += 1
-        out, err = tmp_path / f"forked{count}.out", tmp_path / f"forked{count}.err"
-        env = {"CKPT_AUDIT_CATALOG": str(catalog), **(env or {})}
-        server.stdin.write(json.dumps({"args": list(map(str, args)), "env": env, "out": str(out), "err": str(err)}))
-        server.stdin.write("\n")
-        server.stdin.flush()
-        ready, _, _ = select.select([server.stdout], [], [], 300)  # what cli()'s timeout was
-        assert ready, f"ckpt-audit {args} hung"
-        code = int(server.stdout.readline())
-        return subprocess.CompletedProcess(args, code, out.read_text(), err.read_text())
-
-    yield run
-    server.stdin.close()
-    assert server.wait(timeout=60) == 0
+    """forked_cli(catalog, *args, env=...): the export in a child of one warm interpreter (tests/forked_cli.py), so
+    each kill point is still a real process ended by SIGKILL at its k-th step, without a start-up per point."""
+    server = ForkedCli(tmp_path, preload=("ckpt_audit.cli.export", "ckpt_audit.lifecycle.export"))
+    yield lambda catalog, *args, env=None: server(*args, env={"CKPT_AUDIT_CATALOG": str(catalog), **(env or {})})
+    server.close()
 
 
 def kill_points(t: int) -> dict[str, int]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forked_cli import ForkedCli
 
 from ckpt_audit.deep import dcp_check, safe_load
 from ckpt_audit.models import Status
@@ -309,9 +310,11 @@ def test_unsafe_pickle_is_never_executed(run, tmp_path):
     assert "posix.system" in res.findings[0].message or "os.system" in res.findings[0].message
     f = one(run, "unsafe-pickle")
     assert f.path == str(target.resolve()) or f.path == str(target)
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    env = {"CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
     root = str(run.parent.parent)
     step = str(latest(run))
+    # each command in its own process, forked from one interpreter that imported torch once (tests/forked_cli.py)
+    forked = ForkedCli(tmp_path, preload=("torch", "ckpt_audit.verify", "ckpt_audit.cli.verify"))
     for args in (
         ["scan", root],
         ["verify", root],
@@ -320,10 +323,11 @@ def test_unsafe_pickle_is_never_executed(run, tmp_path):
         ["show", step],
         ["export", step, "--to", str(tmp_path / "out")],
     ):
-        proc = subprocess.run(CLI + args, env=env, capture_output=True, text=True, timeout=300)
+        proc = forked(*args, env=env)
         assert proc.returncode in (0, 1, 3), (args, proc.stderr[-500:])
         assert "Traceback" not in proc.stderr, (args, proc.stderr[-800:])
         assert not marker.exists(), f"{args} executed the payload"
+    forked.close()
 
 
 # -- Megatron dist_ckpt and plain DCP ---------------------------------------------------------------------------
