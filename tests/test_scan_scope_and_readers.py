@@ -203,7 +203,7 @@ def _distcps(run: Path) -> list[Path]:
     return found
 
 
-def test_a_distcp_starts_like_a_zip_but_no_zip_rule_judges_it(dcp_trees, tmp_path):
+def test_a_distcp_is_read_as_its_chain_of_zips_and_no_zip_rule_judges_it(dcp_trees, tmp_path):
     from ckpt_audit.layouts import file_kind
     from ckpt_audit.models import FileKind, Status
     from ckpt_audit.readers.hashing import digest_file
@@ -216,9 +216,9 @@ def test_a_distcp_starts_like_a_zip_but_no_zip_rule_judges_it(dcp_trees, tmp_pat
     p = str(distcps[0])
     d = digest_file(p)
     facts = dict(size=d.size_bytes, zip_error=d.zip_error, crc_bad=d.crc_bad_entries, prefix=d.prefix, changed=False)
-    # what the zip reader says of it would be a finding for a file meant to be a zip ...
-    assert file_rules.digest_findings(p, kind=FileKind.OTHER, **facts)
-    # ... and is none for what the layout calls it
+    # the reader walks the items (each a torch.save zip) back to byte 0 and checks every entry's CRC-32 ...
+    assert d.zip_error is None and d.crc_bad_entries == () and d.entries_checked > 1
+    # ... so the rules, asked about what the layout calls it, find nothing
     assert file_kind(p) is FileKind.DISTCP
     assert file_rules.digest_findings(p, kind=FileKind.DISTCP, **facts) == ()
     result = scan([run], in_progress_window_s=0)
