@@ -75,16 +75,29 @@ def build_tree(tmp_path_factory, name: str, **params) -> Path:
     return _run_dir(build_cached(tmp_path_factory, name, write_tree, **params), params)
 
 
-def build_cached(tmp_path_factory, name: str, writer, **params) -> Path:
-    """The directory `writer(dir, **params)` fills, cached across sessions. `writer` must live in harness/*.py:
-    the key hashes those files (its source), not the writer itself."""
+def writer_key(writer: Path, packages: tuple[str, ...]) -> str:
+    """The cache key of trees a test writer script makes: its source and the installed versions of `packages`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    h = hashlib.sha256(writer.read_bytes())
+    for pkg in packages:
+        try:
+            h.update(f"{pkg}={version(pkg)}".encode())
+        except PackageNotFoundError:
+            pass
+    return h.hexdigest()[:16]
+
+
+def build_cached(tmp_path_factory, name: str, writer, key: str | None = None, **params) -> Path:
+    """The directory `writer(dir, **params)` fills, cached across sessions. The key is `key` (see `writer_key`), or
+    else hashes harness/*.py, where `writer` must then live (its source), and `params`."""
     cache = _cache_root()
     if cache is None:
         root = tmp_path_factory.mktemp(name)
         writer(root, **params)
         return root
     cache.mkdir(parents=True, exist_ok=True)
-    final = cache / f"{name}-{_key(params)}"
+    final = cache / f"{name}-{key or _key(params)}"
     with open(cache / f"{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent session waits for this build instead of doubling it
         if final.is_dir() and _intact(final):

@@ -8,22 +8,19 @@ test, on a copy.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import MANIFEST, _cache_root, _intact, _manifest
+from conftest import build_cached, writer_key
 
 from ckpt_audit.cli import cli
 from ckpt_audit.deep import safe_load
@@ -32,15 +29,6 @@ from ckpt_audit.rules import hf_trainer as rules
 from ckpt_audit.rules.status import ScanContext
 
 WRITER = Path(__file__).with_name("_write_hf_trainer.py")
-
-
-def _key() -> str:
-    from importlib.metadata import version
-
-    h = hashlib.sha256(WRITER.read_bytes())
-    for pkg in ("torch", "transformers", "accelerate", "safetensors", "numpy"):
-        h.update(f"{pkg}={version(pkg)}".encode())
-    return h.hexdigest()[:16]
 
 
 def _write(dest: Path) -> None:
@@ -57,29 +45,8 @@ def _write(dest: Path) -> None:
 def hf_run(tmp_path_factory) -> Path:
     """The output directory of a real 2-process Trainer run (checkpoint-2, -4, -6), cached across sessions."""
     pytest.importorskip("accelerate")  # Trainer needs it; the test extra installs it
-    cache = _cache_root()
-    if cache is None:
-        out = tmp_path_factory.mktemp("hf") / "out"
-        _write(out)
-        return out
-    cache.mkdir(parents=True, exist_ok=True)
-    final = cache / f"hf_trainer-{_key()}"
-    with open(cache / f"{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (final.is_dir() and _intact(final)):
-            shutil.rmtree(final, ignore_errors=True)
-            staging = Path(tempfile.mkdtemp(prefix=".hf_trainer-", dir=cache))
-            try:
-                _write(staging / "out")
-                (staging / MANIFEST).write_text(json.dumps(_manifest(staging)))
-                os.rename(staging, final)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            for stale in cache.glob("hf_trainer-*"):  # trees from an older writer
-                if stale.is_dir() and stale != final:
-                    shutil.rmtree(stale, ignore_errors=True)
-                    stale.with_name(stale.name + ".lock").unlink(missing_ok=True)
-    return final / "out"
+    key = writer_key(WRITER, ("torch", "transformers", "accelerate", "safetensors", "numpy"))
+    return build_cached(tmp_path_factory, "hf_trainer", lambda d: _write(d / "out"), key=key) / "out"
 
 
 @pytest.fixture

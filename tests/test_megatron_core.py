@@ -9,19 +9,16 @@ checkpoint verl would resume from loads with the saved values exactly when verif
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from conftest import build_cached, writer_key
 
 from ckpt_audit import scanner
 from ckpt_audit.lifecycle.export import ExportError, export_checkpoint
@@ -35,7 +32,6 @@ pytestmark = [
 
 HERE = Path(__file__).parent
 WRITER = HERE / "_megatron_trees.py"
-MANIFEST = ".fixture-manifest.json"
 STEP = "global_step_1"
 
 # case -> (megatron-core's load, scan status, verify status, codes verify must report)
@@ -70,24 +66,6 @@ TABLE = {
 }
 
 
-def _key() -> str:
-    h = hashlib.sha256(WRITER.read_bytes())
-    for pkg in ("torch", "megatron-core", "numpy"):
-        try:
-            h.update(f"{pkg}={version(pkg)}".encode())
-        except PackageNotFoundError:
-            pass
-    return h.hexdigest()[:16]
-
-
-def _manifest(tree: Path) -> dict:
-    return {
-        str(p.relative_to(tree)): [p.stat().st_size, p.stat().st_mtime_ns]
-        for p in sorted(tree.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
-
-
 def _write(dst: Path) -> None:
     subprocess.run([sys.executable, str(WRITER), str(dst)], check=True, capture_output=True, timeout=900)
 
@@ -95,33 +73,8 @@ def _write(dst: Path) -> None:
 @pytest.fixture(scope="session")
 def mcore(tmp_path_factory) -> Path:
     """The root of the megatron-core trees (cases/<case>/exp) and verdicts.json, cached across sessions."""
-    value = os.environ.get("CKPT_AUDIT_FIXTURES", "")
-    if value.lower() in ("off", "0", "no"):
-        root = tmp_path_factory.mktemp("mcore")
-        _write(root)
-        return root
-    cache = Path(value) if value else Path(tempfile.gettempdir()) / f"ckpt-audit-fixtures-{os.getuid()}"
-    cache.mkdir(parents=True, exist_ok=True)
-    final = cache / f"megatron_core-{_key()}"
-    with open(cache / f"{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if json.loads((final / MANIFEST).read_text()) == _manifest(final):
-                return final
-        except (OSError, ValueError):
-            pass
-        shutil.rmtree(final, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(prefix=".megatron_core-", dir=cache))
-        try:
-            _write(staging)
-            (staging / MANIFEST).write_text(json.dumps(_manifest(staging)))
-            os.rename(staging, final)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        for stale in cache.glob("megatron_core-*"):
-            if stale.is_dir() and stale != final:
-                shutil.rmtree(stale, ignore_errors=True)
-    return final
+    key = writer_key(WRITER, ("torch", "megatron-core", "numpy"))
+    return build_cached(tmp_path_factory, "megatron_core", _write, key=key)
 
 
 def _run(mcore: Path, case: str) -> Path:

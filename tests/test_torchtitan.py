@@ -8,20 +8,17 @@ defect per test, on a copy dated an hour back.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import MANIFEST, _cache_root, _intact, _manifest
+from conftest import build_cached, writer_key
 
 from ckpt_audit.cli import cli
 from ckpt_audit.layouts import load_layouts
@@ -30,15 +27,6 @@ from ckpt_audit.scanner import read_file
 
 WRITER = Path(__file__).with_name("_write_torchtitan.py")
 pytestmark = pytest.mark.slow  # a 2-process torchtitan run on a cold cache
-
-
-def _key() -> str:
-    from importlib.metadata import version
-
-    h = hashlib.sha256(WRITER.read_bytes())
-    for pkg in ("torch", "torchtitan", "torchdata"):
-        h.update(f"{pkg}={version(pkg)}".encode())
-    return h.hexdigest()[:16]
 
 
 def _write(dump: Path) -> None:
@@ -51,29 +39,8 @@ def _write(dump: Path) -> None:
 def titan_dump(tmp_path_factory) -> Path:
     """A torchtitan dump folder holding checkpoint/step-{0,1,2,3}, cached across sessions."""
     pytest.importorskip("torchtitan")  # the test extra installs it
-    cache = _cache_root()
-    if cache is None:
-        dump = tmp_path_factory.mktemp("titan") / "dump"
-        _write(dump)
-        return dump
-    cache.mkdir(parents=True, exist_ok=True)
-    final = cache / f"torchtitan-{_key()}"
-    with open(cache / f"{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (final.is_dir() and _intact(final)):
-            shutil.rmtree(final, ignore_errors=True)
-            staging = Path(tempfile.mkdtemp(prefix=".torchtitan-", dir=cache))
-            try:
-                _write(staging / "dump")
-                (staging / MANIFEST).write_text(json.dumps(_manifest(staging)))
-                os.rename(staging, final)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            for stale in cache.glob("torchtitan-*"):  # trees from an older writer
-                if stale.is_dir() and stale != final:
-                    shutil.rmtree(stale, ignore_errors=True)
-                    stale.with_name(stale.name + ".lock").unlink(missing_ok=True)
-    return final / "dump"
+    key = writer_key(WRITER, ("torch", "torchtitan", "torchdata"))
+    return build_cached(tmp_path_factory, "torchtitan", lambda d: _write(d / "dump"), key=key) / "dump"
 
 
 @pytest.fixture
