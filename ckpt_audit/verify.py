@@ -150,7 +150,7 @@ def _component_findings(ckpt: Checkpoint, comp: Component, bad: set[str]) -> lis
     if comp.layout == "hf-trainer":
         return list(hf_check.check_component(comp, bad))
     if comp.layout in ("dcp", "torchtitan"):
-        return list(dcp_check.check_dir(comp.path))
+        return [*dcp_check.check_dir(comp.path), *_item_crcs(comp, comp.path, bad)]
     return []
 
 
@@ -165,9 +165,7 @@ def _megatron(comp: Component, bad: set[str]) -> list[Finding]:
         meta = dcp_check.read_metadata(f"{dist}/.metadata")
     except (OSError, ValueError, TypeError):
         return out
-    # the scan names a .distcp whose item CRCs fail; verify reads the items again to name the tensors
-    crc_only = {f.path for f in comp.findings if f.code in NAMED_BY_VERIFY}
-    out.extend(megatron_check.check_item_crcs(dist, meta, skip=bad - crc_only))
+    out.extend(_item_crcs(comp, dist, bad, meta))
     has_model = megatron_check.has_model_state(meta)
     hf_weights = any(f.kind is FileKind.HF and f.path.endswith((".safetensors", ".bin")) for f in comp.files)
     if not has_model and not hf_weights:
@@ -179,6 +177,20 @@ def _megatron(comp: Component, bad: set[str]) -> list[Finding]:
             )
         )
     return out
+
+
+def _item_crcs(
+    comp: Component, dcp_dir: str, bad: set[str], meta: dcp_check.DcpMetadata | None = None
+) -> tuple[Finding, ...]:
+    """Every item of every `.distcp` against its CRC-32 (Megatron, plain DCP, torchtitan alike)."""
+    if meta is None:
+        try:
+            meta = dcp_check.read_metadata(f"{dcp_dir}/.metadata")
+        except (OSError, ValueError, TypeError):
+            return ()  # check_dir reported it
+    # the scan names a .distcp whose item CRCs fail; verify reads the items again to name the tensors
+    crc_only = {f.path for f in comp.findings if f.code in NAMED_BY_VERIFY}
+    return megatron_check.check_item_crcs(dcp_dir, meta, skip=bad - crc_only)
 
 
 def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[Finding, ...]:

@@ -150,6 +150,30 @@ def test_truncated_distcp_is_caught_by_scan_and_verify(ckpts, tmp_path):
     assert doc["exit_code"] == 1
 
 
+def test_a_flipped_byte_inside_a_tensor_is_named_by_verify_and_corrupt_at_scan(ckpts, tmp_path):
+    """Same size, same mtime: only the item's CRC-32 tells. Scan names the .distcp, verify the tensor too."""
+    step = ckpts / "step-2"
+    meta = dcp_metadata.read_metadata(str(step / ".metadata"))
+    items = [(length, start, fqn) for (fqn, _), (rel, start, length) in meta.storage.items() if rel == "__1_0.distcp"]
+    length, start, fqn = max(i for i in items if i[2] in meta.tensors)  # the largest tensor item: its middle is payload
+    shard = step / "__1_0.distcp"
+    st = shard.stat()
+    with open(shard, "r+b") as f:
+        f.seek(start + length // 2)
+        byte = f.read(1)
+        f.seek(start + length // 2)
+        f.write(bytes([byte[0] ^ 0x10]))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    doc = scan_json(ckpts, tmp_path / "c.db")
+    assert statuses(doc) == {0: "complete", 1: "complete", 2: "corrupt", 3: "complete"}
+    [f] = [f for f in findings_of(doc, 2) if f["code"] == "distcp-crc-mismatch"]
+    assert f["path"] == str(shard) and f["tensor"] is None
+    doc = scan_json(ckpts, tmp_path / "c.db", command="verify")
+    named = [f for f in findings_of(doc, 2) if f["code"] == "distcp-crc-mismatch" and f["tensor"]]
+    assert [(f["path"], f["rank"], f["tensor"]) for f in named] == [(str(shard), 1, fqn)]
+    assert statuses(doc)[2] == "corrupt" and doc["exit_code"] == 1
+
+
 def test_missing_distcp_is_caught_by_scan_and_verify(ckpts, tmp_path):
     (ckpts / "step-1" / "__0_0.distcp").unlink()
     age(ckpts.parent)
