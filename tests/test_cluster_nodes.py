@@ -222,3 +222,35 @@ def test_tui_details_show_the_node_of_each_file(verl_run, tmp_path, monkeypatch)
         assert rows and {str(r[-1]) for r in rows} == {IDS[0][:8]}  # node 0's share: the head's own directory
 
     drive(app, script)
+
+
+def test_a_node_local_rescan_reuses_the_catalogued_dcp_metadata(dcp_trees, tmp_path, monkeypatch):
+    """files.dcp_facts reach the nodes' memory as the local scan's: an unchanged .metadata is not read again, and
+    the byte ranges it gave still judge a .distcp truncated on another node since."""
+    dirs = split(dcp_trees["dcp"], tmp_path, 2)
+    step = next(dirs[0].rglob("step-1"))
+    far = dirs[1] / step.relative_to(dirs[0]) / "__1_0.distcp"  # rank 1's file on node 1, .metadata on node 0
+    far.parent.mkdir(parents=True)
+    shutil.move(step / far.name, far)
+    cat = tmp_path / "c.db"
+    now = time.time_ns() + 24 * HOUR
+    first = node_scan(monkeypatch, dirs, now_ns=now)
+    assert statuses(first) == {1: "COMPLETE"}
+    record(cat, first)
+    meta = str(step / ".metadata")
+    memory = read_nodes(cat)
+    assert memory.facts[IDS[0]][meta].dcp == first.file_facts[meta].dcp is not None
+
+    with open(far, "r+b") as f:
+        f.truncate(10)
+    os.utime(far, ns=(far.stat().st_atime_ns, far.stat().st_mtime_ns - HOUR))  # older than the in-progress window
+    again = node_scan(monkeypatch, dirs, memory, now_ns=now)
+    assert meta in again.reused_paths and again.file_facts[meta].dcp == first.file_facts[meta].dcp
+    logical = str(step / far.name)
+    assert statuses(again) == {1: "CORRUPT"}
+    assert ("dcp-range-outside-file", logical) in {(f.code, f.path) for f in again.all_findings}
+    fresh = node_scan(monkeypatch, dirs, now_ns=now)  # the same findings as a scan that reads every file
+    assert meta not in fresh.reused_paths
+    assert sorted((f.code, f.path, f.message) for f in again.all_findings) == sorted(
+        (f.code, f.path, f.message) for f in fresh.all_findings
+    )

@@ -130,10 +130,12 @@ def read_nodes(path: str | os.PathLike[str]) -> NodeMemory:
         raise CatalogError(f"catalog {path}: {exc}") from None
     try:
         seen = conn.execute("SELECT node_id, last_answered_ns, first_seen_ns FROM nodes").fetchall()
+        has_dcp = any(r[1] == "dcp_facts" for r in conn.execute("PRAGMA table_info(files)"))  # m006, as above
         rows = conn.execute(
             "SELECT n.node_id, n.path, n.size_bytes, n.mtime_ns, n.inode, n.hash, n.verified_ns,"
-            " f.hash, f.crc_ok, f.file_findings, f.pt_facts"
-            " FROM file_nodes n LEFT JOIN files f ON f.path = n.path WHERE n.present = 1"
+            " f.hash, f.crc_ok, f.file_findings, f.pt_facts, "
+            + ("f.dcp_facts" if has_dcp else "NULL")
+            + " FROM file_nodes n LEFT JOIN files f ON f.path = n.path WHERE n.present = 1"
         ).fetchall()
     except sqlite3.OperationalError:
         return NodeMemory(facts={}, last_answered_ns={})  # a catalog from before m005, or a fresh one
@@ -142,7 +144,7 @@ def read_nodes(path: str | os.PathLike[str]) -> NodeMemory:
     finally:
         conn.close()
     facts: dict[str, dict[str, FileFacts]] = {}
-    for node, p, size, mtime, inode, h, verified, file_hash, crc, ff, pt_doc in rows:
+    for node, p, size, mtime, inode, h, verified, file_hash, crc, ff, pt_doc, dcp_doc in rows:
         same = h is not None and h == file_hash  # the files row speaks of this very content
         pt, pt_whole = pt_from_json(pt_doc) if same else (None, False)
         facts.setdefault(node, {})[p] = FileFacts(
@@ -155,6 +157,7 @@ def read_nodes(path: str | os.PathLike[str]) -> NodeMemory:
             findings=findings_from_json(ff, p) if same else (),
             pt=pt,
             verified_ns=verified if same and pt_whole else None,
+            dcp=dcp_from_json(dcp_doc) if same else None,  # else the .metadata is read again (scanner._has_dcp_facts)
         )
     return NodeMemory(
         facts=facts,
