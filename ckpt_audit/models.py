@@ -17,6 +17,22 @@ from ckpt_audit.units import format_size
 MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
 
 
+def _rebuild(cls: type, values: tuple) -> object:
+    """Unpickle what `reduce_as_tuple` wrote. A slotted dataclass's slots are its fields, in order; the values were
+    the object's own, so they are set as the frozen `__init__` sets them (it would take ~20 % longer by keywords)."""
+    obj = object.__new__(cls)
+    for name, value in zip(cls.__slots__, values):
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def reduce_as_tuple(obj: object) -> tuple:
+    """`__reduce__` for the frozen slotted dataclasses a Ray node sends back: pickle as (class, field values).
+    The standard library's slotted-dataclass `__setstate__` calls `fields()` per object on load (bench/README, the
+    Ray section, for what this saves); equality, hash and immutability are the dataclass's own, unchanged."""
+    return _rebuild, (type(obj), tuple(getattr(obj, name) for name in type(obj).__slots__))
+
+
 class Severity(IntEnum):
     INFO = 0
     WARNING = 1
@@ -62,6 +78,8 @@ class Finding:
     message: str
     rank: int | None = None
     tensor: str | None = None
+
+    __reduce__ = reduce_as_tuple
 
     def to_dict(self) -> dict:
         return {
@@ -176,6 +194,8 @@ class PtFacts:
     mesh_sizes: tuple[int, ...] = ()  # distinct DeviceMesh sizes seen on DTensors
     top_keys: tuple[str, ...] = ()  # top-level dict keys, when the pickle is a dict
 
+    __reduce__ = reduce_as_tuple
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcpFacts:
@@ -183,6 +203,8 @@ class DcpFacts:
 
     file_ends: tuple[tuple[str, int], ...] = ()  # (data file relative to the directory, bytes it must hold at least)
     key_roots: tuple[str, ...] = ()  # distinct first segments of the saved keys ("optimizer", "layers", ...)
+
+    __reduce__ = reduce_as_tuple
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +221,8 @@ class FileFacts:
     reused: bool = False  # hash (and structure) taken from the previous scan because the stat matched
     verified_ns: int | None = None  # when the content was last read in full (hash + CRC); None: never, or not cleanly
     dcp: DcpFacts | None = None  # a DCP .metadata's parsed facts (the catalog keeps them: files.dcp_facts)
+
+    __reduce__ = reduce_as_tuple
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

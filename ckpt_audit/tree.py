@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from ckpt_audit.models import FileFacts, Finding, PtFacts
+from ckpt_audit.models import FileFacts, Finding, PtFacts, reduce_as_tuple
 
 __all__ = ["FileFacts", "Partial", "PtFacts", "Tree", "TRASH_PREFIX", "trash_entry"]  # the facts live in models
 
@@ -38,6 +38,8 @@ class Tree:
     # a directory's own mtime moves when an entry is made or removed in it: a trainer's fresh, still empty
     # global_step_N/ is young by this alone
     dir_mtime_ns: Mapping[str, int] = field(default_factory=dict)
+
+    __reduce__ = reduce_as_tuple
 
     def subdirs(self, path: str) -> tuple[str, ...]:
         return self.dirs.get(path, ())
@@ -92,3 +94,5 @@ class Partial:
     reused_paths: frozenset[str] = frozenset()
     files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); counted in files_hashed too
     bytes_scrubbed: int = 0
+
+    __reduce__ = reduce_as_tuple
