@@ -29,6 +29,7 @@ from ckpt_audit.killpoints import KILL_AFTER_ENV
 from ckpt_audit.lifecycle.prune import (
     Action,
     Outcome,
+    PruneLog,
     PruneResult,
     TrashDir,
     cannot_remove,
@@ -36,7 +37,6 @@ from ckpt_audit.lifecycle.prune import (
     execute,
     find_trash,
     links_into,
-    new_exec_id,
 )
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.lifecycle.survivors import Reread, reread
@@ -376,21 +376,8 @@ class Cluster:
         exec_id: str | None = None,
         reread: Iterable[Outcome] = (),
     ) -> PruneResult:
-        exec_id = exec_id or new_exec_id()
-        started = time.time_ns()
-        if catalog is not None:
-            catalog.record_prune_start(exec_id=exec_id, plan=plan, started_ns=started)
-        outcomes: list[Outcome] = []
-
-        def done(outcome: Outcome) -> None:
-            outcomes.append(outcome)
-            if catalog is not None:
-                catalog.record_prune_outcome(exec_id=exec_id, outcome=outcome)
-            if progress is not None:
-                progress(outcome)
-
-        for checked in reread:
-            done(checked)
+        log = PruneLog.start(plan, catalog=catalog, progress=progress, exec_id=exec_id, reread=reread)
+        done, exec_id = log.done, log.exec_id
         first = self.inspect(plan)  # a checkpoint any node refuses stays whole on every node
         refused = {p: (n.node_id, why) for n in first.reports for p, why in n.objections.items()}
         silent_before = set(first.silent)
@@ -416,10 +403,7 @@ class Cluster:
             for root in self.roots:
                 detail = f"node {node} did not answer the prune: its leftover trash, if any, stays for the next one"
                 done(Outcome(path=root, action=Action.FAILED, detail=detail))
-        result = PruneResult(exec_id=exec_id, started_ns=started, finished_ns=time.time_ns(), outcomes=tuple(outcomes))
-        if catalog is not None:
-            catalog.record_prune_finish(exec_id=exec_id, result=result)
-        return result
+        return log.finish()
 
 
 def _outcome(item: PlanItem, action: Action, detail: str, size: int = 0) -> Outcome:

@@ -124,33 +124,63 @@ def execute(
     plan before anything is touched and each outcome as it happens. `reread`: the survivor check's outcomes
     (`SurvivorCheck.outcomes()`), logged first with the plan they justified.
     """
-    exec_id = exec_id or new_exec_id()
     ops = OpCounter.from_env()
-    started = time.time_ns()
-    if catalog is not None:
-        catalog.record_prune_start(exec_id=exec_id, plan=plan, started_ns=started)
-    outcomes: list[Outcome] = []
-
-    def done(outcome: Outcome) -> None:
-        outcomes.append(outcome)
-        if catalog is not None:
-            catalog.record_prune_outcome(exec_id=exec_id, outcome=outcome)
-        if progress is not None:
-            progress(outcome)
-
-    for checked in reread:
-        done(checked)
+    log = PruneLog.start(plan, catalog=catalog, progress=progress, exec_id=exec_id, reread=reread)
     dirs = {os.path.dirname(i.path) for i in (*plan.delete, *plan.keep)} | {i.run_path for i in plan.delete}
     for trash in find_trash(sorted(dirs | set(reclaim_dirs))):
-        done(_reclaim(trash, ops))
+        log.done(_reclaim(trash, ops))
     links = links_into(i.path for i in plan.keep)
     for item in plan.delete:
-        done(_delete(item, exec_id, ops, links))
+        log.done(_delete(item, log.exec_id, ops, links))
+    return log.finish()
 
-    result = PruneResult(exec_id=exec_id, started_ns=started, finished_ns=time.time_ns(), outcomes=tuple(outcomes))
-    if catalog is not None:
-        catalog.record_prune_finish(exec_id=exec_id, result=result)
-    return result
+
+class PruneLog:
+    """One execution's log, shared by the local prune and `prune --ray`: the plan is recorded before anything is
+    touched, each outcome as it happens (catalog and `progress`), and the result at the end."""
+
+    def __init__(self, exec_id: str, catalog, progress: Callable[[Outcome], None] | None) -> None:
+        self.exec_id = exec_id
+        self.catalog = catalog
+        self.progress = progress
+        self.started_ns = time.time_ns()
+        self.outcomes: list[Outcome] = []
+
+    @classmethod
+    def start(
+        cls,
+        plan: PrunePlan,
+        *,
+        catalog,
+        progress: Callable[[Outcome], None] | None,
+        exec_id: str | None,
+        reread: Iterable[Outcome],
+    ) -> PruneLog:
+        """Record `plan`, then the survivor check's outcomes (`reread`) that justified it."""
+        log = cls(exec_id or new_exec_id(), catalog, progress)
+        if catalog is not None:
+            catalog.record_prune_start(exec_id=log.exec_id, plan=plan, started_ns=log.started_ns)
+        for checked in reread:
+            log.done(checked)
+        return log
+
+    def done(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        if self.catalog is not None:
+            self.catalog.record_prune_outcome(exec_id=self.exec_id, outcome=outcome)
+        if self.progress is not None:
+            self.progress(outcome)
+
+    def finish(self) -> PruneResult:
+        result = PruneResult(
+            exec_id=self.exec_id,
+            started_ns=self.started_ns,
+            finished_ns=time.time_ns(),
+            outcomes=tuple(self.outcomes),
+        )
+        if self.catalog is not None:
+            self.catalog.record_prune_finish(exec_id=self.exec_id, result=result)
+        return result
 
 
 def find_trash(dirs: Iterable[str]) -> list[TrashDir]:
