@@ -580,6 +580,9 @@ def merge_partials(partials: Sequence[Partial]) -> tuple[Tree, dict[str, FileFac
 def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[Layout] | None = None) -> ScanResult:
     layouts = layouts if layouts is not None else load_layouts()
     tree, facts, walk_findings = merge_partials(partials)
+    # "no runs" speaks of a root, not of one node's copy of it: a node whose copy holds none is normal
+    found_runs = {p.root for p in partials if not any(f.code == "no-runs" for f in p.findings)}
+    walk_findings = tuple(f for f in walk_findings if not (f.code == "no-runs" and f.path in found_runs))
     changed = frozenset(p for p, f in facts.items() if any(x.code == "file-changed-during-scan" for x in f.findings))
     unread = tuple(f for f in walk_findings if f.code in UNREAD_CODES)
     ctx = replace(ctx, changed_paths=ctx.changed_paths | changed, unread=ctx.unread + unread)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sqlite3
 import time
@@ -16,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from click.testing import CliRunner
+from node_dirs import split_by_rank
 from textual.widgets import DataTable
 from tui_pilot import drive, open_run
 
@@ -31,23 +31,8 @@ from tui.app import AuditApp
 from tui.screens.details import DetailsScreen
 
 IDS = ["a1" * 28, "b2" * 28, "c3" * 28]  # Ray node ids are 56 hex digits
-RANK = re.compile(r"_rank_(\d+)\.")
 HOUR = 3600 * 10**9
 EMPTY = NodeMemory(facts={}, last_answered_ns={})
-
-
-def split(run: Path, base: Path, n: int) -> list[Path]:
-    """base/node<i>/<project>/<exp>: rank r's files on node r % n (rank 1 on node 1 for n >= 2), the rest on 0."""
-    top = run.parent.parent
-    dirs = [base / f"node{i}" for i in range(n)]
-    for d in dirs:
-        d.mkdir(parents=True)
-    for f in sorted(p for p in top.rglob("*") if p.is_file() and not p.name.startswith(".fixture")):
-        m = RANK.search(f.name)
-        dst = dirs[int(m.group(1)) % n if m else 0] / f.relative_to(top)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f, dst)
-    return dirs
 
 
 def node_scan(monkeypatch, dirs, memory=EMPTY, options=None, *, now_ns, nodes=None, dead=(), roots=None):
@@ -66,6 +51,14 @@ def node_scan(monkeypatch, dirs, memory=EMPTY, options=None, *, now_ns, nodes=No
     return ray_scan.judge_cluster(roots, answers, list(dead), memory=memory, now_ns=now_ns, in_progress_window_s=60)
 
 
+def test_a_root_with_no_runs_on_any_node_is_still_no_runs(tmp_path, monkeypatch):
+    dirs = [tmp_path / f"node{i}" for i in range(2)]
+    for d in dirs:
+        d.mkdir()
+    result = node_scan(monkeypatch, dirs, now_ns=time.time_ns())
+    assert "no-runs" in {f.code for f in result.findings}
+
+
 def record(catalog: Path, result) -> int:
     with open_session(catalog) as s:
         return s.record(result)
@@ -76,12 +69,13 @@ def statuses(result) -> dict[int, str]:
 
 
 def test_catalog_records_each_nodes_copies_and_each_node_reuses_only_its_own(verl_run, tmp_path, monkeypatch):
-    dirs = split(verl_run, tmp_path, 3)
+    dirs = split_by_rank(verl_run, tmp_path, 3)
     cat = tmp_path / "c.db"
     now = time.time_ns() + 24 * HOUR
     first = node_scan(monkeypatch, dirs, now_ns=now)
     n_files = len(first.file_facts)
     assert statuses(first) == {2: "COMPLETE", 4: "COMPLETE", 6: "COMPLETE"}
+    assert "no-runs" not in {f.code for f in first.findings}  # node 2's copy holds none; the root holds runs
     assert first.files_hashed == n_files and first.files_reused == 0
     record(cat, first)
     with sqlite3.connect(cat) as db:
@@ -160,7 +154,7 @@ def test_a_node_gone_past_the_window_keeps_only_its_own_checkpoints_unknown(verl
     stops answering. Within the window every incomplete checkpoint is unknown; past it, step 2 is incomplete (node 1
     never held its missing files), steps 4 and 6 stay unknown with node-gone (step 6 known from the catalog alone,
     not dropped as absent), and prune keeps them."""
-    dirs = split(verl_run, tmp_path, 2)
+    dirs = split_by_rank(verl_run, tmp_path, 2)
     for f in dirs[1].rglob("global_step_2/actor/*_rank_1.pt"):
         f.unlink()
     step6 = next(dirs[0].rglob("global_step_6"))  # node 1 holds all of step 6
@@ -205,7 +199,7 @@ def test_a_node_gone_past_the_window_keeps_only_its_own_checkpoints_unknown(verl
 
 
 def test_tui_details_show_the_node_of_each_file(verl_run, tmp_path, monkeypatch):
-    dirs = split(verl_run, tmp_path, 2)
+    dirs = split_by_rank(verl_run, tmp_path, 2)
     cat = tmp_path / "c.db"
     record(cat, node_scan(monkeypatch, dirs, now_ns=time.time_ns() + 24 * HOUR))
     app = AuditApp(catalog_path=cat, roots=[str(dirs[0])])
@@ -227,7 +221,7 @@ def test_tui_details_show_the_node_of_each_file(verl_run, tmp_path, monkeypatch)
 def test_a_node_local_rescan_reuses_the_catalogued_dcp_metadata(dcp_trees, tmp_path, monkeypatch):
     """files.dcp_facts reach the nodes' memory as the local scan's: an unchanged .metadata is not read again, and
     the byte ranges it gave still judge a .distcp truncated on another node since."""
-    dirs = split(dcp_trees["dcp"], tmp_path, 2)
+    dirs = split_by_rank(dcp_trees["dcp"], tmp_path, 2)
     step = next(dirs[0].rglob("step-1"))
     far = dirs[1] / step.relative_to(dirs[0]) / "__1_0.distcp"  # rank 1's file on node 1, .metadata on node 0
     far.parent.mkdir(parents=True)

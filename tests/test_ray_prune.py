@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import replace
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from node_dirs import split_by_rank
 
 from ckpt_audit.cli import cli
 from ckpt_audit.cluster import ray_prune
@@ -22,22 +22,6 @@ from ckpt_audit.cluster.noderoots import ENV
 from ckpt_audit.lifecycle.prune import TRASH_RE
 from ckpt_audit.lifecycle.retention import PlanItem, Policy, PrunePlan, Reason
 from ckpt_audit.models import Checkpoint, FileKind, ShardFile, Status
-
-RANK = re.compile(r"_rank_(\d+)\.")
-
-
-def split(run: Path, base: Path, n_nodes: int) -> list[Path]:
-    """`run`'s tree copied into base/node<i>/<project>/<exp>: rank r's files on node r % n, the rest on node 0."""
-    top = run.parent.parent
-    dirs = [base / f"node{i}" for i in range(n_nodes)]
-    for d in dirs:
-        d.mkdir(parents=True)
-    for f in sorted(p for p in top.rglob("*") if p.is_file() and not p.name.startswith(".fixture")):
-        m = RANK.search(f.name)
-        dst = dirs[int(m.group(1)) % n_nodes if m else 0] / f.relative_to(top)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f, dst)
-    return dirs
 
 
 def place(table: Path, ids: list[str], dirs: list[Path]) -> str:
@@ -65,7 +49,7 @@ def steps(d: Path) -> dict[int, list[str]]:
 @pytest.mark.slow
 def test_keeps_the_newest_complete_over_the_union_and_deletes_the_rest_on_every_node(ray_cluster, verl_run, tmp_path):
     ids, table = ray_cluster.ids, ray_cluster.table
-    dirs = split(verl_run, tmp_path, 2)
+    dirs = split_by_rank(verl_run, tmp_path, 2)
     root = place(table, ids, dirs)
     before = [steps(d) for d in dirs]
     assert sorted(before[1]) == [2, 4, 6] and all(f.endswith("_rank_1.pt") for f in before[1][6] if "rank" in f)
@@ -96,7 +80,7 @@ def test_keeps_the_newest_complete_over_the_union_and_deletes_the_rest_on_every_
 @pytest.mark.slow
 def test_a_node_killed_mid_prune_leaves_marks_and_the_rerun_finishes(ray_cluster, verl_run, tmp_path):
     ids, table, kill = ray_cluster.ids, ray_cluster.table, ray_cluster.kill
-    dirs = split(verl_run, tmp_path, 2)
+    dirs = split_by_rank(verl_run, tmp_path, 2)
     root = place(table, ids, dirs)
     before = [steps(d) for d in dirs]
     db = tmp_path / "c.db"
@@ -125,7 +109,7 @@ def test_a_node_killed_mid_prune_leaves_marks_and_the_rerun_finishes(ray_cluster
 @pytest.mark.slow
 def test_a_link_out_of_a_nodes_root_protects_the_checkpoint_and_its_target(ray_cluster, verl_run, tmp_path):
     ids, table = ray_cluster.ids, ray_cluster.table
-    dirs = split(verl_run, tmp_path, 2)
+    dirs = split_by_rank(verl_run, tmp_path, 2)
     root = place(table, ids, dirs)
     victim = tmp_path / "outside" / "victim.pt"
     victim.parent.mkdir()
@@ -149,7 +133,7 @@ def test_a_silent_node_protects_what_it_held(ray_cluster, ray_extra_node, verl_r
     removed before the prune; the shared cluster's other nodes hold nothing."""
     table, x = ray_cluster.table, ray_extra_node.node_id
     ids = [ray_cluster.ids[0], x, *ray_cluster.ids[1:]]
-    dirs = split(verl_run, tmp_path, 1) + [tmp_path / "node1"]
+    dirs = split_by_rank(verl_run, tmp_path, 1) + [tmp_path / "node1"]
     root = place(table, ids, dirs)
     for f in next(dirs[0].rglob("global_step_2")).rglob("*_rank_1.pt"):
         twin = dirs[1] / f.relative_to(dirs[0])
@@ -263,7 +247,7 @@ def _planned(verl_run, tmp_path, monkeypatch):
     from ckpt_audit.cluster import ray_scan
     from ckpt_audit.lifecycle.retention import KeepLast, plan_prune
 
-    dirs = split(verl_run, tmp_path, 2)
+    dirs = split_by_rank(verl_run, tmp_path, 2)
     table = tmp_path / "node_roots.json"
     table.write_text(json.dumps({nid: {str(dirs[0]): str(d)} for nid, d in zip(IDS, dirs, strict=True)}))
     monkeypatch.setenv(ENV, f"@{table}")

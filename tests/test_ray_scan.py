@@ -4,15 +4,14 @@ tree split by rank over node directories is judged exactly as the same tree on o
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sqlite3
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from node_dirs import split_by_rank
 
 from ckpt_audit import scanner
 from ckpt_audit.cli import cli
@@ -25,19 +24,6 @@ pytest.importorskip("ray")
 
 pytestmark = pytest.mark.slow
 LOGICAL = "/ckpt-audit-logical/ckpts"  # exists on no node: every node maps it to its own directory
-RANK = re.compile(r"_rank_(\d+)\.")
-
-
-def split_by_rank(run: Path, base: Path, n_nodes: int) -> list[Path]:
-    """Copy `run`'s tree into base/node<i>/<project>/<exp>: rank r's files on node r % n, the rest on node 0."""
-    top = run.parent.parent
-    dirs = [base / f"node{i}" for i in range(n_nodes)]
-    for f in sorted(p for p in top.rglob("*") if p.is_file() and not p.name.startswith(".fixture")):
-        m = RANK.search(f.name)
-        dst = dirs[int(m.group(1)) % n_nodes if m else 0] / f.relative_to(top)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f, dst)
-    return dirs
 
 
 def summary(result, root: str) -> tuple:
