@@ -14,15 +14,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
 from conftest import build_cached, writer_key
 
-from ckpt_audit.cli import cli
 from ckpt_audit.deep import safe_load
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules import hf_trainer as rules
@@ -56,37 +54,6 @@ def out(hf_run, tmp_path) -> Path:
     shutil.copytree(hf_run, dst)
     age(dst)
     return dst
-
-
-def age(root: Path) -> None:
-    t = time.time() - 3600
-    for p in [root, *root.rglob("*")]:
-        os.utime(p, (t, t))
-
-
-def invoke(*args: str, catalog: Path):
-    return CliRunner().invoke(cli, [*args, "--catalog", str(catalog)])
-
-
-def scan_json(root: Path, catalog: Path, *extra: str) -> dict:
-    res = invoke("scan", "--json", *extra, str(root), catalog=catalog)
-    assert res.exit_code in (0, 1), res.output
-    return json.loads(res.stdout)
-
-
-def statuses(doc: dict) -> dict[int, str]:
-    [run] = doc["runs"]
-    return {c["step"]: c["status"] for c in run["checkpoints"]}
-
-
-def findings_of(doc: dict, step: int) -> list[dict]:
-    [run] = doc["runs"]
-    [c] = [c for c in run["checkpoints"] if c["step"] == step]
-    return [*c["findings"], *(f for comp in c["components"] for f in comp["findings"])]
-
-
-def codes_of(doc: dict, step: int) -> set[str]:
-    return {f["code"] for f in findings_of(doc, step)}
 
 
 # -- real trees through the CLI --------------------------------------------------------------------------------

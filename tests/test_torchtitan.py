@@ -13,14 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
 from conftest import build_cached, writer_key
 
-from ckpt_audit.cli import cli
 from ckpt_audit.layouts import load_layouts
 from ckpt_audit.readers import dcp_metadata
 from ckpt_audit.scanner import read_file
@@ -50,37 +48,6 @@ def ckpts(titan_dump, tmp_path) -> Path:
     shutil.copytree(titan_dump, dst)
     age(dst)
     return dst / "checkpoint"
-
-
-def age(root: Path, seconds: float = 3600) -> None:
-    t = time.time() - seconds
-    for p in [root, *root.rglob("*")]:
-        os.utime(p, (t, t))
-
-
-def invoke(*args: str, catalog: Path):
-    return CliRunner().invoke(cli, [*args, "--catalog", str(catalog)])
-
-
-def scan_json(root: Path, catalog: Path, command: str = "scan") -> dict:
-    res = invoke(command, "--json", str(root), catalog=catalog)
-    assert res.exit_code in (0, 1), res.output
-    return json.loads(res.stdout)
-
-
-def statuses(doc: dict) -> dict[int, str]:
-    [run] = doc["runs"]
-    return {c["step"]: c["status"] for c in run["checkpoints"]}
-
-
-def findings_of(doc: dict, step: int) -> list[dict]:
-    [run] = doc["runs"]
-    [c] = [c for c in run["checkpoints"] if c["step"] == step]
-    return [*c["findings"], *(f for comp in c["components"] for f in comp["findings"])]
-
-
-def codes_of(doc: dict, step: int) -> set[str]:
-    return {f["code"] for f in findings_of(doc, step)}
 
 
 def truncate(path: Path, size: int) -> None:
