@@ -16,7 +16,17 @@ warm (page cache), variants alternate, median of --repeat.
 
 Goals (issue 16): stream/merge wall <= 0.3x and peak RSS <= 0.15x; stream <= 2x cp; 4x model's peak RSS within 10%.
 
-Usage: python bench/bench_export.py [--mb 400] [--world-size 2] [--repeat 3] [--no-large]
+Modules load from compiled bytecode, as in an installed package (pip writes .pyc files at install): children run
+with PYTHONDONTWRITEBYTECODE unset and a private PYTHONPYCACHEPREFIX, warmed by one discarded round of every variant.
+Where the environment sets PYTHONDONTWRITEBYTECODE (the development VM does), every child would otherwise compile
+each module from source (~0.1-0.2 s of an export); `--no-bytecode` measures that case. CPU is user+sys of the child
+and what it waited for (cp, sync), from RUSAGE_CHILDREN: on a shared box the steadier figure.
+
+`--before DIR` adds a `stream-before` variant: the same export with DIR (a copy of the package from another commit,
+e.g. `git archive HEAD~3 ckpt_audit | tar -x -C DIR`) first on PYTHONPATH, interleaved with `stream` in every round.
+
+Usage: python bench/bench_export.py [--mb 400] [--world-size 2] [--repeat 3] [--no-large] [--no-bytecode]
+       [--step DIR] [--only stream,cp] [--before DIR]
 """
 
 from __future__ import annotations
@@ -167,20 +177,23 @@ def _verl_style(actor: Path, out: Path) -> None:
     save_file(merged, str(out / "model.safetensors"))
 
 
-def run_child(variant: str, step: Path, out: Path) -> dict:
+def run_child(variant: str, step: Path, out: Path, env: dict[str, str]) -> dict:
     shutil.rmtree(out, ignore_errors=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", variant, str(step), str(out)],
+        [sys.executable, __file__, "--child", variant.removesuffix("-before"), str(step), str(out)],
         capture_output=True,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=env,
     )
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and what it waited for (cp, sync)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise SystemExit(f"{variant} failed: {proc.stderr.strip()[-2000:]}")
     shutil.rmtree(out, ignore_errors=True)
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "seconds": seconds}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "seconds": seconds, "cpu": cpu}
 
 
 def _shard_bytes(step: Path) -> int:
@@ -193,6 +206,10 @@ def main() -> None:
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-large", action="store_true", help="skip the 4x checkpoint (constant-memory check)")
+    ap.add_argument("--no-bytecode", action="store_true", help="compile from source in every child (no .pyc)")
+    ap.add_argument("--step", type=Path, help="export this existing step directory instead of writing one")
+    ap.add_argument("--only", help="comma-separated variants to run (default: all)")
+    ap.add_argument("--before", type=Path, help="a package tree to compare with, put first on PYTHONPATH")
     ap.add_argument("--child", nargs=3, metavar=("VARIANT", "STEP", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -200,50 +217,86 @@ def main() -> None:
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-export-"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if args.no_bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
     try:
-        step = make_checkpoint(tmp / "ckpt", args.mb, args.world_size)
-        big = None if args.no_large else make_checkpoint(tmp / "ckpt4x", 4 * args.mb, args.world_size)
+        step = args.step.resolve() if args.step else make_checkpoint(tmp / "ckpt", args.mb, args.world_size)
+        big = None if args.no_large or args.step else make_checkpoint(tmp / "ckpt4x", 4 * args.mb, args.world_size)
         size = _shard_bytes(step)
-        largest = max(a * b for _, (a, b), _ in _layout(args.mb)) * 4
         print(
-            f"checkpoint: {size / 2**20:.0f} MiB in {args.world_size} rank files, {len(_layout(args.mb))} tensors, "
-            f"largest {largest / 2**20:.1f} MiB" + ("" if big is None else f"; 4x: {_shard_bytes(big) / 2**20:.0f} MiB")
+            f"checkpoint: {size / 2**20:.0f} MiB in {len(list((step / 'actor').glob('model_*.pt')))} rank files"
+            + ("" if args.step else f", {len(_layout(args.mb))} tensors, largest {_largest(args.mb) / 2**20:.1f} MiB")
+            + ("" if big is None else f"; 4x: {_shard_bytes(big) / 2**20:.0f} MiB")
         )
         variants = ["import-torch", "merge", "cp", "stream", "stream-no-verify", "torch", "source-check"]
         if big is not None:
             variants.append("stream-4x")
+        if args.before:
+            variants.insert(variants.index("stream"), "stream-before")
+        if args.only:
+            variants = [v for v in variants if v in args.only.split(",")]
+        envs = {v: env for v in variants}
+        if args.before:
+            path = [str(args.before.resolve()), *filter(None, [env.get("PYTHONPATH")])]
+            envs["stream-before"] = {**env, "PYTHONPATH": os.pathsep.join(path)}
         results: dict[str, list[dict]] = {v: [] for v in variants}
-        for _ in range(args.repeat):
+        warm = 0 if args.no_bytecode else 1  # a first round writes the bytecode: not counted
+        for i in range(warm + args.repeat):
             for v in variants:  # alternate so drift hits every variant alike
-                results[v].append(run_child(v, big if v == "stream-4x" else step, tmp / f"out-{v}"))
+                got = run_child(v, big if v == "stream-4x" else step, tmp / f"out-{v}", envs[v])
+                if i >= warm:
+                    results[v].append(got)
         med = {
-            v: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "peak_mib")} for v, rs in results.items()
+            v: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "cpu", "peak_mib")}
+            for v, rs in results.items()
         }
-        print(f"{'variant':<18} {'wall s':>8} {'peak RSS MiB':>13}")
+        print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        print(f"{'variant':<18} {'wall s':>8} {'CPU s':>7} {'peak RSS MiB':>13}")
         for v in variants:
-            print(f"{v:<18} {med[v]['seconds']:>8.2f} {med[v]['peak_mib']:>13.0f}")
-        m, c, s = med["merge"], med["cp"], med["stream"]
+            print(f"{v:<18} {med[v]['seconds']:>8.2f} {med[v]['cpu']:>7.2f} {med[v]['peak_mib']:>13.0f}")
+        _ratios(med, big is not None)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _largest(mb: int) -> int:
+    return max(a * b for _, (a, b), _ in _layout(mb)) * 4
+
+
+def _ratios(med: dict[str, dict[str, float]], big: bool) -> None:
+    print()
+    s = med.get("stream")
+    if s is None:
+        return
+    if m := med.get("merge"):
         print(
-            f"\nstream/merge: wall {s['seconds'] / m['seconds']:.2f}x (goal <= 0.3), "
+            f"stream/merge: wall {s['seconds'] / m['seconds']:.2f}x (goal <= 0.3), "
             f"peak RSS {s['peak_mib'] / m['peak_mib']:.2f}x (goal <= 0.15)"
         )
-        print(f"stream/cp: wall {s['seconds'] / c['seconds']:.2f}x (goal <= 2)")
-        nv = med["stream-no-verify"]
-        print(f"stream-no-verify/cp: wall {nv['seconds'] / c['seconds']:.2f}x")
-        t = med["torch"]
+    if c := med.get("cp"):
+        print(f"stream/cp: wall {s['seconds'] / c['seconds']:.2f}x (goal <= 2), CPU {s['cpu'] / c['cpu']:.2f}x")
+        if b := med.get("stream-before"):
+            print(f"stream-before/cp: wall {b['seconds'] / c['seconds']:.2f}x, CPU {b['cpu'] / c['cpu']:.2f}x")
+        if nv := med.get("stream-no-verify"):
+            print(f"stream-no-verify/cp: wall {nv['seconds'] / c['seconds']:.2f}x")
+    if b := med.get("stream-before"):
+        print(f"stream/stream-before: wall {s['seconds'] / b['seconds']:.2f}x, CPU {s['cpu'] / b['cpu']:.2f}x")
+    if (t := med.get("torch")) and (m := med.get("merge")):
         print(
             f"torch engine/merge: wall {t['seconds'] / m['seconds']:.2f}x, "
             f"peak RSS {t['peak_mib'] / m['peak_mib']:.2f}x"
         )
-        print(f"source-check/stream: wall {med['source-check']['seconds'] / s['seconds']:.2f}x")
-        if big is not None:
-            b = med["stream-4x"]
-            print(
-                f"stream 4x model / 1x: peak RSS {b['peak_mib'] / s['peak_mib']:.2f}x (goal within 10%), "
-                f"wall {b['seconds'] / s['seconds']:.2f}x"
-            )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if sc := med.get("source-check"):
+        print(f"source-check/stream: wall {sc['seconds'] / s['seconds']:.2f}x")
+    if big and (b := med.get("stream-4x")):
+        print(
+            f"stream 4x model / 1x: peak RSS {b['peak_mib'] / s['peak_mib']:.2f}x (goal within 10%), "
+            f"wall {b['seconds'] / s['seconds']:.2f}x"
+        )
 
 
 if __name__ == "__main__":
