@@ -6,7 +6,11 @@ own CPU time (time.process_time) the first time a file under the scanned tree is
 in ckpt-audit itself. On a loaded machine the CPU time is the steadier figure (the wall time includes waiting for a
 core).
 
-    python bench/bench_startup.py [--repeat 7] [--no-bytecode]
+    python bench/bench_startup.py [--repeat 7] [--no-bytecode] [--before DIR]
+
+`--before DIR` also times DIR (a copy of the package from another commit, e.g. `git worktree add /tmp/before HEAD`;
+put first on PYTHONPATH, with its own bytecode cache), interleaved with the working tree's runs in one loop, so a
+before/after pair meets the same load; the module count at the first open is printed for each.
 
 Modules load from compiled bytecode, as in an installed package (pip writes .pyc files at install): the children
 run with PYTHONDONTWRITEBYTECODE unset and a private PYTHONPYCACHEPREFIX, warmed by one discarded run. Where the
@@ -33,7 +37,7 @@ def hook(event, args, _root=root, _done=[]):
     path = args[0] if event == "open" and isinstance(args[0], str) else ""
     if not _done and path.startswith(_root) and path.endswith(".pt"):
         _done.append(1)
-        os.write(2, f"FIRST {time.time()} {time.process_time()}\n".encode())
+        os.write(2, f"FIRST {time.time()} {time.process_time()} {len(sys.modules)}\n".encode())
 sys.addaudithook(hook)
 from ckpt_audit.cli import main
 sys.argv = ["ckpt-audit", "scan", "-q", "--catalog", sys.argv[2], root]
@@ -44,10 +48,22 @@ finally:
 """
 
 
+def _child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str | None]:
+    """One scan child: (wall seconds to its first open, its CPU seconds by then, modules loaded by then, torch?)."""
+    t = time.time()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = dict(line.split(" ", 1) for line in out.stderr.splitlines() if line[:5] in ("FIRST", "TORCH"))
+    if "FIRST" not in lines:
+        raise SystemExit(f"the scan child opened no shard: {out.stderr[-2000:]}")
+    wall_at, cpu_at, modules = lines["FIRST"].split()
+    return float(wall_at) - t, float(cpu_at), int(modules), lines.get("TORCH")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-bytecode", action="store_true", help="compile from source every run (no .pyc)")
+    ap.add_argument("--before", type=Path, help="a package tree to compare with, put first on PYTHONPATH")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ)
@@ -56,6 +72,12 @@ def main() -> None:
         else:
             env.pop("PYTHONDONTWRITEBYTECODE", None)
             env["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache")
+        trees = {"now": env}
+        if args.before:
+            path = [str(args.before.resolve()), *filter(None, [env.get("PYTHONPATH")])]
+            trees = {"before": {**env, "PYTHONPATH": os.pathsep.join(path)}, "now": env}
+            if not args.no_bytecode:  # its own cache: the two trees' modules share names and paths differ
+                trees["before"]["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache-before")
         actor = Path(tmp) / "root" / "p" / "e" / "global_step_1" / "actor"
         actor.mkdir(parents=True)
         for r in range(2):
@@ -64,36 +86,44 @@ def main() -> None:
         (actor.parent / "data.pt").write_bytes(b"x" * 64)
         (actor.parent.parent / "latest_checkpointed_iteration.txt").write_text("1")
         root = str(Path(tmp) / "root")
-        base, first, cpu, base_cpu, torch_loaded = [], [], [], [], None
-        warm = [sys.executable, "-c", CHILD, root, os.path.join(tmp, "warm.db")]
-        subprocess.run(warm, capture_output=True, env=env)  # writes the bytecode; not timed
+        base, base_cpu = [], []
+        first = {name: [] for name in trees}
+        cpu = {name: [] for name in trees}
+        modules, torch_loaded = {}, None
+        for name, tree_env in trees.items():  # writes the bytecode; not timed
+            _child([sys.executable, "-c", CHILD, root, os.path.join(tmp, f"warm-{name}.db")], tree_env)
         for i in range(args.repeat):
             r0, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
             subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
             base.append(time.time() - t)
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             base_cpu.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
-            db = os.path.join(tmp, f"c{i}.db")
-            t = time.time()
-            out = subprocess.run([sys.executable, "-c", CHILD, root, db], capture_output=True, text=True, env=env)
-            lines = dict(line.split(" ", 1) for line in out.stderr.splitlines() if line[:5] in ("FIRST", "TORCH"))
-            wall_at, cpu_at = map(float, lines["FIRST"].split())
-            first.append(wall_at - t)
-            cpu.append(cpu_at)
-            torch_loaded = lines.get("TORCH")
-        b, f = statistics.median(base), statistics.median(first)
+            for name in list(trees)[:: 1 if i % 2 == 0 else -1]:  # alternate which tree goes first
+                db = os.path.join(tmp, f"c{i}-{name}.db")
+                wall, cpu_at, modules[name], torch = _child([sys.executable, "-c", CHILD, root, db], trees[name])
+                first[name].append(wall)
+                cpu[name].append(cpu_at)
+                torch_loaded = torch if name == "now" else torch_loaded
+        med = statistics.median
+        b, bc = med(base), med(base_cpu)
         print("bytecode:", "none (compiled from source each run)" if args.no_bytecode else "cached (.pyc)")
-        print(f"bare `python -c pass`: {b * 1000:.0f} ms (median of {args.repeat})")
-        print(
-            f"`ckpt-audit scan` spawn to first shard opened: {f * 1000:.0f} ms "
-            f"(min {min(first) * 1000:.0f}, max {max(first) * 1000:.0f}); torch imported: {torch_loaded}"
-        )
-        print(
-            f"CPU time (user+sys) of the child up to its first open: {statistics.median(cpu) * 1000:.0f} ms "
-            f"(min {min(cpu) * 1000:.0f}) vs a whole bare `python -c pass` "
-            f"{statistics.median(base_cpu) * 1000:.0f} ms: "
-            f"{statistics.median(cpu) / statistics.median(base_cpu):.1f}x (steadier than wall time on a loaded box)"
-        )
+        print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"bare `python -c pass`: {b * 1000:.0f} ms wall, {bc * 1000:.0f} ms CPU (median of {args.repeat})")
+        for name in trees:
+            f, c = first[name], cpu[name]
+            print(
+                f"{name}: `ckpt-audit scan` spawn to first shard opened: {med(f) * 1000:.0f} ms "
+                f"(min {min(f) * 1000:.0f}, max {max(f) * 1000:.0f}); CPU (user+sys) of the child by then: "
+                f"{med(c) * 1000:.0f} ms (min {min(c) * 1000:.0f}), {med(c) / bc:.1f}x a whole bare python "
+                f"(steadier than wall time on a loaded box); {modules[name]} modules loaded"
+            )
+        if args.before:
+            print(
+                f"now/before: wall {med(first['now']) / med(first['before']):.2f}x, "
+                f"CPU {med(cpu['now']) / med(cpu['before']):.2f}x"
+            )
+        f = med(first["now"])
+        print(f"torch imported: {torch_loaded}")
         print(f"ratio: {f / b:.1f}x bare python; target < 0.15 s: {'met' if f < 0.15 else 'MISSED'}")
 
 
