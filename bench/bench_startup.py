@@ -48,10 +48,11 @@ finally:
 """
 
 
-def _child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int, str | None]:
-    """One scan child: (wall seconds to its first open, its CPU seconds by then, modules loaded by then, torch?)."""
+def _child(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[float, float, int, str | None]:
+    """One scan child: (wall seconds to its first open, its CPU seconds by then, modules loaded by then, torch?).
+    `cwd` is not the repository root: `python -c` puts the working directory ahead of PYTHONPATH (and --before)."""
     t = time.time()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     lines = dict(line.split(" ", 1) for line in out.stderr.splitlines() if line[:5] in ("FIRST", "TORCH"))
     if "FIRST" not in lines:
         raise SystemExit(f"the scan child opened no shard: {out.stderr[-2000:]}")
@@ -91,7 +92,7 @@ def main() -> None:
         cpu = {name: [] for name in trees}
         modules, torch_loaded = {}, None
         for name, tree_env in trees.items():  # writes the bytecode; not timed
-            _child([sys.executable, "-c", CHILD, root, os.path.join(tmp, f"warm-{name}.db")], tree_env)
+            _child([sys.executable, "-c", CHILD, root, os.path.join(tmp, f"warm-{name}.db")], tree_env, tmp)
         for i in range(args.repeat):
             r0, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
             subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
@@ -100,7 +101,8 @@ def main() -> None:
             base_cpu.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
             for name in list(trees)[:: 1 if i % 2 == 0 else -1]:  # alternate which tree goes first
                 db = os.path.join(tmp, f"c{i}-{name}.db")
-                wall, cpu_at, modules[name], torch = _child([sys.executable, "-c", CHILD, root, db], trees[name])
+                cmd = [sys.executable, "-c", CHILD, root, db]
+                wall, cpu_at, modules[name], torch = _child(cmd, trees[name], tmp)
                 first[name].append(wall)
                 cpu[name].append(cpu_at)
                 torch_loaded = torch if name == "now" else torch_loaded
