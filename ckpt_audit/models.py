@@ -10,9 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from typing import TYPE_CHECKING
 
 # the one size formatter lives with the other units; models.format_size stays importable for its many callers
 from ckpt_audit.units import format_size
+
+if TYPE_CHECKING:  # scan --ray's per-node view (NodeCopy, ClusterView) lives apart: other commands never build it
+    from ckpt_audit.nodes import ClusterView
 
 MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
 
@@ -223,27 +227,6 @@ class FileFacts:
     dcp: DcpFacts | None = None  # a DCP .metadata's parsed facts (the catalog keeps them: files.dcp_facts)
 
     __reduce__ = reduce_as_tuple
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeCopy:
-    """One node's copy of a file, as a `scan --ray` saw it (the stat is that node's own; the path is logical)."""
-
-    node_id: str
-    size_bytes: int
-    mtime_ns: int
-    inode: int
-    hash: str | None = None
-    verified_ns: int | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterView:
-    """Which node holds what, for a scan made on a Ray cluster (`scan --ray`): what the catalog records per node."""
-
-    answered: tuple[str, ...] = ()  # nodes whose scan came back
-    silent: tuple[str, ...] = ()  # nodes that did not answer (or that held files before and are gone now)
-    copies: Mapping[str, tuple[NodeCopy, ...]] = field(default_factory=dict)  # logical path -> copy per node
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
