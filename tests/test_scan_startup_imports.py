@@ -35,6 +35,8 @@ NOT_BEFORE_FIRST_FILE = (
     "ckpt_audit.report",
     "ckpt_audit.catalog.store",
     "ckpt_audit.metrics_textfile",
+    "ckpt_audit.nodes",  # scan --ray's per-node view (NodeCopy, ClusterView): no local command builds it
+    "ckpt_audit.cluster",
     "ckpt_audit.verify",
     "ckpt_audit.lifecycle",
     "ckpt_audit.readers.pt_structure",  # the pickle reader: needed once a file is hashed, not to open it
@@ -43,12 +45,18 @@ NOT_BEFORE_FIRST_FILE = (
     "pickle",
     "concurrent.futures",  # the file pool is plain threads (concurrent.futures imports logging, traceback)
     "logging",
+    "importlib.metadata",  # entry-point discovery: only for a command that is not built in (plug-ins, --help)
     "sqlite_utils",
     "numpy",
     "torch",
     "textual",
     "prometheus_client",
+    "ray",
+    "tui",
+    "harness",
 )
+# the command modules the scan may load: the group imports a subcommand's module only when that command runs
+SCAN_CLI_MODULES = {"ckpt_audit.cli", "ckpt_audit.cli.common", "ckpt_audit.cli.scan"}
 
 
 def _tree(tmp_path):
@@ -82,6 +90,7 @@ def test_scan_opens_its_first_file_before_rendering_or_catalog_writes(tmp_path):
     assert "ckpt_audit.readers.hashing" in before  # the hook fired where the reading starts
     early = {p: _loaded(before, p) for p in NOT_BEFORE_FIRST_FILE if _loaded(before, p)}
     assert early == {}
+    assert set(_loaded(before, "ckpt_audit.cli")) == SCAN_CLI_MODULES
     # the check can fail: rendering and the catalog's write path do load, after the first file
     assert "ckpt_audit.report" in doc["after"]
     assert "ckpt_audit.catalog.store" in doc["after"]
