@@ -17,6 +17,8 @@ E, W, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Code:
+    """One registered finding code: its slug, severity and the one-line explanation docs/codes.md shows."""
+
     code: str
     severity: Severity
     explanation: str

@@ -76,6 +76,8 @@ class FileKind(StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Finding:
+    """One defect found: a registered code (ckpt_audit.codes) with its severity, where, and a one-line message."""
+
     severity: Severity
     code: str  # stable slug, e.g. "missing-rank"; registered in ckpt_audit/codes.py, documented in docs/codes.md
     path: str
@@ -98,6 +100,8 @@ class Finding:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShardFile:
+    """One file of a checkpoint, as its layout names it, with the stat and hash the scan recorded."""
+
     path: str
     kind: FileKind
     size_bytes: int
@@ -131,6 +135,8 @@ class Component:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpoint:
+    """One saved step of a run (global_step_N, checkpoint-N, step-N, ...) with its status."""
+
     run_path: str
     step: int
     path: str
@@ -213,6 +219,8 @@ class DcpFacts:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FileFacts:
+    """What the scan knows of one file: its stat, hash and what the readers found (or the catalog's, if reused)."""
+
     path: str
     size_bytes: int
     mtime_ns: int

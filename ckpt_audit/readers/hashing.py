@@ -50,6 +50,8 @@ _local = threading.local()
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FileDigest:
+    """What one read of a file found: its xxh3-128, the CRC-32 verdict of its zip entries, the stat at open."""
+
     hash: str  # xxh3-128, 32 hex digits, of the bytes actually read
     size_bytes: int  # bytes read
     crc_ok: bool | None  # None: not a zip, unreadable zip, or CRCs disabled at save (all zero)

@@ -13,6 +13,8 @@ from ckpt_audit.codes import CODES
 
 @dataclass(frozen=True, slots=True)
 class Problem:
+    """A defect a reader saw: the finding code and its one-line message."""
+
     code: str  # a finding code of ckpt_audit.codes (its severity comes from the registry)
     message: str  # one line, shown to the user as the finding's message
 

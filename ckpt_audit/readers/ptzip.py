@@ -45,6 +45,8 @@ class ZipFormatError(ValueError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZipEntry:
+    """One entry of a zip's central directory: where its local header is, its sizes, CRC-32 and method."""
+
     name: str  # full name inside the archive, prefix included
     header_offset: int  # offset of the local file header
     compressed_size: int
