@@ -12,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import zipfile
 import zlib
 from pathlib import Path
@@ -251,6 +254,92 @@ def test_a_checkpoint_the_catalog_holds_as_corrupt_is_refused_even_when_its_file
     )
     assert "crc-mismatch" in line or "hash-drift" in line, line
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_source_failing_its_check_while_it_is_copied_is_refused_and_the_copy_discarded(scanned, tmp_path):
+    """The source check re-reads the shards beside the copy pass. A flip with its CRC rewritten passes the copy's
+    CRC checks, so the whole export is written into the hidden work directory before the whole-file hash against the
+    catalog refuses it: that directory and the directories made for --to are gone, and no thread is left."""
+    from ckpt_audit.lifecycle.export import ExportRefused
+    from ckpt_audit.session import open_session
+
+    _root, run, catalog = scanned
+    flip_payload_byte_keeping_crc(shard(run, 6))  # after the scan: the catalog still holds step 6 as complete
+    out = tmp_path / "made" / "for" / "hf"
+    written: list[str] = []
+    before = set(threading.enumerate())
+    with open_session(catalog) as s, pytest.raises(ExportRefused) as refused:
+        s.export(step(run, 6), out, progress=lambda _i, _n, name: written.append(name))
+    assert refused.value.about == "source" and [f.code for f in refused.value.findings] == ["hash-drift"]
+    assert len(written) == TENSORS  # copied in full before the check's verdict came
+    assert not (tmp_path / "made").exists()  # nothing at --to, no work dir, no parent left behind
+    assert set(threading.enumerate()) == before
+    db = sqlite3.connect(catalog)
+    assert db.execute("SELECT COUNT(*) FROM exports").fetchone() == (0,)
+
+
+# Fails the copy pass with a real write error: a file-size limit (EFBIG once SIGXFSZ is ignored) under the output
+# size, while the source check is still reading a large (sparse) file the export would copy.
+COPY_FAILS = r"""
+import json, resource, signal, sys, threading
+from pathlib import Path
+from ckpt_audit.lifecycle.export import ExportError
+from ckpt_audit.session import open_session
+
+catalog, step, out, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+checking = []
+def progress(_i, _n, _name):
+    checking.append(any(t.name == "ckpt-export-check" for t in threading.enumerate()))
+error = None
+with open_session(Path(catalog)) as s:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    try:
+        s.export(step, out, progress=progress)
+    except ExportError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(json.dumps({"error": error, "checking": checking, "threads": [t.name for t in threading.enumerate()]}))
+"""
+
+
+def test_a_copy_pass_failing_while_the_source_check_runs_is_one_line_and_leaves_nothing(scanned, tmp_path):
+    _root, run, catalog = scanned
+    big = step(run, 6) / "actor" / "huggingface" / "tokenizer.model"  # a file export copies: the check reads it
+    with open(big, "wb") as fh:
+        fh.truncate(768 * 2**20)  # sparse: no disk used, ~0.2 s to hash
+    limit = (shard(run, 6, 0).stat().st_size + shard(run, 6, 1).stat().st_size) // 4  # a quarter of the weights
+
+    out = tmp_path / "made" / "hf"
+    proc = subprocess.run(
+        [sys.executable, "-c", COPY_FAILS, str(catalog), str(step(run, 6)), str(out), str(limit)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["error"].startswith("ExportError: ") and "File too large" in doc["error"], doc["error"]
+    assert doc["checking"] and doc["checking"][-1], doc  # tensors were written while the check was still reading
+    assert doc["threads"] == ["MainThread"]  # joined: no check or hashing thread outlives the export
+    assert not (tmp_path / "made").exists()
+
+    def no_limit_past(n: int):  # a child's file-size limit, with SIGXFSZ ignored (inherited across exec)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (n, resource.RLIM_INFINITY))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", "export", str(step(run, 6)), "--to", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
+        preexec_fn=lambda: no_limit_past(limit),
+    )
+    one_line_error(proc, 3, f"export to {out} failed", "File too large", "nothing was put there")
+    assert not (tmp_path / "made").exists()
 
 
 def test_allow_corrupt_exports_and_records_the_override(scanned, tmp_path):

@@ -70,18 +70,19 @@ def export_command(
     weights in huggingface/.
 
     Before writing anything: --to must not be, contain or sit inside a checkpoint, run or scanned root (the
-    source's, the catalog's, or one found inside an existing --to), and the source's files are re-read: CRCs,
-    and hashes against the catalog's manifest. Copies tensor bytes from the shards in fixed-size blocks (no
-    torch; each storage checked against its CRC-32 as it is copied) into a hidden sibling directory, reads every
-    tensor back and compares it with what was written, writes the marker .ckpt-audit-export.json, then renames
-    it into place. The export (file hashes, source checkpoint, how the source was checked, any override) is
-    recorded in the catalog. --engine torch is the torch-based merge the stream is tested against.
+    source's, the catalog's, or one found inside an existing --to). Copies tensor bytes from the shards in
+    fixed-size blocks (no torch; each storage checked against its CRC-32 as it is copied) into a hidden sibling
+    directory while the source's files are re-read in full beside it (CRCs, and hashes against the catalog's
+    manifest), reads every tensor back and compares it with what was written, writes the marker
+    .ckpt-audit-export.json and, only once the source check passed, renames it into place. The export (file hashes,
+    source checkpoint, how the source was checked, any override) is recorded in the catalog. --engine torch is the
+    torch-based merge the stream is tested against.
 
     Exit codes: 0 exported, 1 refused: the source failed its check (see --allow-corrupt), 2 usage, or --to
     refused (would touch a checkpoint, run or root; exists without --force; --force onto something that is not
     an earlier export or an empty directory), 3 error (unreadable or unsupported checkpoint, verification
-    failed, catalog unusable), 4 another run holds the catalog lock, 130 interrupted. Nothing is written when it
-    refuses.
+    failed, catalog unusable, the export could not be written), 4 another run holds the catalog lock, 130
+    interrupted. Nothing is left written when it refuses or fails.
 
     \b
     Example:

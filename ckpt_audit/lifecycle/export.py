@@ -19,17 +19,19 @@ Handled shapes: FSDP1/FSDP2 DTensors with Shard(0) or Shard(1), uneven and empty
 it, not fused), Megatron checkpoints with HF weights in `huggingface/`.
 
 What was written is then checked against an independent computation: every tensor read back with the
-safetensors library must equal `torch.cat` of its shards, bit for bit after the cast. The shards themselves were
-re-read just before (export_guard.check_source: CRCs, and hashes against the catalog's manifest), so "verified"
-means equal to content that was checked, not only to itself.
+safetensors library must equal `torch.cat` of its shards, bit for bit after the cast. The shards themselves are
+re-read in full while they are copied (export_guard.check_source on its own thread: CRCs, and each file's hash
+against the catalog's manifest; before the copy when the catalog already refuses the checkpoint or with
+--allow-corrupt), and the export is put in place only once that check passed, so "verified" means equal to content
+that was checked, not only to itself. A failed check, or a failed copy, removes the hidden directory.
 
-Nothing is written before export_guard says `--to` is clear of every checkpoint, run and scanned root. The export
-is built in a hidden sibling directory, marked as an export (MARKER, with its file hashes), and only then put in
-place by one rename (an atomic exchange when it replaces an earlier export), so `--to` is at every moment absent,
-the earlier export, or the complete new one. Kill points for the crash test (the killpoints seam,
-CKPT_AUDIT_TEST_KILL_AFTER_OPS), in order: one per tensor written, one per tensor read back, the marker written,
-the rename into place, the earlier export removed (only when there was one), then inside the catalog transaction.
-torch is imported lazily: `ckpt-audit scan` must never pay for it.
+Nothing is written before export_guard says `--to` is clear of every checkpoint, run and scanned root. The export is
+built in a hidden sibling directory, every file fsynced once after the read-back, marked as an export (MARKER, with
+its file hashes), and only then put in place by one rename (an atomic exchange when it replaces an earlier export),
+so `--to` is at every moment absent, the earlier export, or the complete new one. Kill points for the crash test
+(the killpoints seam, CKPT_AUDIT_TEST_KILL_AFTER_OPS), in order: one per tensor written, one per tensor read back,
+the marker written, the rename into place, the earlier export removed (only when there was one), then inside the
+catalog transaction. torch is imported lazily: `ckpt-audit scan` must never pay for it.
 """
 
 from __future__ import annotations
@@ -37,14 +39,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
-import logging
 import mmap
 import os
 import re
 import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,6 +54,8 @@ from ckpt_audit.layouts import hf_trainer
 from ckpt_audit.layouts.verl_fsdp import classify
 from ckpt_audit.lifecycle.export_guard import (
     MARKER,
+    REFUSED_STATUSES,
+    BackgroundCheck,
     Destination,
     ExportError,
     ExportRefused,
@@ -66,7 +68,6 @@ from ckpt_audit.lifecycle.export_guard import (
     step_and_run,
 )
 from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, StreamUnsupported
-from ckpt_audit.lifecycle.prune import _fsync_dir
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.rules.shards import current_world_size, parse_fsdp_config
 
@@ -193,20 +194,31 @@ def export_checkpoint(
         places += catalog.known_places()
     dest = check_destination(to, protected=places, force=force)
     status, manifest, status_findings = catalog.export_source(str(src)) if catalog is not None else (None, {}, ())
-    check = check_source(
-        _files_to_read(role_dir, hf_dir), manifest=manifest, status=status, status_findings=status_findings
-    )
-    refused = refusal(check)
-    if refused is not None and not allow_corrupt:
-        raise refused
+    reading = _files_to_read(role_dir, hf_dir)
+    source = dict(manifest=manifest, status=status, status_findings=status_findings)
+    background = None
+    refused = None
+    if allow_corrupt or status in REFUSED_STATUSES:
+        # checked before anything is written: a source the catalog refuses is refused as it is, and with
+        # --allow-corrupt the copy must know whether the CRCs already failed
+        check = check_source(reading, **source)
+        refused = refusal(check)
+        if refused is not None and not allow_corrupt:
+            raise refused
+    else:
+        # the source is re-read while the copy pass writes (same checks, the copy's time instead of its own); it
+        # is joined before anything is put in place, and a failed check discards the hidden work directory
+        background = BackgroundCheck(reading, **source)
 
     out = Path(dest.path)  # not resolved: --force must replace a link, never the dir it points to
     ops = OpCounter.from_env()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _reclaim_leftovers(out)
-    tmp = out.parent / f".{out.name}.ckpt-audit-tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    made = _missing_dirs(out.parent)
+    tmp = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _reclaim_leftovers(out)
+        tmp = out.parent / f".{out.name}.ckpt-audit-tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        tmp.mkdir()
         if not _model_shards(role_dir) and not _hf_weights(hf_dir):
             if (role_dir / "dist_ckpt").is_dir():
                 raise ExportError(MEGATRON_NEEDS.format(role_dir=role_dir))
@@ -229,7 +241,12 @@ def export_checkpoint(
             result = _export_torch(role_dir, src, tmp, out, dtype=dtype, **args)
             if fallback:
                 result = replace(result, warnings=(*result.warnings, fallback))
+        if background is not None:
+            check = background.result()
+            if (refused := refusal(check)) is not None:
+                raise refused
         result = _with_source(result, check, dest, override="allow-corrupt" if refused is not None else "")
+        _sync_tree(tmp)
         _write_marker(tmp, result)
         ops.tick()  # complete and marked: right before the rename
         if (moved := changed_since(check)) is not None:
@@ -239,12 +256,41 @@ def export_checkpoint(
         if check_destination(to, protected=places, force=force) != dest:
             raise ExportError(f"{out} changed while the export was written; nothing was replaced (export again)")
         _swap_into_place(tmp, out, ops)
-    except BaseException:
-        _remove(tmp)
+    except BaseException as exc:
+        if tmp is not None and os.path.lexists(tmp):
+            _remove(tmp)
+        _remove_empty(made)
+        if background is not None:
+            if not isinstance(exc, Exception):  # interrupted: stop reading, do not wait for the whole check
+                background.cancel()
+            elif not isinstance(exc, ExportRefused) and (source_refused := refusal(background.result())) is not None:
+                # the copy failed and the source failed its check: the check says why (a flipped byte fails both)
+                raise source_refused from None
+        if isinstance(exc, OSError):  # a full disk, a file-size limit, a source gone: one line, nothing in place
+            where = f": {exc.filename}" if exc.filename else ""
+            raise ExportError(f"export to {out} failed ({exc.strerror or exc}{where}); nothing was put there") from None
         raise
     if catalog is not None:
         result = replace(result, export_id=catalog.record_export(result, tick=ops.tick))
     return result
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """`path` and its ancestors that do not exist yet, deepest first: what mkdir(parents=True) will create."""
+    out = []
+    while not os.path.lexists(path) and path.parent != path:
+        out.append(path)
+        path = path.parent
+    return out
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    """Remove the directories this export created for --to, deepest first, as long as they are still empty."""
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
 
 
 def _torch_available() -> bool:
@@ -426,6 +472,8 @@ class _ShardSource:
     kind = "fsdp-shards"
 
     def __init__(self, role_dir: Path) -> None:
+        import logging  # the torch engine only: the stream path does not pay for it
+
         import torch
         import torch.distributed.tensor  # noqa: F401 - registers DTensor for weights_only loading
 
@@ -682,8 +730,6 @@ def _write_file(path: Path, tensors: list[_Tensor], target, tick, ranges, torch)
                 fh.write(_bytes_view(chunk, torch))
             _release(t, ranges)
             tick(t.name)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _chunks(t: _Tensor, target, torch) -> Iterator:
@@ -789,6 +835,36 @@ def _copy_hf_files(hf: Path, tmp: Path, out_dtype, torch) -> None:
 def _model_file(name: str) -> bool:
     """A non-weight file of the model (config, tokenizer, code): never the weights, nor HF Trainer's resume state."""
     return not WEIGHT_FILE_RE.search(name) and not hf_trainer.is_resume_state(name)
+
+
+def _sync_tree(tmp: Path) -> None:
+    """One fsync per file written under `tmp` (weights, index, config, tokenizer, adapter) and per subdirectory,
+    after the read-back: the data is on disk before the marker says the export is complete (the marker then syncs
+    `tmp` itself)."""
+    for p in sorted(tmp.rglob("*")):
+        if p.is_dir():
+            _fsync_dir(str(p))
+        elif p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a directory's entries durable; where the filesystem cannot fsync a directory, nothing more is possible.
+    (prune has the same; importing it would load retention and continuity on the export path.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _write_marker(tmp: Path, result: ExportResult) -> None:

@@ -1,4 +1,4 @@
-"""What export checks before it writes anything: where it may write, and whether the source may be trusted.
+"""What export checks before it puts anything in place: where it may write, and whether the source may be trusted.
 
 Export is the one command that replaces a directory the user names, so a typo in `--to` must never reach a
 checkpoint. `check_destination` refuses a `--to` that is, contains or sits inside a checkpoint, a run or a scanned
@@ -7,13 +7,15 @@ and lets `--force` replace only an earlier export (recognised by its marker file
 
 `check_source` re-reads every file the export will read, by content: torch zips' CRCs and each file's xxh3-128
 against the catalog's manifest, whatever the stat says (bit rot keeps size and mtime). A failure, or a checkpoint
-the catalog holds as corrupt, unsafe or unknown, is a refusal unless the user opts in. No torch here.
+the catalog holds as corrupt, unsafe or unknown, is a refusal unless the user opts in. `BackgroundCheck` runs it
+on its own thread beside the copy pass; export joins it before the rename into place. No torch here.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -35,7 +37,8 @@ class ExportError(Exception):
 
 
 class ExportRefused(ExportError):
-    """A safety check said no before anything was written. `about`: "destination" (--to) or "source"."""
+    """A safety check said no; nothing was put at --to (a work directory written meanwhile is removed first).
+    `about`: "destination" (--to, judged before anything is written) or "source"."""
 
     def __init__(self, message: str, *, about: str, findings: tuple[Finding, ...] = ()) -> None:
         super().__init__(message)
@@ -234,14 +237,20 @@ def check_source(
     manifest: dict[str, dict],
     status: str | None,
     status_findings: Iterable[Finding] = (),
+    stop: threading.Event | None = None,
 ) -> SourceCheck:
     """Re-read `paths` ((path, holds weights) pairs) by content and compare with the catalog's `manifest`
-    (path -> files row: hash, size_bytes, mtime_ns, inode). `status`/`status_findings`: the catalog's verdict."""
+    (path -> files row: hash, size_bytes, mtime_ns, inode). `status`/`status_findings`: the catalog's verdict.
+    `stop`: when set, the check ends after the files being read (its result is then incomplete: not for use)."""
     weights = dict(paths)
     found: list[Finding] = []
     notes: list[str] = []
     files: list[SourceFile] = []
-    for path, got in digest_files(list(weights)):
+    digests = digest_files(list(weights))
+    for path, got in digests:
+        if stop is not None and stop.is_set():
+            digests.close()  # the pool drops what it has not started and joins its threads
+            break
         if isinstance(got, OSError):
             found.append(finding("unreadable", path, f"cannot read: {got.strerror or got}"))
             continue
@@ -286,6 +295,38 @@ def check_source(
     return SourceCheck(
         files=tuple(sorted(files, key=lambda f: f.path)), findings=tuple(found), status=status, notes=tuple(notes)
     )
+
+
+class BackgroundCheck:
+    """check_source on its own thread while the copy pass writes the export (its hashing releases the GIL).
+
+    `result()` joins it and returns the check (or raises what it raised); `cancel()` stops it after the files being
+    read and joins it. Either way the thread ends before the export returns or raises: never left running."""
+
+    def __init__(self, paths: Iterable[tuple[str, bool]], **options) -> None:
+        self._stop = threading.Event()
+        self._out: list[SourceCheck | BaseException] = []
+        self._thread = threading.Thread(
+            target=self._run, args=(list(paths), options), name="ckpt-export-check", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, paths: list[tuple[str, bool]], options: dict) -> None:
+        try:
+            self._out.append(check_source(paths, stop=self._stop, **options))
+        except BaseException as exc:  # noqa: BLE001 - raised in the exporting thread by result()
+            self._out.append(exc)
+
+    def result(self) -> SourceCheck:
+        self._thread.join()
+        got = self._out[0]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def cancel(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _digest_problems(path: str, got) -> list[Finding]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -428,6 +429,7 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, c
     sums = []
     with open(path, "wb") as fh:
         fh.write(head)
+        flush = _Writeback(fh.fileno())
         for t in tensors:
             th = xxhash.xxh3_64()
             dst = t.out_dtype(target)
@@ -439,6 +441,7 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, c
                             crcs[i] = _crc32(_bytes(src), crcs[i])
                     mv = _bytes(np.ascontiguousarray(_cast(block, t.dtype, dst)))
                     fh.write(mv)
+                    flush.wrote(len(mv))
                     whole.update(mv)
                     th.update(mv)
                     for i, src in sources:
@@ -451,8 +454,7 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, c
                     )
             sums.append(th.intdigest())
             tick(t.name)
-        fh.flush()
-        os.fsync(fh.fileno())
+    # not fsynced here: the caller syncs every file of the export once, after the read-back (export._sync_tree)
     return _Written(
         size=len(head) + offset,
         data_start=len(head),
@@ -460,6 +462,42 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, c
         tensor_hashes=tuple(sums),
         lengths=tuple(t.nbytes(target) for t in tensors),
     )
+
+
+class _Writeback:
+    """Start the disk writing the output while the copy goes on (Linux sync_file_range, SYNC_FILE_RANGE_WRITE: no
+    wait), so the one fsync at the end waits for the last blocks only, not the whole file; `cp` + sync pays the
+    whole write at its sync. Durability is still the fsync's; this only moves the writing earlier."""
+
+    EVERY = 2 * BLOCK
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.pos, self.started = fd, 0, 0
+
+    def wrote(self, n: int) -> None:
+        self.pos += n
+        if self.pos - self.started >= self.EVERY and (fn := _sync_file_range()) is not None:
+            fn(self.fd, self.started, 0, 2)  # from there to the end: 0; SYNC_FILE_RANGE_WRITE = 2; errors ignored
+            self.started = self.pos
+
+
+_SFR: list = []
+
+
+def _sync_file_range():
+    """libc's sync_file_range, or None (not Linux, or no such symbol)."""
+    if not _SFR:
+        fn = None
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+            except (OSError, AttributeError):
+                fn = None
+        _SFR.append(fn)
+    return _SFR[0]
 
 
 def _read_back(path: Path, tensors: list[Planned], w: _Written, read_tick) -> str:
