@@ -21,12 +21,14 @@ if TYPE_CHECKING:  # scan --ray's per-node view (NodeCopy, ClusterView) lives ap
 MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
 
 
-def _rebuild(cls: type, values: tuple) -> object:
-    """Unpickle what `reduce_as_tuple` wrote. A slotted dataclass's slots are its fields, in order; the values were
-    the object's own, so they are set as the frozen `__init__` sets them (it would take ~20 % longer by keywords)."""
+def from_slots(cls: type, values: tuple) -> object:
+    """Unpickle what `reduce_as_tuple` wrote (and build the catalog's cached run verdicts). A slotted dataclass's
+    slots are its fields, in order; the values were the object's own, so they are set as the frozen `__init__`
+    sets them (it would take ~20 % longer by keywords)."""
     obj = object.__new__(cls)
+    put = object.__setattr__
     for name, value in zip(cls.__slots__, values):
-        object.__setattr__(obj, name, value)
+        put(obj, name, value)
     return obj
 
 
@@ -34,7 +36,7 @@ def reduce_as_tuple(obj: object) -> tuple:
     """`__reduce__` for the frozen slotted dataclasses a Ray node sends back: pickle as (class, field values).
     The standard library's slotted-dataclass `__setstate__` calls `fields()` per object on load (bench/README, the
     Ray section, for what this saves); equality, hash and immutability are the dataclass's own, unchanged."""
-    return _rebuild, (type(obj), tuple(getattr(obj, name) for name in type(obj).__slots__))
+    return from_slots, (type(obj), tuple(getattr(obj, name) for name in type(obj).__slots__))
 
 
 class Severity(IntEnum):
@@ -252,9 +254,12 @@ class ScanResult:
     files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); part of files_hashed
     bytes_scrubbed: int = 0
     # path -> what the readers (or the catalog, for reused files) said of each file: the catalog records it whole,
-    # so a re-scan that reuses a file reuses every fact a verdict depends on
+    # so a re-scan that reuses a file reuses every fact a verdict depends on. A run whose cached verdict stood
+    # (runs_reused) has only its files' stat, hash, CRC verdict and verified_ns here: nothing judges them again
     file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
     cluster: ClusterView | None = None  # scan --ray: the nodes and each file's copies; None for a local scan
+    run_keys: Mapping[str, str] = field(default_factory=dict)  # run -> verdict cache key, for the runs to cache
+    runs_reused: frozenset[str] = frozenset()  # runs whose verdict the catalog's verdict cache gave (nothing moved)
 
     @property
     def all_findings(self) -> tuple[Finding, ...]:

@@ -108,6 +108,7 @@ def scan_document(result: ScanResult, *, scan_id: int | None, catalog: str | Non
         "finished_ns": result.finished_ns,
         "files_hashed": result.files_hashed,
         "files_reused": result.files_reused,
+        "runs_reused": len(result.runs_reused),
         "bytes_hashed": result.bytes_hashed,
         "files_scrubbed": result.files_scrubbed,
         "bytes_scrubbed": result.bytes_scrubbed,

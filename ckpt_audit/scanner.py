@@ -12,13 +12,14 @@ import os
 import stat as statmod
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ckpt_audit import verdict_cache
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, ScanContext, file_kind, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
-from ckpt_audit.models import DcpFacts, FileKind, Finding, ScanResult, ShardFile, format_size
+from ckpt_audit.models import DcpFacts, FileKind, Finding, Run, ScanResult, ShardFile, format_size
 from ckpt_audit.readers import hashing
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.readers.safetensors_header import check_extent
@@ -56,8 +57,11 @@ def scan(
     now_ns: int | None = None,
     scrub: ScrubPolicy | None = None,
     reader: Reader | None = None,
+    verdicts: verdict_cache.Source | None = None,
 ) -> ScanResult:
     """Scan `roots`: directories above runs, runs, or step directories (and paths inside them).
+
+    `verdicts`: where cached run verdicts are (ckpt_audit.verdict_cache); None: every run is judged afresh.
 
     `scrub` re-reads a rolling share of the files the catalog could vouch for (ckpt_audit.scrub); None: reuse them
     all. Its budget is shared by the roots, in order.
@@ -71,6 +75,7 @@ def scan(
     walk_roots, focus = focus_of(real_roots)
     layouts = load_layouts()
     now = now_ns if now_ns is not None else started
+    window_ns = int(in_progress_window_s * 1e9)
     partials: list[Partial] = []
     for r in walk_roots:
         partials.append(
@@ -78,23 +83,27 @@ def scan(
                 r,
                 workers=workers,
                 rehash=rehash,
-                previous=previous or {},
+                previous=previous if previous is not None else {},  # not `or`: a lazy manifest loads on bool()
                 progress=progress,
                 layouts=layouts,
                 focus=focus,
                 scrub=_budget_left(scrub, partials),
                 now_ns=now,
                 reader=reader,
+                verdicts=None if focus or _nested(walk_roots) else verdicts,
+                window_ns=window_ns,
             )
         )
-    ctx = ScanContext(
-        now_ns=now,
-        in_progress_window_ns=int(in_progress_window_s * 1e9),
-    )
+    ctx = ScanContext(now_ns=now, in_progress_window_ns=window_ns)
     result = reduce(partials, ctx=ctx, layouts=layouts)
     if focus:
         result = only_checkpoints(result, focus, whole=frozenset(walk_roots) - {os.path.dirname(f) for f in focus})
     return replace(result, roots=tuple(real_roots), started_ns=started, finished_ns=time.time_ns())
+
+
+def _nested(dirs: Sequence[str]) -> bool:
+    """Whether one root lies inside another: a run seen by two partials would mix cached and judged facts."""
+    return any(a != b and a.startswith(b.rstrip("/") + "/") for a in dirs for b in dirs)
 
 
 def _budget_left(scrub: ScrubPolicy | None, done: Sequence[Partial]) -> ScrubPolicy | None:
@@ -176,23 +185,37 @@ def scan_partial(
     scrub: ScrubPolicy | None = None,
     now_ns: int | None = None,
     reader: Reader | None = None,
+    verdicts: verdict_cache.Source | None = None,
+    window_ns: int = int(DEFAULT_IN_PROGRESS_WINDOW_S * 1e9),
 ) -> Partial:
-    previous = previous or {}
+    previous = previous if previous is not None else {}  # not `or`: a lazy catalog manifest loads on bool()
     now = now_ns if now_ns is not None else time.time_ns()
     tree, stats, walk_findings = walk(root)
     layouts = layouts if layouts is not None else load_layouts()
-    run_dirs = {d for layout in layouts for d in layout.find_runs(tree)}
-    if not run_dirs:  # cron must not report "clean" for an empty mount point
+    owners: dict[str, str] = {}  # run dir -> the layout that claims it first (as reduce decides)
+    for layout in layouts:
+        for d in layout.find_runs(tree):
+            owners.setdefault(d, layout.name)
+    if not owners:  # cron must not report "clean" for an empty mount point
         walk_findings.append(finding("no-runs", root, "no checkpoint runs found under this root"))
-    paths, leftovers = _without_trash(sorted({p for r in run_dirs for p in tree.files_below(r)}), stats)
+    paths, leftovers = _without_trash(sorted({p for r in owners for p in tree.files_below(r)}), stats)
     if focus:  # a checkpoint asked for alone: read its files and the run's own (tracker), not its neighbours'
         paths = [p for p in paths if _in_focus(p, focus)]
     walk_findings.extend(leftovers)
+    settled: dict[str, list[str]] = {}
+    texts: dict[str, str | None] = {}
+    if verdicts is not None and not focus:  # --rehash judges every run afresh, and keeps what it judged
+        settled = verdict_cache.settled_runs(owners, tree, stats, walk_findings, now_ns=now, window_ns=window_ns)
+        texts = {p: _read_text(p, stats[p]) for files in settled.values() for p in files if _wants_text(p)}
+    digests = {r: verdict_cache.stat_digest(r, files, tree, stats, texts) for r, files in settled.items()}
+    cand = _Candidates.of(root, settled, verdicts, stats) if verdicts and settled and not rehash else _Candidates()
     facts: dict[str, FileFacts] = {}
-    todo: list[str] = []
+    todo: list[str] = list(cand.unrowed)
     cached: dict[str, FileFacts] = {}
-    kinds = {p: file_kind(p, layouts) for p in paths}  # what each file is meant to be: the file rules depend on it
+    kinds = {p: file_kind(p, layouts) for p in paths if p not in cand.rowed}  # what each file is meant to be
     for p in paths:
+        if p in cand.rowed or p in cand.unrowed:
+            continue  # a candidate run's file: its verdict may stand (decided once its unrowed files are read)
         prev = previous.get(p)
         if (
             not rehash
@@ -204,7 +227,7 @@ def scan_partial(
             cached[p] = prev
         else:
             todo.append(p)
-    plan = _plan_scrub(cached, now_ns=now, policy=scrub)
+    plan = _plan_scrub(cached, now_ns=now, policy=scrub, more=cand.scrubbable())
     if plan.overdue_files:
         walk_findings.append(
             finding(
@@ -219,18 +242,62 @@ def scan_partial(
         if p in plan.paths:
             todo.append(p)
         else:
-            facts[p] = replace(prev, reused=True, text=_read_text(p, stats[p])) if _wants_text(p) else prev
-    todo.sort()
+            facts[p] = replace(prev, reused=True, text=_text(p, stats[p], texts)) if _wants_text(p) else prev
+    scrubbed_rowed = sorted(p for p in plan.paths if p in cand.rowed)
+    scrubbed_set = frozenset(scrubbed_rowed)
+    # the catalog's facts of the candidates' files read now (hash-drift compares them), looked up by path: the
+    # whole manifest is loaded only if some run is judged afresh
+    prior: dict[str, FileFacts | None] = dict.fromkeys(cand.unrowed)
+    prior.update(cand.full_facts(scrubbed_rowed + [p for p in cand.unrowed if p in cand.rows]))
+    for p in scrubbed_rowed:
+        kinds[p] = file_kind(p, layouts)
+        todo.append(p)
+    lookup = _Chain(prior, previous)
     total = sum(stats[p].st_size for p in todo)
     done = 0
-    hashed = 0
-    for p, fact in (reader or read_all)(todo, stats, previous, kinds, workers=workers, now_ns=now):
+    read = _reading(reader or read_all, stats, lookup, kinds, workers=workers, now_ns=now, progress=progress)
+    for p, fact in read(todo, total=total, done=done):
         facts[p] = fact
-        done += stats[p].st_size
-        if fact.hash is not None:
-            hashed += 1
-        if progress is not None:
-            progress(done, total)
+    done = sum(stats[p].st_size for p in todo)
+    reused_runs: dict[str, tuple[str, Run]] = {}  # run -> (its key, its cached model)
+    reused_rows: dict[str, verdict_cache.Row] = {}  # their files not read now: the catalog rows stand for them
+    again: list[str] = []
+    for run, files in cand.runs.items():
+        mine = [p for p in files if p in cand.rowed]
+        key = verdict_cache.run_key(
+            run,
+            digests[run],
+            layout=owners[run],
+            layouts=[layout.name for layout in layouts],
+            window_ns=window_ns,
+            unrowed={p: facts[p] for p in files if p not in cand.rowed},
+        )
+        steady = all(verdict_cache.same_content(facts[p], prior[p]) for p in mine if p in scrubbed_set)
+        model = verdicts.run(run) if key == cand.stored[run].key and steady and verdicts is not None else None
+        if model is not None:
+            reused_runs[run] = (key, model)
+            reused_rows.update((p, cand.rows[p]) for p in mine if p not in facts)
+            continue
+        for p in mine:  # judged afresh: its files are reused by stat or read, as in any re-scan
+            if p in facts:
+                continue
+            kinds[p] = file_kind(p, layouts)
+            prev = previous.get(p)
+            if (
+                isinstance(prev, FileFacts)
+                and _reusable(prev, stats[p])
+                and file_rules.judged_as(kinds[p], prev.findings)
+                and _has_dcp_facts(kinds[p], prev)
+            ):
+                facts[p] = replace(prev, reused=True, text=_text(p, stats[p], texts)) if _wants_text(p) else prev
+            else:
+                again.append(p)
+    if again:  # rows the stat cache cannot vouch for after all (a row from an older release): read them now
+        total += sum(stats[p].st_size for p in again)
+        for p, fact in read(again, total=total, done=done):
+            facts[p] = fact
+        todo.extend(again)
+    hashed = sum(1 for p in todo if facts[p].hash is not None)
     return Partial(
         root=root,
         tree=tree,
@@ -242,7 +309,77 @@ def scan_partial(
         bytes_hashed=sum(facts[p].size_bytes for p in todo if facts[p].hash is not None),
         files_scrubbed=sum(1 for p in plan.paths if facts[p].hash is not None),
         bytes_scrubbed=sum(facts[p].size_bytes for p in plan.paths if facts[p].hash is not None),
+        run_digests=digests,
+        reused_runs=reused_runs,
+        reused_rows=reused_rows,
     )
+
+
+def _reading(reader: Reader, stats, previous, kinds, *, workers: int, now_ns: int, progress: Progress | None):
+    """`reader` over a list of paths, with the byte progress carried on from what an earlier batch did."""
+
+    def read(paths: list[str], *, total: int, done: int) -> Iterator[tuple[str, FileFacts]]:
+        for p, fact in reader(sorted(paths), stats, previous, kinds, workers=workers, now_ns=now_ns):
+            done += stats[p].st_size
+            if progress is not None:
+                progress(done, total)
+            yield p, fact
+
+    return read
+
+
+class _Chain(Mapping):
+    """`first`, then `second`: the scrubbed candidate files' catalog facts ahead of the (lazy) manifest."""
+
+    def __init__(self, first: Mapping, second: Mapping) -> None:
+        self.first, self.second = first, second
+
+    def __getitem__(self, key):
+        return self.first[key] if key in self.first else self.second[key]
+
+    def get(self, key, default=None):
+        return self.first[key] if key in self.first else self.second.get(key, default)
+
+    def __iter__(self):
+        raise TypeError("not iterable")
+
+    def __len__(self) -> int:
+        raise TypeError("no length")
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """The settled runs of a root that hold a cached verdict, and how their files stand in the catalog."""
+
+    runs: Mapping[str, list[str]] = field(default_factory=dict)  # run -> its files
+    stored: Mapping[str, verdict_cache.Stored] = field(default_factory=dict)
+    rows: Mapping[str, verdict_cache.Row] = field(default_factory=dict)
+    rowed: frozenset[str] = frozenset()  # files the catalog vouches for by stat: not read unless scrubbed
+    unrowed: tuple[str, ...] = ()  # the rest (tracker, run-level files, anything changed): read now
+    source: verdict_cache.Source | None = None
+
+    @classmethod
+    def of(cls, root: str, settled: Mapping[str, list[str]], source: verdict_cache.Source, stats) -> _Candidates:
+        stored = source.stored()
+        runs = {r: files for r, files in settled.items() if r in stored}
+        if not runs:
+            return cls()
+        rows = source.rows(root)
+        vouched = verdict_cache.vouches
+        rowed = frozenset(p for files in runs.values() for p in files if p in rows and vouched(rows[p], stats[p]))
+        unrowed = tuple(p for files in runs.values() for p in files if p not in rowed)
+        return cls(runs=runs, stored=stored, rows=rows, rowed=rowed, unrowed=unrowed, source=source)
+
+    def scrubbable(self) -> list[Cached]:
+        return [Cached(p, self.rows[p][0], self.rows[p][5] or 0) for p in self.rowed]
+
+    def full_facts(self, paths: Sequence[str]) -> dict[str, FileFacts]:
+        return {} if not paths or self.source is None else self.source.facts(paths)
+
+
+def _text(path: str, st: os.stat_result, texts: Mapping[str, str | None]) -> str | None:
+    """A text file's content: as read for the verdict key when it was, so the key and the rules see one read."""
+    return texts[path] if path in texts else _read_text(path, st)
 
 
 def _reusable(prev: FileFacts, st: os.stat_result) -> bool:
@@ -251,11 +388,13 @@ def _reusable(prev: FileFacts, st: os.stat_result) -> bool:
     return _same_stat(prev, st) and prev.hash is not None and prev.verified_ns is not None
 
 
-def _plan_scrub(cached: Mapping[str, FileFacts], *, now_ns: int, policy: ScrubPolicy | None) -> ScrubPlan:
+def _plan_scrub(
+    cached: Mapping[str, FileFacts], *, now_ns: int, policy: ScrubPolicy | None, more: Sequence[Cached] = ()
+) -> ScrubPlan:
     if policy is None:
         return ScrubPlan()
     return plan_scrub(
-        [Cached(path=p, size_bytes=f.size_bytes, verified_ns=f.verified_ns or 0) for p, f in cached.items()],
+        [Cached(p, f.size_bytes, f.verified_ns or 0) for p, f in cached.items()] + list(more),
         now_ns=now_ns,
         policy=policy,
         budget_bytes=policy.budget_bytes,
@@ -590,7 +729,12 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
     for layout in layouts:
         for d in layout.find_runs(tree):
             owner.setdefault(d, layout)
-    runs = tuple(owner[d].build_run(d, tree, facts, ctx) for d in sorted(owner))
+    reused = {d: kept for part in partials for d, kept in part.reused_runs.items()}
+    runs = tuple(reused[d][1] if d in reused else owner[d].build_run(d, tree, facts, ctx) for d in sorted(owner))
+    judged = [r for r in runs if r.path not in reused]
+    keys = {d: key for d, (key, _run) in reused.items()} | _verdict_keys(
+        partials, judged, tree, facts, ctx, layouts, owner
+    )
     # a walk finding inside a checkpoint (or on a run's tracker) now belongs to it: report it once
     attached = {f for run in runs for f in (*run.findings, *(x for c in run.checkpoints for x in c.findings))}
     return ScanResult(
@@ -603,5 +747,38 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
         reused_paths=frozenset().union(*(p.reused_paths for p in partials)),
         files_scrubbed=sum(p.files_scrubbed for p in partials),
         bytes_scrubbed=sum(p.bytes_scrubbed for p in partials),
-        file_facts=facts,
+        file_facts=verdict_cache.WithRows(facts, rows) if (rows := _reused_rows(partials)) else facts,
+        run_keys=keys,
+        runs_reused=frozenset(reused),
     )
+
+
+def _reused_rows(partials: Sequence[Partial]) -> dict[str, tuple]:
+    rows: dict[str, tuple] = {}
+    for part in partials:
+        rows.update(part.reused_rows)
+    return rows
+
+
+def _verdict_keys(partials, runs, tree, facts, ctx, layouts, owner) -> dict[str, str]:
+    """run -> its verdict cache key, for the settled runs whose every file was read (or reused) cleanly: the
+    catalog keeps these verdicts. A file of the run's checkpoints has a catalog row; the rest enter by their facts."""
+    digests = {d: g for part in partials for d, g in part.run_digests.items()}
+    names = [layout.name for layout in layouts]
+    keys: dict[str, str] = {}
+    for run in runs:
+        if run.path not in digests:
+            continue
+        files = list(tree.files_below(run.path))
+        if not all(p in facts and verdict_cache.clean(facts[p]) for p in files):
+            continue
+        rowed = {f.path for c in run.checkpoints for f in c.all_files}
+        keys[run.path] = verdict_cache.run_key(
+            run.path,
+            digests[run.path],
+            layout=owner[run.path].name,
+            layouts=names,
+            window_ns=ctx.in_progress_window_ns,
+            unrowed={p: facts[p] for p in files if p not in rowed},
+        )
+    return keys

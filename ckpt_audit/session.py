@@ -142,15 +142,27 @@ class Session:
         now_ns: int | None = None,
         record: bool = True,
         reader: scanner.Reader | None = None,
+        cached_verdicts: bool = False,
     ) -> Recorded:
         """Scan `roots` (default: the session's) reusing the catalogued hashes; record it unless `record` is False
         (prune records its scan only once it deletes). `reader`: who reads the files (scanner.Reader; default this
-        process; scan --ray's shared placement spreads them over the cluster's nodes)."""
+        process; scan --ray's shared placement spreads them over the cluster's nodes). `cached_verdicts`: reuse
+        the catalog's run verdicts where nothing they read moved (ckpt_audit.verdict_cache; the cron scan's)."""
+        verdicts = None
+        if cached_verdicts and self.catalog_path is not None and record:
+            from ckpt_audit.catalog.manifest import LazyManifest
+            from ckpt_audit.catalog.verdicts import CatalogVerdicts
+
+            verdicts = CatalogVerdicts(self.catalog_path)
+            previous = self._previous if self._previous is not None else LazyManifest(self.catalog_path)
+        else:
+            previous = self.previous
         result = scanner.scan(
             list(self.roots if roots is None else roots),
             workers=workers,
             rehash=rehash,
-            previous=self.previous,
+            verdicts=verdicts,
+            previous=previous,
             progress=progress,
             in_progress_window_s=in_progress_window_s,
             scrub=scrub,

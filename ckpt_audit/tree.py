@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from ckpt_audit.models import FileFacts, Finding, PtFacts, reduce_as_tuple
+from ckpt_audit.models import FileFacts, Finding, PtFacts, Run, reduce_as_tuple
 
 __all__ = ["FileFacts", "Partial", "PtFacts", "Tree", "TRASH_PREFIX", "trash_entry"]  # the facts live in models
 
@@ -94,5 +94,11 @@ class Partial:
     reused_paths: frozenset[str] = frozenset()
     files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); counted in files_hashed too
     bytes_scrubbed: int = 0
+    # the verdict cache (ckpt_audit.verdict_cache): the settled runs' stat digests, and the runs whose cached
+    # verdict stood (their files are not in `facts` unless read now)
+    run_digests: Mapping[str, str] = field(default_factory=dict)
+    reused_runs: Mapping[str, tuple[str, Run]] = field(default_factory=dict)  # run -> (key, model)
+    # their files not read this scan -> the catalog's (size, mtime_ns, inode, hash, crc_ok, verified_ns)
+    reused_rows: Mapping[str, tuple] = field(default_factory=dict)
 
     __reduce__ = reduce_as_tuple

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckpt_audit.readers",),
     ("ckpt_audit.rules", "ckpt_audit.continuity"),
     ("ckpt_audit.layouts",),
-    ("ckpt_audit.scanner", "ckpt_audit.scrub"),
+    ("ckpt_audit.scanner", "ckpt_audit.scrub", "ckpt_audit.verdict_cache"),
     ("ckpt_audit.deep", "ckpt_audit.lifecycle"),
     ("ckpt_audit.verify",),
     ("ckpt_audit.catalog", "ckpt_audit.report", "ckpt_audit.metrics_textfile"),  # metrics: a rendering of a scan

@@ -10,7 +10,7 @@ import pickletools
 
 import pytest
 
-from ckpt_audit.models import DcpFacts, FileFacts, Finding, PtFacts, Severity
+from ckpt_audit.models import DcpFacts, FileFacts, Finding, PtFacts, Run, Severity
 from ckpt_audit.tree import Partial, Tree
 
 FINDING = Finding(
@@ -44,6 +44,9 @@ PARTIAL = Partial(
     reused_paths=frozenset({FACTS.path}),
     files_scrubbed=4,
     bytes_scrubbed=5,
+    run_digests={"/c/r": "d" * 32},
+    reused_runs={"/c/r": ("k" * 32, Run(path="/c/r", layout="verl-fsdp", findings=(FINDING,)))},
+    reused_rows={FACTS.path: (1, 2, 3, "h" * 32, True, 4)},
 )
 ALL = [FINDING, PT, DCP, FACTS, TREE, PARTIAL]
 
@@ -76,4 +79,4 @@ def test_file_facts_pickle_is_class_and_values_and_hashes_equal() -> None:
     # the stdlib form is NEWOBJ + BUILD (its __setstate__, fields() per object); ours is one REDUCE per object
     assert "BUILD" not in ops and "NEWOBJ" not in ops
     assert ops.count("REDUCE") == 6  # FileFacts, PtFacts, DcpFacts, two Findings, Severity
-    assert b"_rebuild" in data
+    assert b"from_slots" in data

@@ -9,6 +9,7 @@ import gc
 import json
 import os
 import sqlite3
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from ckpt_audit.codes import CODES
@@ -70,13 +71,7 @@ def _read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) ->
     else:
         conn = conn_or_path
     try:
-        # a catalog not yet migrated to m006 (read-only here) has no dcp_facts: its .metadata rows are read again
-        has_dcp = any(r[1] == "dcp_facts" for r in conn.execute("PRAGMA table_info(files)"))
-        rows = conn.execute(
-            "SELECT path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, verified_ns, "
-            + ("dcp_facts" if has_dcp else "NULL")
-            + " FROM files WHERE present = 1"
-        ).fetchall()
+        rows = conn.execute(f"SELECT {fact_columns(conn)} FROM files WHERE present = 1").fetchall()
     except sqlite3.OperationalError:
         return {}  # a fresh catalog without tables yet
     except sqlite3.DatabaseError as exc:
@@ -84,6 +79,46 @@ def _read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) ->
     finally:
         if own:
             conn.close()
+    return facts_of_rows(rows)
+
+
+class LazyManifest(Mapping):
+    """read_previous, made on first use: a re-scan whose every run kept its cached verdict never needs it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+        self._facts: dict[str, FileFacts] | None = None
+
+    def _all(self) -> dict[str, FileFacts]:
+        if self._facts is None:
+            self._facts = read_previous(self.path)
+        return self._facts
+
+    def __getitem__(self, path: str) -> FileFacts:
+        return self._all()[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    @property
+    def loaded(self) -> bool:
+        return self._facts is not None
+
+
+def fact_columns(conn: sqlite3.Connection) -> str:
+    """The files columns `facts_of_rows` reads (a catalog not yet migrated to m006, read-only here, has no
+    dcp_facts: its .metadata rows are read again)."""
+    has_dcp = any(r[1] == "dcp_facts" for r in conn.execute("PRAGMA table_info(files)"))
+    return "path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, verified_ns, " + (
+        "dcp_facts" if has_dcp else "NULL"
+    )
+
+
+def facts_of_rows(rows: Iterable[tuple]) -> dict[str, FileFacts]:
+    """path -> FileFacts of files rows read with `fact_columns`."""
     out: dict[str, FileFacts] = {}
     pts: dict[str | None, tuple[PtFacts | None, bool]] = {}  # many files share one document; PtFacts is frozen
     for path, size, mtime, inode, h, crc, ff, pt_doc, verified, dcp_doc in rows:

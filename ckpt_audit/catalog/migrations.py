@@ -283,3 +283,48 @@ def m006_dcp_facts(db) -> None:
     """What a DCP .metadata says of its directory (models.DcpFacts: the bytes each data file must hold, the state's
     top keys), so a re-scan checks the data files without parsing an unchanged .metadata again."""
     db.execute("ALTER TABLE files ADD COLUMN dcp_facts TEXT")  # JSON of models.DcpFacts; NULL: not a DCP .metadata
+
+
+@MIGRATIONS()
+def m007_run_verdicts(db) -> None:
+    """The run verdict cache (ckpt_audit.verdict_cache): a run's judged model under a key of everything the verdict
+    read. A row must never outlive the catalog rows it was judged from, so any change to a files row of the run, or
+    to a checkpoint's status or presence, or the run's removal, deletes it, whoever makes the change."""
+    db.execute("""
+        CREATE TABLE run_verdicts (
+            run_path TEXT PRIMARY KEY,
+            key TEXT NOT NULL,                 -- blake2b-128 hex of what the verdict read (verdict_cache.run_key)
+            judged_ns INTEGER NOT NULL,
+            run_doc TEXT NOT NULL              -- JSON of the models.Run (catalog.verdicts), never a pickle
+        )""")
+    forget = "DELETE FROM run_verdicts WHERE run_path"
+    # what a verdict read of a files row (verified_ns aside: a scrub that reads the same content back keeps it)
+    cols = (
+        "size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, dcp_facts, present, run_path, "
+        "checkpoint_path, role, kind, rank, world_size"
+    )
+    new = ", ".join(f"NEW.{c.strip()}" for c in cols.split(","))
+    old = ", ".join(f"OLD.{c.strip()}" for c in cols.split(","))
+    db.execute(  # BEFORE: an INSERT OR REPLACE still sees the row it replaces
+        f"CREATE TRIGGER run_verdicts_file_written BEFORE INSERT ON files "
+        f"WHEN NOT EXISTS (SELECT 1 FROM files WHERE path = NEW.path AND ({cols}) IS ({new})) "
+        f"BEGIN {forget} IN (NEW.run_path, (SELECT run_path FROM files WHERE path = NEW.path)); END"
+    )
+    db.execute(
+        f"CREATE TRIGGER run_verdicts_file_changed AFTER UPDATE ON files WHEN ({old}) IS NOT ({new}) "
+        f"BEGIN {forget} IN (OLD.run_path, NEW.run_path); END"
+    )
+    db.execute(f"CREATE TRIGGER run_verdicts_file_removed AFTER DELETE ON files BEGIN {forget} = OLD.run_path; END")
+    db.execute(
+        f"CREATE TRIGGER run_verdicts_checkpoint_changed AFTER UPDATE ON checkpoints "
+        f"WHEN OLD.status IS NOT NEW.status OR OLD.present IS NOT NEW.present OR OLD.run_path IS NOT NEW.run_path "
+        f"BEGIN {forget} IN (OLD.run_path, NEW.run_path); END"
+    )
+    db.execute(
+        f"CREATE TRIGGER run_verdicts_checkpoint_removed AFTER DELETE ON checkpoints BEGIN {forget} = OLD.run_path; END"
+    )
+    db.execute(
+        f"CREATE TRIGGER run_verdicts_run_changed AFTER UPDATE ON runs WHEN OLD.present IS NOT NEW.present "
+        f"BEGIN {forget} = OLD.path; END"
+    )
+    db.execute(f"CREATE TRIGGER run_verdicts_run_removed AFTER DELETE ON runs BEGIN {forget} = OLD.path; END")

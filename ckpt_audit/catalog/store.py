@@ -25,6 +25,7 @@ from ckpt_audit.catalog.manifest import (
 )
 from ckpt_audit.catalog.migrations import MIGRATIONS
 from ckpt_audit.catalog.sqlite import Db
+from ckpt_audit.catalog.verdicts import record_verdicts
 from ckpt_audit.killpoints import CATALOG_KILL_AFTER_ENV, OpCounter
 from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
 from ckpt_audit.tree import FileFacts
@@ -182,6 +183,7 @@ class Catalog:
                         [scan_id, root, len(below), below],
                     )
             refresh_run_summaries(conn, [r.path for r in result.runs])
+            record_verdicts(conn, result.runs, result.run_keys, reused=result.runs_reused, judged_ns=result.started_ns)
             if result.cluster is not None:
                 _record_cluster(conn, result, scan_id)
             ops.tick()

@@ -221,7 +221,7 @@ def run_scan(
             done = (
                 s.verify(paths, progress=progress, **options)
                 if deep
-                else s.scan(progress=progress, reader=reader, **options)
+                else s.scan(progress=progress, reader=reader, cached_verdicts=True, **options)
             )
     from ckpt_audit import report  # after the scan: rendering is not on the path to the first file read
 

@@ -1,0 +1,196 @@
+"""The catalog's side of the run verdict cache (ckpt_audit.verdict_cache): reading cached verdicts for a scan, and
+the run model as JSON (never pickle: the catalog is a file anyone with write access could have edited).
+
+Table `run_verdicts` (migration m007): one row per run, its key, when it was judged, and the run model. Triggers
+delete a run's row whenever a files row under it or one of its checkpoints' status changes by any other path (a
+prune survivor check, a verify, a focused scan), so a row only ever describes what the catalog still holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Mapping
+
+from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, Severity, ShardFile, Status, from_slots
+from ckpt_audit.tree import FileFacts
+from ckpt_audit.verdict_cache import Row, Stored
+
+
+def run_to_json(run: Run) -> str:
+    """The run model, whole, as nested lists in field order (`_rebuild` puts them back slot by slot)."""
+    return json.dumps(_run(run), separators=(",", ":"))
+
+
+def run_from_json(doc: str) -> Run:
+    values = json.loads(doc)
+    if not isinstance(values, list) or len(values) != len(Run.__slots__):
+        raise ValueError("not a run")
+    return _unrun(values)
+
+
+# one encoder and decoder per class, positional: a generic walk over fields() cost ~1 s per 10k files
+def _finding(f: Finding) -> list:
+    return [int(f.severity), f.code, f.path, f.message, f.rank, f.tensor]
+
+
+def _file(f: ShardFile) -> list:
+    return [f.path, f.kind.value, f.size_bytes, f.mtime_ns, f.inode, f.rank, f.world_size, f.hash, f.crc_ok]
+
+
+def _component(c: Component) -> list:
+    return [c.role, c.path, c.layout, c.world_size, [_file(f) for f in c.files], [_finding(f) for f in c.findings]]
+
+
+def _checkpoint(c: Checkpoint) -> list:
+    return [
+        c.run_path,
+        c.step,
+        c.path,
+        c.status.value,
+        [_component(x) for x in c.components],
+        [_file(f) for f in c.files],
+        [_finding(f) for f in c.findings],
+        c.mtime_ns,
+    ]
+
+
+def _run(r: Run) -> list:
+    return [
+        r.path,
+        r.layout,
+        r.tracker_step,
+        [_checkpoint(c) for c in r.checkpoints],
+        [_finding(f) for f in r.findings],
+        r.metrics_path,
+    ]
+
+
+def _unfinding(v: list) -> Finding:
+    return _rebuild(Finding, (Severity(v[0]), *v[1:]))
+
+
+def _unfile(v: list) -> ShardFile:
+    return _rebuild(ShardFile, (v[0], FileKind(v[1]), *v[2:]))
+
+
+def _uncomponent(v: list) -> Component:
+    return _rebuild(Component, (*v[:4], tuple(_unfile(f) for f in v[4]), tuple(_unfinding(f) for f in v[5])))
+
+
+def _uncheckpoint(v: list) -> Checkpoint:
+    return _rebuild(
+        Checkpoint,
+        (
+            v[0],
+            v[1],
+            v[2],
+            Status(v[3]),
+            tuple(_uncomponent(c) for c in v[4]),
+            tuple(_unfile(f) for f in v[5]),
+            tuple(_unfinding(f) for f in v[6]),
+            v[7],
+        ),
+    )
+
+
+def _unrun(v: list) -> Run:
+    return _rebuild(
+        Run,
+        (v[0], v[1], v[2], tuple(_uncheckpoint(c) for c in v[3]), tuple(_unfinding(f) for f in v[4]), v[5]),
+    )
+
+
+def _rebuild(cls: type, values: tuple):
+    """One object from its slots' values, checked against the class's shape (a damaged row must not build a
+    half-filled model)."""
+    if len(values) != len(cls.__slots__):
+        raise ValueError(f"{cls.__name__}: {len(values)} values for {len(cls.__slots__)} fields")
+    return from_slots(cls, values)
+
+
+class CatalogVerdicts:
+    """verdict_cache.Source over a catalog file, read with bare sqlite3 (a WAL read beside a running writer).
+    A catalog that does not exist yet, or predates m007, holds no verdicts: every run is judged."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+
+    def _query(self, sql: str, params: Iterable = ()) -> list[tuple]:
+        if not os.path.exists(self.path):
+            return []
+        try:
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        except sqlite3.Error as exc:
+            raise CatalogError(f"catalog {self.path}: {exc}") from None
+        try:
+            return conn.execute(sql, list(params)).fetchall()
+        except sqlite3.OperationalError:
+            return []  # no such table yet: nothing cached
+        except sqlite3.DatabaseError as exc:
+            raise CatalogError(f"catalog {self.path} is not a usable SQLite database: {exc}") from None
+        finally:
+            conn.close()
+
+    def stored(self) -> Mapping[str, Stored]:
+        rows = self._query("SELECT run_path, key, judged_ns FROM run_verdicts")
+        return {p: Stored(key=k, judged_ns=j) for p, k, j in rows}
+
+    def rows(self, root: str) -> Mapping[str, Row]:
+        below = root.rstrip("/") + "/"
+        rows = self._query(
+            "SELECT path, size_bytes, mtime_ns, inode, hash, crc_ok, verified_ns FROM files"
+            " WHERE present = 1 AND (path = ? OR substr(path, 1, ?) = ?)",
+            [root, len(below), below],
+        )
+        return {p: (s, m, i, h, None if c is None else bool(c), v) for p, s, m, i, h, c, v in rows}
+
+    def facts(self, paths: Iterable[str]) -> dict[str, FileFacts]:
+        wanted = list(paths)
+        if not wanted or not os.path.exists(self.path):
+            return {}
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            cols = fact_columns(conn)
+            out: dict[str, FileFacts] = {}
+            for i in range(0, len(wanted), 500):  # SQLite's bound-parameter limit
+                part = wanted[i : i + 500]
+                rows = conn.execute(
+                    f"SELECT {cols} FROM files WHERE present = 1 AND path IN ({','.join('?' * len(part))})", part
+                ).fetchall()
+                out.update(facts_of_rows(rows))
+            return out
+        except sqlite3.DatabaseError as exc:
+            raise CatalogError(f"catalog {self.path} is not a usable SQLite database: {exc}") from None
+        finally:
+            conn.close()
+
+    def run(self, run_path: str) -> Run | None:
+        rows = self._query("SELECT run_doc FROM run_verdicts WHERE run_path = ?", [run_path])
+        if not rows:
+            return None
+        try:
+            run = run_from_json(rows[0][0])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None  # an edited or damaged row: judged afresh, and the scan's record replaces it
+        return run if run.path == run_path else None
+
+
+def record_verdicts(
+    conn: sqlite3.Connection, runs: Iterable[Run], keys: Mapping[str, str], *, reused: frozenset[str], judged_ns: int
+) -> None:
+    """Keep each run's verdict under its key, after the scan's files and checkpoints rows are written (their
+    triggers have cleared what no longer holds). A run judged now is written whole; a reused one only if its row
+    went; a run without a key (not settled, or not read cleanly) keeps none."""
+    have = dict(conn.execute("SELECT run_path, key FROM run_verdicts"))
+    for run in runs:
+        key = keys.get(run.path)
+        if key is None:
+            conn.execute("DELETE FROM run_verdicts WHERE run_path = ?", [run.path])
+        elif run.path not in reused or have.get(run.path) != key:
+            conn.execute(
+                "INSERT OR REPLACE INTO run_verdicts (run_path, key, judged_ns, run_doc) VALUES (?, ?, ?, ?)",
+                [run.path, key, judged_ns, run_to_json(run)],
+            )

@@ -1,0 +1,195 @@
+"""The run verdict cache: a re-scan reuses a run's judged model when nothing the judgement read has changed.
+
+A run's verdict (`layouts.build_run`) is a function of its subtree (directory and file names, directory mtimes),
+the facts of its files, and the scan's clock against the in-progress window. The key hashes all of it:
+
+    the tool's version and VERDICT_FORMAT, the layout that owns the run and the layouts loaded, the window;
+    every directory under the run: its path and mtime;
+    every file under the run: its path, size, mtime, inode and ctime (the stat cache's own key, plus ctime: a
+        chmod moves it), its text when the rules read text (the tracker, the configs: re-read every scan), and,
+        for a file the catalog keeps no row for (the tracker, run-level files), its facts as read this scan.
+
+Files the catalog does keep rows for contribute their stat alone: their rows are the facts the verdict was judged
+from, and anything that rewrites a row (a prune survivor check, a verify) deletes the run's verdict by a trigger
+(catalog migration m007). So a key that matches means the judgement would read the same inputs again.
+
+What is never cached: a run whose walk found something unreadable, a link out of the root or prune's trash inside
+it; a run with anything touched within the in-progress window (time alone changes that verdict); a run holding a
+file not read cleanly; a run nested in another. `--rehash`, a checkpoint asked for alone, verify and `--ray`'s
+node-local scans judge afresh. The scrub still re-reads its share of every run's files: a file that reads back
+different makes its run judged afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ckpt_audit import __version__
+from ckpt_audit.models import FileFacts, Finding, Run
+from ckpt_audit.tree import Tree
+
+# bump when a rule or layout change would judge the same inputs differently (a new release changes the key anyway)
+VERDICT_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stored:
+    """A verdict the catalog holds: its key and when it was judged."""
+
+    key: str
+    judged_ns: int
+
+
+# a files row as the verdict cache reads it: (size_bytes, mtime_ns, inode, hash, crc_ok, verified_ns); a plain tuple
+# because a re-scan reads one per catalogued file
+Row = tuple[int, int, int, str | None, bool | None, int | None]
+
+
+def vouches(row: Row, st: os.stat_result) -> bool:
+    """The catalog's row stands for this file: same stat, and its content was read cleanly once."""
+    size, mtime, inode, digest, _crc, verified = row
+    return size == st.st_size and mtime == st.st_mtime_ns and inode == st.st_ino and None not in (digest, verified)
+
+
+def light_facts(path: str, row: Row) -> FileFacts:
+    """What a reused run's file stands for in a ScanResult (stat, hash, CRC verdict, verified_ns: what reports
+    read); no rule ever sees these."""
+    size, mtime, inode, digest, crc, verified = row
+    return FileFacts(
+        path=path,
+        size_bytes=size,
+        mtime_ns=mtime,
+        inode=inode,
+        hash=digest,
+        crc_ok=crc,
+        reused=True,
+        verified_ns=verified,
+    )
+
+
+class WithRows(Mapping):
+    """A scan's file facts: what was read or reused by stat, then the reused runs' files as their rows say (their
+    FileFacts are made when asked for: most re-scans print a summary and never ask)."""
+
+    def __init__(self, facts: Mapping[str, FileFacts], rows: Mapping[str, Row]) -> None:
+        self.facts, self.rows = facts, rows
+
+    def __getitem__(self, path: str) -> FileFacts:
+        if path in self.facts:
+            return self.facts[path]
+        return light_facts(path, self.rows[path])
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.facts or path in self.rows
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.facts
+        yield from (p for p in self.rows if p not in self.facts)
+
+    def __len__(self) -> int:
+        return len(self.facts) + sum(1 for p in self.rows if p not in self.facts)
+
+
+class Source(Protocol):
+    """Where the scanner finds cached verdicts (the catalog implements it: catalog.verdicts.CatalogVerdicts)."""
+
+    def stored(self) -> Mapping[str, Stored]:
+        """run path -> its cached verdict's key."""
+        ...
+
+    def rows(self, root: str) -> Mapping[str, Row]:
+        """path -> files row, for the present files at or under `root`."""
+        ...
+
+    def facts(self, paths: Iterable[str]) -> dict[str, FileFacts]:
+        """The full catalogued facts of these files (what a plain re-scan reuses by stat)."""
+        ...
+
+    def run(self, run_path: str) -> Run | None:
+        """The cached run model; None when the stored document cannot be read back (judged afresh)."""
+        ...
+
+
+def settled_runs(
+    run_dirs: Iterable[str],
+    tree: Tree,
+    stats: Mapping[str, os.stat_result],
+    walk_findings: Sequence[Finding],
+    *,
+    now_ns: int,
+    window_ns: int,
+) -> dict[str, list[str]]:
+    """run dir -> its files (sorted), for the runs whose verdict may be cached: nothing unread or trashed inside,
+    not nested in another run, nothing touched within the in-progress window (nor in the future)."""
+    runs = sorted(run_dirs)
+    nested = {a for a in runs for b in runs if a != b and (b.startswith(a + "/") or a.startswith(b + "/"))}
+    tainted = {f.path for f in walk_findings}
+    young = now_ns - window_ns  # the status rules' "recent": now - mtime < window (a future mtime is recent too)
+    out: dict[str, list[str]] = {}
+    for run in runs:
+        if run in nested:
+            continue
+        below = run + "/"
+        if any(p == run or p.startswith(below) for p in tainted):
+            continue
+        if any(tree.dir_mtime_ns.get(d, now_ns + 1) > young for d in tree.walk(run)):
+            continue
+        files = sorted(tree.files_below(run))
+        if any(p not in stats or stats[p].st_mtime_ns > young for p in files):
+            continue
+        out[run] = files
+    return out
+
+
+def stat_digest(run: str, files: Sequence[str], tree: Tree, stats: Mapping[str, os.stat_result], texts: Mapping) -> str:
+    """The run's subtree as the walk saw it: directories with their mtimes, files with their stat and text."""
+    h = hashlib.blake2b(digest_size=16)
+    cut = len(run)
+    for d in sorted(tree.walk(run)):
+        h.update(f"d{d[cut:]}\0{tree.dir_mtime_ns.get(d)}\n".encode("utf-8", "surrogateescape"))
+    for p in files:
+        st = stats[p]
+        text = texts.get(p)
+        h.update(
+            f"f{p[cut:]}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_ctime_ns}\0"
+            f"{'' if text is None else len(text)}\0{'' if text is None else text}\n".encode("utf-8", "surrogateescape")
+        )
+    return h.hexdigest()
+
+
+def run_key(
+    run: str,
+    digest: str,
+    *,
+    layout: str,
+    layouts: Sequence[str],
+    window_ns: int,
+    unrowed: Mapping[str, FileFacts],
+) -> str:
+    """The verdict cache key: the stat digest, what the verdict's rules are, and the facts of the files the catalog
+    keeps no row for (`unrowed`: read every scan, so their facts are part of what the verdict read)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{__version__}\0{VERDICT_FORMAT}\0{layout}\0{','.join(layouts)}\0{window_ns}\0{run}\0{digest}\n".encode())
+    cut = len(run)
+    for p in sorted(unrowed):
+        h.update(f"{p[cut:]}\0{content(unrowed[p])}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def content(f: FileFacts) -> str:
+    """What a read said of a file, apart from when: the part of its facts a verdict can depend on."""
+    return repr((f.size_bytes, f.mtime_ns, f.inode, f.hash, f.crc_ok, f.pt, f.text, f.findings, f.dcp))
+
+
+def same_content(a: FileFacts, b: FileFacts) -> bool:
+    """A scrub re-read that found what the catalog holds (text aside: it is re-read every scan and keyed)."""
+    return (a.hash, a.crc_ok, a.pt, a.findings, a.dcp) == (b.hash, b.crc_ok, b.pt, b.findings, b.dcp)
+
+
+def clean(f: FileFacts) -> bool:
+    """Read (or reused) cleanly: a verdict over a file that was not is not kept."""
+    return f.hash is not None and f.verified_ns is not None

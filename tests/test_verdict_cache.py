@@ -1,0 +1,277 @@
+"""The run verdict cache (ckpt_audit/verdict_cache.py, catalog/verdicts.py, migration m007).
+
+A re-scan may take a run's stored verdict only when the judgement would read the same inputs again. Each test below
+scans through the real session (catalog, lock, record) and compares the cached result with a fresh judgement of the
+same tree from the same catalog rows (scanner.scan without the cache), field by field: the two must be equal, and
+every change the judgement could see must make the run judged afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from cli_json import age, invoke
+from scan_trees import flip_payload_byte, shard, steps_of, write_torch_tree
+from test_hf_trainer import hf_run  # noqa: F401 - the session fixture: a real Trainer run, cached
+from test_torchtitan import titan_dump  # noqa: F401 - the session fixture: torchtitan's checkpointer, cached
+
+from ckpt_audit import scanner
+from ckpt_audit.catalog.manifest import read_previous
+from ckpt_audit.catalog.verdicts import run_from_json, run_to_json
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, Severity, ShardFile, Status
+from ckpt_audit.scrub import ScrubPolicy
+from ckpt_audit.session import open_session
+
+VOLATILE = {"scan_id", "started_ns", "finished_ns", "files_hashed", "files_reused", "runs_reused", "bytes_hashed"}
+VOLATILE |= {"files_scrubbed", "bytes_scrubbed"}
+
+
+def cached_scan(root: Path, db: Path, **options):
+    """`ckpt-audit scan`'s path: the session with the verdict cache, recorded."""
+    with open_session(db, roots=[root]) as s:
+        return s.scan(cached_verdicts=True, **options).result
+
+
+def fresh_scan(root: Path, db: Path, **options):
+    """The same scan without the cache: every run judged from the catalog's rows (reused by stat), not recorded."""
+    return scanner.scan([root], previous=read_previous(db), **options)
+
+
+def verdict_rows(db: Path) -> dict[str, str]:
+    with sqlite3.connect(db) as conn:
+        return dict(conn.execute("SELECT run_path, key FROM run_verdicts"))
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    """A verl tree by real torch.save calls (steps 2, 4, 6), step 4's rank-1 model shard corrupt, all of it
+    older than the in-progress window."""
+    run = write_torch_tree(tmp_path / "root")
+    flip_payload_byte(shard(steps_of(run)[1], rank=1))
+    age(tmp_path / "root")
+    return run
+
+
+def test_an_unchanged_run_keeps_its_verdict_and_it_equals_a_fresh_judgement(tree, tmp_path):
+    db = tmp_path / "c.db"
+    first = cached_scan(tree, db)
+    assert first.runs_reused == frozenset()
+    assert set(verdict_rows(db)) == {str(tree)}
+    again = cached_scan(tree, db)
+    assert again.runs_reused == {str(tree)}
+    assert again.runs == fresh_scan(tree, db).runs == first.runs
+    assert again.runs[0].checkpoints[1].status is Status.CORRUPT
+    assert again.files_hashed == 1  # the tracker: the catalog keeps no row for it, so it is read every scan
+    assert again.file_facts[str(shard(steps_of(tree)[0]))].verified_ns is not None
+
+
+def test_the_cli_document_is_the_same_whether_the_verdict_was_cached(tree, tmp_path):
+    db = tmp_path / "c.db"
+    docs = []
+    for _ in range(3):
+        res = invoke("scan", "--json", "--no-scrub", str(tree), catalog=db)  # a scrub re-read moves verified_ns
+        assert res.exit_code == 1, res.output  # the corrupt shard
+        docs.append(json.loads(res.stdout))
+    assert [d["runs_reused"] for d in docs] == [0, 1, 1]
+    assert [{k: v for k, v in d.items() if k not in VOLATILE} for d in docs[1:]] == [
+        {k: v for k, v in docs[0].items() if k not in VOLATILE}
+    ] * 2
+
+
+def test_a_changed_tracker_is_judged_afresh(tree, tmp_path):
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    tracker = tree / "latest_checkpointed_iteration.txt"
+    st = tracker.stat()
+    tracker.write_text("2")  # same size, the mtime put back: the text is read every scan and keyed
+    os.utime(tracker, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = cached_scan(tree, db)
+    assert again.runs_reused == frozenset()
+    assert again.runs[0].tracker_step == 2
+    assert again.runs == fresh_scan(tree, db).runs
+
+
+def test_a_new_step_directory_is_judged_afresh(tree, tmp_path):
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    (tree / "global_step_8").mkdir()  # a trainer starting its next save a second ago
+    again = cached_scan(tree, db)
+    assert again.runs_reused == frozenset()
+    assert {c.step: c.status for c in again.runs[0].checkpoints}[8] is Status.IN_PROGRESS
+    assert verdict_rows(db) == {}  # young: time alone will change that verdict, so none is kept
+
+
+def test_a_young_run_is_cached_only_once_the_window_has_passed(tmp_path):
+    run = write_torch_tree(tmp_path / "root")  # written just now
+    db = tmp_path / "c.db"
+    cached_scan(run, db, in_progress_window_s=600)
+    assert verdict_rows(db) == {}
+    later = time.time_ns() + 700 * 10**9
+    cached_scan(run, db, in_progress_window_s=600, now_ns=later)
+    assert set(verdict_rows(db)) == {str(run)}
+    assert cached_scan(run, db, in_progress_window_s=600, now_ns=later + 1).runs_reused == {str(run)}
+    # a different window is a different verdict: judged afresh
+    assert cached_scan(run, db, in_progress_window_s=60, now_ns=later + 2).runs_reused == frozenset()
+
+
+def test_a_touched_shard_is_judged_afresh(tree, tmp_path):
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    os.chmod(shard(steps_of(tree)[2]), 0o600)  # moves the ctime only: permissions are part of what was read
+    assert cached_scan(tree, db).runs_reused == frozenset()
+
+
+def test_bytes_that_changed_under_a_kept_verdict_are_found_by_the_scrub(tree, tmp_path):
+    """Bit rot keeps size, mtime, inode and ctime: only a content read sees it. Made here by giving the catalog a
+    different recorded hash for one shard while its verdict row is put back, as if the disk had rotted."""
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    victim = str(shard(steps_of(tree)[2]))
+    with sqlite3.connect(db) as conn:
+        saved = conn.execute("SELECT run_path, key, judged_ns, run_doc FROM run_verdicts").fetchall()
+        conn.execute("UPDATE files SET hash = ? WHERE path = ?", ["0" * 32, victim])
+        assert conn.execute("SELECT count(*) FROM run_verdicts").fetchone() == (0,)  # the trigger
+        conn.executemany("INSERT INTO run_verdicts VALUES (?, ?, ?, ?)", saved)
+    # without a content read, the stat cache and the verdict both stand (as for any stat-keyed cache)
+    assert cached_scan(tree, db, scrub=None).runs_reused == {str(tree)}
+    every = cached_scan(tree, db, scrub=ScrubPolicy(period_ns=0))  # re-read every file by content
+    assert every.runs_reused == frozenset()
+    step6 = every.runs[0].checkpoints[2]
+    assert step6.status is Status.CORRUPT
+    assert "hash-drift" in {f.code for f in step6.all_findings}
+
+
+def test_a_rewritten_catalog_row_or_status_deletes_the_verdict(tree, tmp_path):
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    step2 = str(steps_of(tree)[0])
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE files SET verified_ns = verified_ns + 1")  # a scrub's read of the same content
+        assert set(dict(conn.execute("SELECT run_path, key FROM run_verdicts"))) == {str(tree)}
+        conn.execute("UPDATE checkpoints SET status = 'corrupt' WHERE path = ?", [step2])  # a survivor check
+        assert conn.execute("SELECT count(*) FROM run_verdicts").fetchone() == (0,)
+    again = cached_scan(tree, db)
+    assert again.runs_reused == frozenset()
+    assert again.runs[0].checkpoints[0].status is Status.COMPLETE  # judged from the tree again
+    assert set(verdict_rows(db)) == {str(tree)}
+
+
+def test_a_damaged_verdict_row_is_judged_afresh_and_replaced(tree, tmp_path):
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    for doc in ("not json", "[1, 2]", json.dumps(["/elsewhere", "verl-fsdp", None, [], [], None])):
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE run_verdicts SET run_doc = ?", [doc])
+        again = cached_scan(tree, db)
+        assert again.runs_reused == frozenset()
+        assert again.runs == fresh_scan(tree, db).runs
+    assert cached_scan(tree, db).runs_reused == {str(tree)}
+
+
+def test_a_run_with_something_unread_inside_is_never_cached(tree, tmp_path):
+    db = tmp_path / "c.db"
+    outside = tmp_path / "outside.pt"
+    outside.write_bytes(b"x")
+    (tree / "global_step_6" / "stray.pt").symlink_to(outside)  # a link out of the root: not followed
+    age(tree.parent.parent)
+    cached_scan(tree, db)
+    assert verdict_rows(db) == {}
+    assert cached_scan(tree, db).runs_reused == frozenset()
+
+
+def test_rehash_and_a_step_directory_judge_afresh(tree, tmp_path):
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    assert cached_scan(tree, db, rehash=True).runs_reused == frozenset()
+    assert cached_scan(tree, db).runs_reused == {str(tree)}  # the rehash judged it afresh and kept that
+    with open_session(db, roots=[steps_of(tree)[0]]) as s:  # one checkpoint alone: not the whole run's verdict
+        assert s.scan(cached_verdicts=True).result.runs_reused == frozenset()
+    assert verdict_rows(db) == {}
+    assert cached_scan(tree, db).runs_reused == frozenset()
+    assert cached_scan(tree, db).runs_reused == {str(tree)}
+
+
+def test_two_runs_one_changed(tmp_path):
+    root = tmp_path / "root"
+    a = write_torch_tree(root / "a")
+    b = write_torch_tree(root / "b")
+    age(root)
+    db = tmp_path / "c.db"
+    cached_scan(root, db)
+    (b / "latest_checkpointed_iteration.txt").write_text("4")
+    again = cached_scan(root, db)
+    assert again.runs_reused == {str(a)}
+    assert again.runs == fresh_scan(root, db).runs
+    assert {r.path: r.tracker_step for r in again.runs} == {str(a): 6, str(b): 4}
+
+
+def test_the_run_document_round_trips_every_field():
+    f = Finding(severity=Severity.WARNING, code="missing-rank", path="/r/s/a", message="m", rank=3, tensor="w")
+    sf = ShardFile(
+        path="/r/s/a/model_world_size_2_rank_1.pt",
+        kind=FileKind.MODEL,
+        size_bytes=10,
+        mtime_ns=2**62,
+        inode=7,
+        rank=1,
+        world_size=2,
+        hash="ab" * 16,
+        crc_ok=False,
+    )
+    comp = Component(role="actor", path="/r/s/a", layout="verl-fsdp", world_size=2, files=(sf,), findings=(f,))
+    ckpt = Checkpoint(
+        run_path="/r",
+        step=2**63 - 1,
+        path="/r/s",
+        status=Status.UNKNOWN,
+        components=(comp,),
+        files=(sf,),
+        findings=(f, f),
+        mtime_ns=5,
+    )
+    run = Run(path="/r", layout="verl-fsdp", tracker_step=4, checkpoints=(ckpt,), findings=(f,), metrics_path="/r/m")
+    back = run_from_json(run_to_json(run))
+    assert back == run
+    assert type(back.checkpoints[0].status) is Status and type(back.findings[0].severity) is Severity
+    assert isinstance(back.checkpoints, tuple) and isinstance(back.checkpoints[0].components[0].files, tuple)
+
+
+def _real_tree(name: str, request) -> Path:
+    if name in ("megatron", "dcp"):
+        return Path(request.getfixturevalue("dcp_trees")[name])
+    if name == "torchtitan":
+        return Path(request.getfixturevalue("titan_dump")) / "checkpoint"
+    return Path(request.getfixturevalue(name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["verl_run", "verl_run_critic", "verl_run_sft", "megatron", "dcp", "hf_run", "torchtitan"]
+)
+def test_real_trees_judged_the_same_from_the_cache(name, request, tmp_path):
+    """Trees written by real runs (multi-process FSDP, a critic, SFT, Megatron dist_ckpt, plain DCP, a transformers
+    Trainer, torchtitan's checkpointer): the cached verdict equals a fresh judgement, and one truncated file makes
+    the run judged afresh and caught."""
+    src = _real_tree(name, request)
+    root = tmp_path / "root"
+    run = root / src.parent.name / src.name
+    shutil.copytree(src, run, symlinks=True)
+    age(root)
+    db = tmp_path / "c.db"
+    first = cached_scan(root, db)
+    again = cached_scan(root, db)
+    assert again.runs_reused == {r.path for r in first.runs} != frozenset()
+    assert again.runs == fresh_scan(root, db).runs == first.runs
+    victim = max((p for p in run.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    with open(victim, "r+b") as fh:
+        fh.truncate(victim.stat().st_size // 2)
+    after = cached_scan(root, db)
+    assert after.runs_reused == frozenset()
+    assert after.runs == fresh_scan(root, db).runs
+    assert any(str(victim) == f.path or str(victim).startswith(f.path) for f in after.all_findings)
