@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 DAY_NS = 86_400 * 10**9
@@ -62,7 +63,7 @@ def plan_scrub(cached: Sequence[Cached], *, now_ns: int, policy: ScrubPolicy, bu
     taken: list[Cached] = []
     taken_bytes = 0
     overdue_files = overdue_bytes = 0
-    for c in sorted(cached, key=lambda c: (c.verified_ns, c.path)):
+    for c in sorted(cached, key=itemgetter(2, 0)):  # (verified_ns, path): oldest first, in C
         due = c.verified_ns <= due_before
         if not due and taken_bytes >= share:
             break  # sorted oldest first: nothing later is due either

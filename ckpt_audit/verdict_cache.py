@@ -44,7 +44,7 @@ class Stored:
     judged_ns: int
 
 
-# a files row as the verdict cache reads it: (size_bytes, mtime_ns, inode, hash, crc_ok, verified_ns); a plain tuple
+# a files row as the verdict cache reads it: (size_bytes, mtime_ns, inode, hash, crc_ok 0/1/None, verified_ns); a tuple
 # because a re-scan reads one per catalogued file
 Row = tuple[int, int, int, str | None, bool | None, int | None]
 
@@ -65,7 +65,7 @@ def light_facts(path: str, row: Row) -> FileFacts:
         mtime_ns=mtime,
         inode=inode,
         hash=digest,
-        crc_ok=crc,
+        crc_ok=None if crc is None else bool(crc),
         reused=True,
         verified_ns=verified,
     )

@@ -68,7 +68,16 @@ def test_an_unchanged_run_keeps_its_verdict_and_it_equals_a_fresh_judgement(tree
     assert again.runs == fresh_scan(tree, db).runs == first.runs
     assert again.runs[0].checkpoints[1].status is Status.CORRUPT
     assert again.files_hashed == 1  # the tracker: the catalog keeps no row for it, so it is read every scan
-    assert again.file_facts[str(shard(steps_of(tree)[0]))].verified_ns is not None
+    fresh = fresh_scan(tree, db).file_facts
+    rowed = [f.path for c in again.runs[0].checkpoints for f in c.all_files]  # the tracker is read every scan
+
+    def seen(facts):
+        return [(facts[p].size_bytes, facts[p].mtime_ns, facts[p].inode, facts[p].hash, facts[p].crc_ok) for p in rowed]
+
+    # what reports read of each file (verified_ns in --json, the metrics) is the catalog's, as without the cache
+    assert seen(again.file_facts) == seen(fresh)
+    assert [again.file_facts[p].verified_ns for p in rowed] == [fresh[p].verified_ns for p in rowed]
+    assert again.file_facts[str(shard(steps_of(tree)[1], rank=1))].crc_ok is False
 
 
 def test_the_cli_document_is_the_same_whether_the_verdict_was_cached(tree, tmp_path):

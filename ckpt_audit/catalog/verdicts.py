@@ -145,7 +145,7 @@ class CatalogVerdicts:
             " WHERE present = 1 AND (path = ? OR substr(path, 1, ?) = ?)",
             [root, len(below), below],
         )
-        return {p: (s, m, i, h, None if c is None else bool(c), v) for p, s, m, i, h, c, v in rows}
+        return {r[0]: r[1:] for r in rows}  # crc_ok stays 0/1/NULL here: light_facts makes it a bool
 
     def facts(self, paths: Iterable[str]) -> dict[str, FileFacts]:
         wanted = list(paths)
