@@ -360,9 +360,13 @@ def export_tensors(
             (tmp / "lora_adapter").mkdir()
             path = tmp / "lora_adapter" / "adapter_model.safetensors"
             written.append((path, lora, _write_file(path, lora, target, maps, tick, check_crc)))
-    for path, group, w in written:
-        got = _read_back(path, group, w, read_tick) if verify else w.file_hash
-        hashes[str(path.relative_to(tmp))] = (w.size, got)
+    syncing = _Syncing([path for path, _group, _w in written])  # the disk's wait beside the read-back's CPU
+    try:
+        for path, group, w in written:
+            got = _read_back(path, group, w, read_tick) if verify else w.file_hash
+            hashes[str(path.relative_to(tmp))] = (w.size, got)
+    finally:
+        syncing.join(raise_error=sys.exc_info()[0] is None)
     return Outcome(
         dtype=target or _dominant_float(base),
         tensors=len(base) + len(lora),
@@ -479,6 +483,35 @@ class _Writeback:
         if self.pos - self.started >= self.EVERY and (fn := _sync_file_range()) is not None:
             fn(self.fd, self.started, 0, 2)  # from there to the end: 0; SYNC_FILE_RANGE_WRITE = 2; errors ignored
             self.started = self.pos
+
+
+class _Syncing:
+    """fsync the weight files on a thread while the read-back re-reads them from the page cache: the wait for the
+    disk and the read-back's hashing overlap instead of following each other. Joined before export_tensors returns
+    or raises; export._sync_tree's later fsync of these files finds nothing left to write."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        import threading
+
+        self.error: OSError | None = None
+        self.thread = threading.Thread(target=self._run, args=(paths,), name="ckpt-export-fsync", daemon=True)
+        self.thread.start()
+
+    def _run(self, paths: list[Path]) -> None:
+        try:
+            for p in paths:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            self.error = exc
+
+    def join(self, *, raise_error: bool) -> None:
+        self.thread.join()
+        if raise_error and self.error is not None:
+            raise self.error
 
 
 _SFR: list = []
