@@ -473,7 +473,7 @@ class _Writeback:
     wait), so the one fsync at the end waits for the last blocks only, not the whole file; `cp` + sync pays the
     whole write at its sync. Durability is still the fsync's; this only moves the writing earlier."""
 
-    EVERY = 2 * BLOCK
+    EVERY = BLOCK
 
     def __init__(self, fd: int) -> None:
         self.fd, self.pos, self.started = fd, 0, 0
