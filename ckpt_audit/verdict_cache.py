@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ckpt_audit import __version__
-from ckpt_audit.models import FileFacts, Finding, Run
+from ckpt_audit.models import FileFacts, Finding, Run, from_slots
 from ckpt_audit.tree import Tree
 
 # bump when a rule or layout change would judge the same inputs differently (a new release changes the key anyway)
@@ -57,18 +57,10 @@ def vouches(row: Row, st: os.stat_result) -> bool:
 
 def light_facts(path: str, row: Row) -> FileFacts:
     """What a reused run's file stands for in a ScanResult (stat, hash, CRC verdict, verified_ns: what reports
-    read); no rule ever sees these."""
+    read); no rule ever sees these. Slot order as FileFacts (models.from_slots)."""
     size, mtime, inode, digest, crc, verified = row
-    return FileFacts(
-        path=path,
-        size_bytes=size,
-        mtime_ns=mtime,
-        inode=inode,
-        hash=digest,
-        crc_ok=None if crc is None else bool(crc),
-        reused=True,
-        verified_ns=verified,
-    )
+    crc_ok = None if crc is None else bool(crc)
+    return from_slots(FileFacts, (path, size, mtime, inode, digest, crc_ok, None, None, (), True, verified, None))
 
 
 class WithRows(Mapping):

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from ckpt_audit.codes import CODES
-from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, ShardFile
+from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, ShardFile, from_slots
 from ckpt_audit.tree import FileFacts, PtFacts
 
 
@@ -126,18 +126,13 @@ def facts_of_rows(rows: Iterable[tuple]) -> dict[str, FileFacts]:
         if (parsed := pts.get(pt_doc)) is None:
             parsed = pts[pt_doc] = pt_from_json(pt_doc)
         pt, pt_whole = parsed
-        out[path] = FileFacts(
-            path=path,
-            size_bytes=size,
-            mtime_ns=mtime,
-            inode=inode,
-            hash=h,
-            crc_ok=None if crc is None else bool(crc),
-            findings=found,
-            pt=pt,
-            # a row missing a fact the readers now record cannot vouch for the file: read it again
-            verified_ns=verified if pt_whole else None,
-            dcp=dcp_from_json(dcp_doc),
+        # slot order (FileFacts: path, size, mtime, inode, hash, crc_ok, pt, text, findings, reused, verified_ns,
+        # dcp): one per catalogued file, so built without the frozen __init__ (models.from_slots). A row missing a
+        # fact the readers now record cannot vouch for the file: no verified_ns, so it is read again
+        crc_ok = None if crc is None else bool(crc)
+        again = verified if pt_whole else None
+        out[path] = from_slots(
+            FileFacts, (path, size, mtime, inode, h, crc_ok, pt, None, found, False, again, dcp_from_json(dcp_doc))
         )
     return out
 

@@ -20,7 +20,8 @@ from ckpt_audit.verdict_cache import Row, Stored
 
 
 def run_to_json(run: Run) -> str:
-    """The run model, whole, as nested lists in field order (`_rebuild` puts them back slot by slot)."""
+    """The run model, whole, as nested lists in slot order (models.from_slots puts them back; a list of the wrong
+    length is a TypeError there, so a damaged row is judged afresh, never half-read)."""
     return json.dumps(_run(run), separators=(",", ":"))
 
 
@@ -68,47 +69,32 @@ def _run(r: Run) -> list:
     ]
 
 
+# enum members by value: a dict lookup, where calling the Enum costs ~1 us a file
+_KINDS = {k.value: k for k in FileKind}
+_STATUSES = {s.value: s for s in Status}
+_SEVERITIES = {int(s): s for s in Severity}
+
+
 def _unfinding(v: list) -> Finding:
-    return _rebuild(Finding, (Severity(v[0]), *v[1:]))
+    return from_slots(Finding, (_SEVERITIES[v[0]], *v[1:]))
 
 
 def _unfile(v: list) -> ShardFile:
-    return _rebuild(ShardFile, (v[0], FileKind(v[1]), *v[2:]))
+    return from_slots(ShardFile, (v[0], _KINDS[v[1]], *v[2:]))
 
 
 def _uncomponent(v: list) -> Component:
-    return _rebuild(Component, (*v[:4], tuple(_unfile(f) for f in v[4]), tuple(_unfinding(f) for f in v[5])))
+    return from_slots(Component, (*v[:4], tuple(map(_unfile, v[4])), tuple(map(_unfinding, v[5]))))
 
 
 def _uncheckpoint(v: list) -> Checkpoint:
-    return _rebuild(
-        Checkpoint,
-        (
-            v[0],
-            v[1],
-            v[2],
-            Status(v[3]),
-            tuple(_uncomponent(c) for c in v[4]),
-            tuple(_unfile(f) for f in v[5]),
-            tuple(_unfinding(f) for f in v[6]),
-            v[7],
-        ),
-    )
+    components, files, found = tuple(map(_uncomponent, v[4])), tuple(map(_unfile, v[5])), tuple(map(_unfinding, v[6]))
+    return from_slots(Checkpoint, (v[0], v[1], v[2], _STATUSES[v[3]], components, files, found, v[7]))
 
 
 def _unrun(v: list) -> Run:
-    return _rebuild(
-        Run,
-        (v[0], v[1], v[2], tuple(_uncheckpoint(c) for c in v[3]), tuple(_unfinding(f) for f in v[4]), v[5]),
-    )
-
-
-def _rebuild(cls: type, values: tuple):
-    """One object from its slots' values, checked against the class's shape (a damaged row must not build a
-    half-filled model)."""
-    if len(values) != len(cls.__slots__):
-        raise ValueError(f"{cls.__name__}: {len(values)} values for {len(cls.__slots__)} fields")
-    return from_slots(cls, values)
+    checkpoints, found = tuple(map(_uncheckpoint, v[3])), tuple(map(_unfinding, v[4]))
+    return from_slots(Run, (v[0], v[1], v[2], checkpoints, found, v[5]))
 
 
 class CatalogVerdicts:
