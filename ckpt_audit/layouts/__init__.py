@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Protocol
 
-from ckpt_audit.models import Component, FileKind, Run, ShardFile
+from ckpt_audit.models import Component, FileKind, Run, ShardFile, from_slots
 from ckpt_audit.rules.status import ScanContext  # what judging needs of the scan; re-exported for the layouts
 from ckpt_audit.tree import FileFacts, Tree
 
@@ -80,15 +80,7 @@ def component_for(
 
 
 def shard_file(facts: FileFacts, kind: FileKind, rank: int | None, world_size: int | None = None) -> ShardFile:
-    """The one way a layout turns a walked file into a ShardFile (rank and world size from its name, if any)."""
-    return ShardFile(
-        path=facts.path,
-        kind=kind,
-        size_bytes=facts.size_bytes,
-        mtime_ns=facts.mtime_ns,
-        inode=facts.inode,
-        rank=rank,
-        world_size=world_size,
-        hash=facts.hash,
-        crc_ok=facts.crc_ok,
-    )
+    """The one way a layout turns a walked file into a ShardFile (rank and world size from its name, if any).
+    One per file per judgement: built in slot order without the frozen __init__ (models.from_slots)."""
+    f = facts
+    return from_slots(ShardFile, (f.path, kind, f.size_bytes, f.mtime_ns, f.inode, rank, world_size, f.hash, f.crc_ok))
