@@ -3,7 +3,9 @@
 A run's verdict (`layouts.build_run`) is a function of its subtree (directory and file names, directory mtimes),
 the facts of its files, and the scan's clock against the in-progress window. The key hashes all of it:
 
-    the tool's version and VERDICT_FORMAT, the layout that owns the run and the layouts loaded, the window;
+    the tool's version, VERDICT_FORMAT and the judging code's files (size and mtime of models.py, codes.py and
+        every module of rules/ and layouts/: an edited checkout judges afresh), the run's layout and those loaded, the
+        in-progress window;
     every directory under the run: its path and mtime;
     every file under the run: its path, size, mtime, inode and ctime (the stat cache's own key, plus ctime: a
         chmod moves it), its text when the rules read text (the tracker, the configs: re-read every scan), and,
@@ -32,8 +34,26 @@ from ckpt_audit import __version__
 from ckpt_audit.models import FileFacts, Finding, Run, from_slots
 from ckpt_audit.tree import Tree
 
-# bump when a rule or layout change would judge the same inputs differently (a new release changes the key anyway)
+# bump when a rule or layout change would judge the same inputs differently (a new release changes the key anyway,
+# and so does any edit to the judging code's files: code_stamp)
 VERDICT_FORMAT = 1
+_STAMP: list[str] = []
+_JUDGING = ("models.py", "codes.py", "verdict_cache.py")  # the top-level modules a verdict depends on
+
+
+def code_stamp() -> str:
+    """The judging code as installed: name, size and mtime of models.py and of rules/ and layouts/ modules."""
+    if not _STAMP:
+        package = os.path.dirname(os.path.abspath(__file__))
+        h = hashlib.blake2b(digest_size=16)
+        for d in (package, os.path.join(package, "rules"), os.path.join(package, "layouts")):
+            with os.scandir(d) as it:
+                for e in sorted(it, key=lambda e: e.name):
+                    if e.name.endswith(".py") and (d != package or e.name in _JUDGING):
+                        st = e.stat()
+                        h.update(f"{d[len(package) :]}/{e.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        _STAMP.append(h.hexdigest())
+    return _STAMP[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,7 +185,9 @@ def run_key(
     """The verdict cache key: the stat digest, what the verdict's rules are, and the facts of the files the catalog
     keeps no row for (`unrowed`: read every scan, so their facts are part of what the verdict read)."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"{__version__}\0{VERDICT_FORMAT}\0{layout}\0{','.join(layouts)}\0{window_ns}\0{run}\0{digest}\n".encode())
+    h.update(
+        f"{__version__}\0{VERDICT_FORMAT}\0{code_stamp()}\0{layout}\0{','.join(layouts)}\0{window_ns}\0{run}\0{digest}\n".encode()
+    )
     cut = len(run)
     for p in sorted(unrowed):
         h.update(f"{p[cut:]}\0{content(unrowed[p])}\n".encode("utf-8", "surrogateescape"))
