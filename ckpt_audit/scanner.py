@@ -217,13 +217,7 @@ def scan_partial(
         if p in cand.rowed or p in cand.unrowed:
             continue  # a candidate run's file: its verdict may stand (decided once its unrowed files are read)
         prev = previous.get(p)
-        if (
-            not rehash
-            and isinstance(prev, FileFacts)
-            and _reusable(prev, stats[p])
-            and file_rules.judged_as(kinds[p], prev.findings)
-            and _has_dcp_facts(kinds[p], prev)
-        ):
+        if not rehash and _vouched(prev, stats[p], kinds[p]):
             cached[p] = prev
         else:
             todo.append(p)
@@ -283,12 +277,7 @@ def scan_partial(
                 continue
             kinds[p] = file_kind(p, layouts)
             prev = previous.get(p)
-            if (
-                isinstance(prev, FileFacts)
-                and _reusable(prev, stats[p])
-                and file_rules.judged_as(kinds[p], prev.findings)
-                and _has_dcp_facts(kinds[p], prev)
-            ):
+            if _vouched(prev, stats[p], kinds[p]):
                 facts[p] = replace(prev, reused=True, text=_text(p, stats[p], texts)) if _wants_text(p) else prev
             else:
                 again.append(p)
@@ -382,10 +371,17 @@ def _text(path: str, st: os.stat_result, texts: Mapping[str, str | None]) -> str
     return texts[path] if path in texts else _read_text(path, st)
 
 
-def _reusable(prev: FileFacts, st: os.stat_result) -> bool:
-    """The catalog vouches for this file: same stat, and its content was read cleanly once (a row written before
-    verified_ns existed lacks the structure facts the rules read, so it is read again)."""
-    return _same_stat(prev, st) and prev.hash is not None and prev.verified_ns is not None
+def _vouched(prev: FileFacts | ShardFile | None, st: os.stat_result, kind: FileKind) -> bool:
+    """The catalog vouches for this file: same stat, its content was read cleanly once (a row written before
+    verified_ns existed lacks the structure facts the rules read), and it was recorded under today's rules."""
+    return (
+        isinstance(prev, FileFacts)
+        and _same_stat(prev, st)
+        and prev.hash is not None
+        and prev.verified_ns is not None
+        and file_rules.judged_as(kind, prev.findings)
+        and _has_dcp_facts(kind, prev)
+    )
 
 
 def _plan_scrub(
