@@ -24,11 +24,12 @@ different makes its run judged afresh.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import xxhash  # already loaded by the readers; hashlib's OpenSSL start-up costs ~4 ms
 
 from ckpt_audit import __version__
 from ckpt_audit.models import FileFacts, Finding, Run, from_slots
@@ -45,7 +46,7 @@ def code_stamp() -> str:
     """The judging code as installed: name, size and mtime of models.py and of rules/ and layouts/ modules."""
     if not _STAMP:
         package = os.path.dirname(os.path.abspath(__file__))
-        h = hashlib.blake2b(digest_size=16)
+        h = xxhash.xxh3_128()
         for d in (package, os.path.join(package, "rules"), os.path.join(package, "layouts")):
             with os.scandir(d) as it:
                 for e in sorted(it, key=lambda e: e.name):
@@ -159,7 +160,7 @@ def settled_runs(
 
 def stat_digest(run: str, files: Sequence[str], tree: Tree, stats: Mapping[str, os.stat_result], texts: Mapping) -> str:
     """The run's subtree as the walk saw it: directories with their mtimes, files with their stat and text."""
-    h = hashlib.blake2b(digest_size=16)
+    h = xxhash.xxh3_128()
     cut = len(run)
     for d in sorted(tree.walk(run)):
         h.update(f"d{d[cut:]}\0{tree.dir_mtime_ns.get(d)}\n".encode("utf-8", "surrogateescape"))
@@ -184,7 +185,7 @@ def run_key(
 ) -> str:
     """The verdict cache key: the stat digest, what the verdict's rules are, and the facts of the files the catalog
     keeps no row for (`unrowed`: read every scan, so their facts are part of what the verdict read)."""
-    h = hashlib.blake2b(digest_size=16)
+    h = xxhash.xxh3_128()
     h.update(
         f"{__version__}\0{VERDICT_FORMAT}\0{code_stamp()}\0{layout}\0{','.join(layouts)}\0{window_ns}\0{run}\0{digest}\n".encode()
     )

@@ -7,8 +7,8 @@ Paths inside are rewritten to /ckpts/... so the example does not leak the build 
 
 from __future__ import annotations
 
+import argparse
 import sqlite3
-import sys
 import tempfile
 from pathlib import Path
 
@@ -50,4 +50,6 @@ def make(out: Path, *, demo_dir: Path | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    print(make(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "catalog.db.example"))
+    ap = argparse.ArgumentParser(description="Write the example catalog from a fresh demo tree.")
+    ap.add_argument("out", nargs="?", type=Path, default=REPO / "catalog.db.example", help="default: %(default)s")
+    print(make(ap.parse_args().out))

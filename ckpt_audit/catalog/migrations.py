@@ -293,7 +293,7 @@ def m007_run_verdicts(db) -> None:
     db.execute("""
         CREATE TABLE run_verdicts (
             run_path TEXT PRIMARY KEY,
-            key TEXT NOT NULL,                 -- blake2b-128 hex of what the verdict read (verdict_cache.run_key)
+            key TEXT NOT NULL,                 -- xxh3-128 hex of what the verdict read (verdict_cache.run_key)
             judged_ns INTEGER NOT NULL,
             run_doc TEXT NOT NULL              -- JSON of the models.Run (catalog.verdicts), never a pickle
         )""")
