@@ -150,6 +150,18 @@ class Outcome:
     read_back: bool = False
 
 
+def _numpy():
+    """numpy, imported on first use. Export uses it for casts and row gathers only, never BLAS, so OpenBLAS is asked
+    for one thread unless the user chose: its per-core thread pool made `import numpy` 0.4 s wall, 0.22 s CPU
+    instead of 0.21 and 0.16 here (bench/README.md, issue 16, fourth round). Once numpy is loaded this changes
+    nothing."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import numpy
+
+    return numpy
+
+
 # ---------------------------------------------------------------------------------------------------- planning
 
 
@@ -414,7 +426,7 @@ class _Written:
 
 
 def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, check_crc: bool) -> _Written:
-    import numpy as np
+    np = _numpy()
 
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
@@ -586,7 +598,7 @@ class _Maps:
     def get(self, path: str) -> mmap.mmap:
         m = self.maps.get(path)
         if m is None:
-            import numpy as np
+            np = _numpy()
 
             with open(path, "rb") as fh:
                 m = self.maps[path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
@@ -602,7 +614,7 @@ class _Maps:
         return self.crc_off[path]
 
     def view(self, p: Piece, dtype: str):
-        import numpy as np
+        np = _numpy()
 
         item = ITEMSIZE[dtype]
         try:
@@ -643,7 +655,7 @@ def _rows(v, budget: int = BLOCK):
 
 def _blocks(t: Planned, maps: _Maps) -> Iterator[tuple[object, list[tuple[int, object]]]]:
     """(block in the source dtype, [(piece index, the source view it came from)]) in output byte order."""
-    import numpy as np
+    np = _numpy()
 
     views = [maps.view(p, t.dtype) for p in t.pieces]
     if t.dim is None or t.dim == 0:
@@ -664,14 +676,14 @@ def _blocks(t: Planned, maps: _Maps) -> Iterator[tuple[object, list[tuple[int, o
 
 
 def _bytes(a) -> memoryview:
-    import numpy as np
+    np = _numpy()
 
     return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
 def _cast(a, src: str, dst: str):
     """torch's `.to(dst)` on `a` (bfloat16 as uint16 bits), bit for bit: round to nearest even through float32."""
-    import numpy as np
+    np = _numpy()
 
     if src == dst:
         return a
@@ -694,7 +706,7 @@ def _cast(a, src: str, dst: str):
 
 def _same_bytes(a: Piece, b: Piece, dtype: str, maps: _Maps | None = None) -> bool:
     """Bit for bit (NaN equals itself, -0.0 differs from 0.0), a block at a time."""
-    import numpy as np
+    np = _numpy()
 
     if maps is None:
         with _Maps() as own:
