@@ -26,7 +26,7 @@ and what it waited for (cp, sync), from RUSAGE_CHILDREN: on a shared box the ste
 e.g. `git archive HEAD~3 ckpt_audit | tar -x -C DIR`) first on PYTHONPATH, interleaved with `stream` in every round.
 
 Usage: python bench/bench_export.py [--mb 400] [--world-size 2] [--repeat 3] [--no-large] [--no-bytecode]
-       [--step DIR] [--only stream,cp] [--before DIR]
+       [--step DIR] [--only stream,cp] [--before DIR] [--dim0]
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ from pathlib import Path
 HIDDEN = 1024
 
 
-def _layout(total_mb: int) -> list[tuple[str, tuple[int, int], int]]:
-    """(name, global shape, shard dim): an embedding, per-layer projections, and an untied lm_head."""
+def _layout(total_mb: int, dim0: bool = False) -> list[tuple[str, tuple[int, int], int]]:
+    """(name, global shape, shard dim): an embedding, per-layer projections, and an untied lm_head. `dim0`: every
+    tensor Shard(0), as FSDP2's fully_shard saves them (the default mixes in Shard(1) to exercise the row gather)."""
     vocab = 8192 + 7  # not divisible by W: uneven shards
     out = [("model.embed_tokens.weight", (vocab, HIDDEN), 0)]
     per_layer = [
@@ -63,10 +64,10 @@ def _layout(total_mb: int) -> list[tuple[str, tuple[int, int], int]]:
     for i in range(layers):
         out += [(f"model.layers.{i}.{n}.weight", s, d) for n, s, d in per_layer]
     out.append(("lm_head.weight", (vocab, HIDDEN), 0))
-    return out
+    return [(n, s, 0) for n, s, _d in out] if dim0 else out
 
 
-def _write_rank(rank: int, world: int, actor: str, total_mb: int, port: int) -> None:
+def _write_rank(rank: int, world: int, actor: str, total_mb: int, port: int, dim0: bool = False) -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -76,7 +77,7 @@ def _write_rank(rank: int, world: int, actor: str, total_mb: int, port: int) -> 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
     sd = {}
-    for i, (name, shape, dim) in enumerate(_layout(total_mb)):
+    for i, (name, shape, dim) in enumerate(_layout(total_mb, dim0)):
         full = shape[dim]
         chunk = -(-full // world)
         n = max(0, min(chunk, full - rank * chunk))
@@ -96,7 +97,7 @@ def _write_rank(rank: int, world: int, actor: str, total_mb: int, port: int) -> 
     dist.destroy_process_group()
 
 
-def make_checkpoint(root: Path, total_mb: int, world: int) -> Path:
+def make_checkpoint(root: Path, total_mb: int, world: int, dim0: bool = False) -> Path:
     import torch.multiprocessing as mp
 
     step = root / "global_step_1"
@@ -106,7 +107,7 @@ def make_checkpoint(root: Path, total_mb: int, world: int) -> Path:
         json.dumps({"model_type": "llama", "tie_word_embeddings": False})
     )
     (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}, indent=4))
-    mp.spawn(_write_rank, args=(world, str(actor), total_mb, 29000 + os.getpid() % 1000), nprocs=world)
+    mp.spawn(_write_rank, args=(world, str(actor), total_mb, 29000 + os.getpid() % 1000, dim0), nprocs=world)
     return step
 
 
@@ -206,6 +207,7 @@ def main() -> None:
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-large", action="store_true", help="skip the 4x checkpoint (constant-memory check)")
+    ap.add_argument("--dim0", action="store_true", help="every tensor Shard(0), as FSDP2 saves them")
     ap.add_argument("--no-bytecode", action="store_true", help="compile from source in every child (no .pyc)")
     ap.add_argument("--step", type=Path, help="export this existing step directory instead of writing one")
     ap.add_argument("--only", help="comma-separated variants to run (default: all)")
@@ -224,8 +226,12 @@ def main() -> None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
     try:
-        step = args.step.resolve() if args.step else make_checkpoint(tmp / "ckpt", args.mb, args.world_size)
-        big = None if args.no_large or args.step else make_checkpoint(tmp / "ckpt4x", 4 * args.mb, args.world_size)
+        step = args.step.resolve() if args.step else make_checkpoint(tmp / "ckpt", args.mb, args.world_size, args.dim0)
+        big = (
+            None
+            if args.no_large or args.step
+            else make_checkpoint(tmp / "ckpt4x", 4 * args.mb, args.world_size, args.dim0)
+        )
         size = _shard_bytes(step)
         print(
             f"checkpoint: {size / 2**20:.0f} MiB in {len(list((step / 'actor').glob('model_*.pt')))} rank files"

@@ -182,6 +182,37 @@ def test_the_stream_engine_never_imports_torch(verl_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+def test_plain_byte_copies_need_no_numpy_and_equal_the_torch_engine(tmp_path):
+    """Tensors whose output is their pieces' bytes in order (no cast; one piece or Shard(0); C order: every tensor of
+    an FSDP2 checkpoint) are copied straight from the map, so numpy (~0.2 s to import) is never loaded; a cast, a
+    view that is not in C order or a Shard(d>0) gather still goes through numpy."""
+    g = torch.Generator().manual_seed(1)
+    sd = {
+        "w": torch.randn(300, 70, generator=g),
+        "ids": torch.arange(10),
+        "s": torch.tensor(2.0),
+        "e": torch.zeros(0, 3),
+    }
+    step = _one_rank(tmp_path, sd)
+    both(step, tmp_path / "same")
+    code = (
+        "import sys; from ckpt_audit.lifecycle.export import export_checkpoint; "
+        "r = export_checkpoint(sys.argv[1], sys.argv[2], dtype=sys.argv[3] or None, engine='stream'); "
+        "assert r.verified; print('numpy' in sys.modules)"
+    )
+    loaded = {}
+    for dtype in ("", "bf16"):
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(step), str(tmp_path / f"np-{dtype}"), dtype],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        loaded[dtype] = proc.stdout.strip()
+    assert loaded == {"": "False", "bf16": "True"}
+
+
 def test_a_payload_changed_after_the_check_fails_its_crc_in_the_copy(verl_run, copy_run, tmp_path):
     """The stream compares each copied storage with the CRC-32 torch recorded: a byte flipped between the source
     check and the copy (simulated by flipping it in a copy and skipping the guard's re-read) is caught."""

@@ -1,12 +1,13 @@
 """Export without torch: each tensor's bytes copied from the shards' stored zip entries into safetensors, in blocks.
 
 torch.save writes every storage as a stored (uncompressed) zip entry, and readers.pt_structure reads each tensor's
-storage key, offset, shape, stride and DTensor placement without torch or running the pickle. A merged tensor is
-then a byte copy: Shard(0) pieces follow one another, Shard(d>0) pieces are interleaved a block of rows at a time,
-HSDP replicas after the first are never opened, and a cast (bf16/fp16/fp32) is done by numpy on the same blocks.
-Memory is a fixed block budget whatever the model's size: sources are read through read-only file mappings whose
-pages are dropped from this process after each block (MADV_DONTNEED on a file mapping only forgets pages; the next
-touch re-reads the file).
+storage key, offset, shape, stride and DTensor placement without torch or running the pickle. A merged tensor is then
+a byte copy: Shard(0) pieces follow one another, Shard(d>0) pieces are interleaved a block of rows at a time, HSDP
+replicas after the first are never opened, and a cast (bf16/fp16/fp32) is done by numpy on the same blocks. Where no
+cast and no gather is needed (every tensor of an FSDP2 checkpoint) the blocks are slices of the map and numpy is never
+imported. Memory is a fixed block budget whatever the model's size: sources are read through read-only file mappings
+whose pages are dropped from this process after each block (MADV_DONTNEED on a file mapping only forgets pages; the
+next touch re-reads the file).
 
 In the same pass: every storage entry copied whole is checked against the CRC-32 torch recorded for it (so the
 bytes exported are the bytes the source check read), each output file is hashed as written (xxh3-128, what the
@@ -426,8 +427,6 @@ class _Written:
 
 
 def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, check_crc: bool) -> _Written:
-    np = _numpy()
-
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for t in tensors:
@@ -450,18 +449,32 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, c
             th = xxhash.xxh3_64()
             dst = t.out_dtype(target)
             crcs = {i: 0 for i, p in enumerate(t.pieces) if p.entry is not None and check_crc}
-            with np.errstate(over="ignore", invalid="ignore"):
-                for block, sources in _blocks(t, maps):
-                    for i, src in sources:
+
+            def out(mv, th=th) -> None:
+                fh.write(mv)
+                flush.wrote(len(mv))
+                whole.update(mv)
+                th.update(mv)
+
+            if _plain_bytes(t, dst):  # the output is the pieces' bytes in order: no numpy (its import is ~0.2 s)
+                for i, p in enumerate(t.pieces):
+                    for start, mv in maps.spans(p, _numel(p.shape) * ITEMSIZE[t.dtype]):
                         if i in crcs:
-                            crcs[i] = _crc32(_bytes(src), crcs[i])
-                    mv = _bytes(np.ascontiguousarray(_cast(block, t.dtype, dst)))
-                    fh.write(mv)
-                    flush.wrote(len(mv))
-                    whole.update(mv)
-                    th.update(mv)
-                    for i, src in sources:
-                        maps.release(t.pieces[i], src)
+                            crcs[i] = _crc32(mv, crcs[i])
+                        out(mv)
+                        n = len(mv)
+                        mv.release()
+                        maps.drop(p.path, start, n)
+            else:
+                np = _numpy()
+                with np.errstate(over="ignore", invalid="ignore"):
+                    for block, sources in _blocks(t, maps):
+                        for i, src in sources:
+                            if i in crcs:
+                                crcs[i] = _crc32(_bytes(src), crcs[i])
+                        out(_bytes(np.ascontiguousarray(_cast(block, t.dtype, dst))))
+                        for i, src in sources:
+                            maps.release(t.pieces[i], src)
             for i, crc in crcs.items():
                 p = t.pieces[i]
                 if maps.crc_recorded(p.path) and (crc & 0xFFFFFFFF) != p.entry.crc:
@@ -598,12 +611,22 @@ class _Maps:
     def get(self, path: str) -> mmap.mmap:
         m = self.maps.get(path)
         if m is None:
-            np = _numpy()
-
             with open(path, "rb") as fh:
                 m = self.maps[path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            self.addresses[path] = np.frombuffer(m, dtype=np.uint8, count=1).__array_interface__["data"][0]
         return m
+
+    def spans(self, p: Piece, nbytes: int) -> Iterator[tuple[int, memoryview]]:
+        """(offset in the file, a view of up to BLOCK bytes) over `nbytes` bytes from p.offset; each view must be
+        released before the next is asked for (an exported view keeps the map from closing)."""
+        m = self.get(p.path)
+        if p.offset < 0 or p.offset + nbytes > len(m):
+            raise StreamError(f"{p.path}: a tensor's bytes lie outside the file")
+        whole = memoryview(m)
+        try:
+            for start in range(p.offset, p.offset + nbytes, BLOCK):
+                yield start, whole[start : min(start + BLOCK, p.offset + nbytes)]
+        finally:
+            whole.release()
 
     def crc_recorded(self, path: str) -> bool:
         """False when torch saved this file with CRCs disabled (every entry's CRC is 0)."""
@@ -629,18 +652,33 @@ class _Maps:
             raise StreamError(f"{p.path}: a tensor's bytes lie outside the file ({exc})") from None
 
     def release(self, p: Piece, block) -> None:
-        """Drop the pages under `block` (a view into p's map) from this process."""
-        if not hasattr(mmap, "MADV_DONTNEED") or block.size == 0:
+        """Drop the pages under `block` (a numpy view into p's map) from this process."""
+        if block.size == 0:
             return
-        m = self.maps[p.path]
+        if p.path not in self.addresses:
+            np = _numpy()
+            self.addresses[p.path] = np.frombuffer(self.maps[p.path], dtype=np.uint8, count=1).ctypes.data
         base = block.__array_interface__["data"][0] - self.addresses[p.path]
         extent = block.itemsize + sum((n - 1) * s for n, s in zip(block.shape, block.strides))
+        self.drop(p.path, base, extent)
+
+    def drop(self, path: str, base: int, extent: int) -> None:
+        """Drop the pages of bytes [base, base + extent) of `path`'s map from this process."""
+        if not hasattr(mmap, "MADV_DONTNEED") or extent <= 0:
+            return
+        m = self.maps[path]
         # with a margin: the kernel maps pages around a faulting one (fault-around, 64 KiB), so pages of the pieces
         # before and after get mapped too and would stay resident, ~100 KiB a tensor, growing with the model
         lo = max(0, (base - _MARGIN) // mmap.PAGESIZE * mmap.PAGESIZE)
         hi = min(len(m), base + extent + _MARGIN)
         if hi > lo:
             m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _plain_bytes(t: Planned, dst: str) -> bool:
+    """The output bytes are the pieces' bytes one after another: no cast, joined on dim 0 (or one piece), each piece
+    laid out in C order (FSDP2 shards every parameter on dim 0, so most tensors of most checkpoints)."""
+    return dst == t.dtype and t.dim in (None, 0) and all(_contiguous(p.shape, p.strides) for p in t.pieces)
 
 
 def _rows(v, budget: int = BLOCK):
