@@ -12,21 +12,28 @@ import os
 import stat as statmod
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
 
 from ckpt_audit import verdict_cache
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import Layout, ScanContext, file_kind, load_layouts
+from ckpt_audit.layouts import Layout, file_kind, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
-from ckpt_audit.models import DcpFacts, FileKind, Finding, Run, ScanResult, ShardFile, format_size
+from ckpt_audit.models import DcpFacts, FileKind, Finding, format_size
 from ckpt_audit.readers import hashing
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.readers.safetensors_header import check_extent
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.scrub import Cached, ScrubPlan, ScrubPolicy, plan_scrub
-from ckpt_audit.tree import FileFacts, Partial, PtFacts, Tree, trash_entry
+from ckpt_audit.tree import FileFacts, PtFacts, Tree, trash_entry
+
+if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on_first_use): start-up, issue 16
+    from ckpt_audit.models import Run, ScanResult, ShardFile
+    from ckpt_audit.rules.status import ScanContext
+    from ckpt_audit.tree import Partial
 
 TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json", "config.yaml"})
 # HF Trainer's JSON grows with the run (log_history, weight_map): the first TEXT_LIMIT bytes are read, and the HF
@@ -94,6 +101,8 @@ def scan(
                 window_ns=window_ns,
             )
         )
+    from ckpt_audit.rules.status import ScanContext  # made on first use, as is the judged model: off start-up
+
     ctx = ScanContext(now_ns=now, in_progress_window_ns=window_ns)
     result = reduce(partials, ctx=ctx, layouts=layouts)
     if focus:
@@ -287,6 +296,8 @@ def scan_partial(
             facts[p] = fact
         todo.extend(again)
     hashed = sum(1 for p in todo if facts[p].hash is not None)
+    from ckpt_audit.tree import Partial  # made on first use, as is the judged model: off start-up
+
     return Partial(
         root=root,
         tree=tree,
@@ -336,13 +347,16 @@ class _Chain(Mapping):
         raise TypeError("no length")
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidates:
-    """The settled runs of a root that hold a cached verdict, and how their files stand in the catalog."""
+_NONE: Mapping = MappingProxyType({})  # the maps of an empty _Candidates(): one read-only empty mapping for all
 
-    runs: Mapping[str, list[str]] = field(default_factory=dict)  # run -> its files
-    stored: Mapping[str, verdict_cache.Stored] = field(default_factory=dict)
-    rows: Mapping[str, verdict_cache.Row] = field(default_factory=dict)
+
+class _Candidates(NamedTuple):
+    """The settled runs of a root that hold a cached verdict, and how their files stand in the catalog. (A NamedTuple:
+    one is made before the first file is read, and a frozen slotted dataclass costs ~1.3 ms to define, issue 16.)"""
+
+    runs: Mapping[str, list[str]] = _NONE  # run -> its files
+    stored: Mapping[str, verdict_cache.Stored] = _NONE
+    rows: Mapping[str, verdict_cache.Row] = _NONE
     rowed: frozenset[str] = frozenset()  # files the catalog vouches for by stat: not read unless scrubbed
     unrowed: tuple[str, ...] = ()  # the rest (tracker, run-level files, anything changed): read now
     source: verdict_cache.Source | None = None
@@ -733,6 +747,8 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
     )
     # a walk finding inside a checkpoint (or on a run's tracker) now belongs to it: report it once
     attached = {f for run in runs for f in (*run.findings, *(x for c in run.checkpoints for x in c.findings))}
+    from ckpt_audit.models import ScanResult  # made on first use: off start-up
+
     return ScanResult(
         roots=tuple(p.root for p in partials),
         runs=runs,

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckpt_audit import lock, scanner
-from ckpt_audit.models import Run, ScanResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.catalog.store import Catalog
@@ -40,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
     from ckpt_audit.lifecycle.survivors import SurvivorCheck
     from ckpt_audit.lifecycle.tracker_fix import TrackerFix
+    from ckpt_audit.models import Run, ScanResult  # made on first use, after the scan's reads
     from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]

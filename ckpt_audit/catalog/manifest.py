@@ -11,10 +11,15 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
+from ckpt_audit import models
 from ckpt_audit.codes import CODES
-from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, ShardFile, from_slots
+from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, from_slots
 from ckpt_audit.tree import FileFacts, PtFacts
+
+if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
+    from ckpt_audit.models import ShardFile
 
 
 class CatalogError(Exception):
@@ -252,7 +257,7 @@ def as_shard_files(
     facts: dict[str, FileFacts], kinds: dict[str, tuple[str, int | None, int | None]]
 ) -> dict[str, ShardFile]:
     return {
-        p: ShardFile(
+        p: models.ShardFile(
             path=p,
             kind=FileKind(kinds[p][0]),
             rank=kinds[p][1],

@@ -12,11 +12,16 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
+from ckpt_audit import models
 from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows
-from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, Severity, ShardFile, Status, from_slots
+from ckpt_audit.models import FileKind, Finding, Severity, Status, from_slots
 from ckpt_audit.tree import FileFacts
 from ckpt_audit.verdict_cache import Row, Stored
+
+if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
+    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
 
 
 def run_to_json(run: Run) -> str:
@@ -27,7 +32,7 @@ def run_to_json(run: Run) -> str:
 
 def run_from_json(doc: str) -> Run:
     values = json.loads(doc)
-    if not isinstance(values, list) or len(values) != len(Run.__slots__):
+    if not isinstance(values, list) or len(values) != len(models.Run.__slots__):
         raise ValueError("not a run")
     return _unrun(values)
 
@@ -80,21 +85,21 @@ def _unfinding(v: list) -> Finding:
 
 
 def _unfile(v: list) -> ShardFile:
-    return from_slots(ShardFile, (v[0], _KINDS[v[1]], *v[2:]))
+    return from_slots(models.ShardFile, (v[0], _KINDS[v[1]], *v[2:]))
 
 
 def _uncomponent(v: list) -> Component:
-    return from_slots(Component, (*v[:4], tuple(map(_unfile, v[4])), tuple(map(_unfinding, v[5]))))
+    return from_slots(models.Component, (*v[:4], tuple(map(_unfile, v[4])), tuple(map(_unfinding, v[5]))))
 
 
 def _uncheckpoint(v: list) -> Checkpoint:
     components, files, found = tuple(map(_uncomponent, v[4])), tuple(map(_unfile, v[5])), tuple(map(_unfinding, v[6]))
-    return from_slots(Checkpoint, (v[0], v[1], v[2], _STATUSES[v[3]], components, files, found, v[7]))
+    return from_slots(models.Checkpoint, (v[0], v[1], v[2], _STATUSES[v[3]], components, files, found, v[7]))
 
 
 def _unrun(v: list) -> Run:
     checkpoints, found = tuple(map(_uncheckpoint, v[3])), tuple(map(_unfinding, v[4]))
-    return from_slots(Run, (v[0], v[1], v[2], checkpoints, found, v[5]))
+    return from_slots(models.Run, (v[0], v[1], v[2], checkpoints, found, v[5]))
 
 
 class CatalogVerdicts:

@@ -16,13 +16,19 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
+from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import ScanContext, shard_file
+from ckpt_audit.layouts import shard_file
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
-from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
+from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
 from ckpt_audit.rules import status
 from ckpt_audit.tree import FileFacts, Tree
+
+if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
+    from ckpt_audit.models import Component, Run, ShardFile
+    from ckpt_audit.rules.status import ScanContext
 
 MEGATRON = "verl-megatron"
 DCP = "dcp"
@@ -176,7 +182,7 @@ class DcpLayout:
                     "no common.pt: rank 0's non-sharded state (lr_scheduler, optimizer common) is gone",
                 )
             )
-        return Component(
+        return models.Component(
             role=role, path=role_dir, layout=MEGATRON, world_size=ws, files=tuple(files), findings=tuple(found)
         )
 
@@ -184,7 +190,7 @@ class DcpLayout:
         files, found = dcp_files(ckpt_dir, tree, facts)
         ws, more = check_dcp_dir(ckpt_dir, tree)
         more += check_byte_ranges(ckpt_dir, tree, facts)
-        return Component(
+        return models.Component(
             role=role, path=ckpt_dir, layout=DCP, world_size=ws, files=tuple(files), findings=tuple(found) + more
         )
 
@@ -219,7 +225,7 @@ class DcpLayout:
             # directories included (see verl_fsdp); a run dir that is itself a checkpoint stops at its siblings
             below = frozenset(x for x in dirs if x != d)
             mtime = max([tree.newest_dir_mtime_ns(d, stop=below), *(f.mtime_ns for f in comp.files)])
-            ckpt = Checkpoint(
+            ckpt = models.Checkpoint(
                 run_path=run_dir,
                 step=int(m.group(1)) if m else 0,
                 path=d,
@@ -231,7 +237,7 @@ class DcpLayout:
             committed = ckpt.step if METADATA in tree.file_names(d) else None
             checkpoints.append(status.judge(ckpt, tracker_step=committed, ctx=ctx))
         checkpoints.sort(key=lambda c: (c.step, c.path))
-        return Run(path=run_dir, layout=DCP, checkpoints=tuple(checkpoints), findings=tuple(found))
+        return models.Run(path=run_dir, layout=DCP, checkpoints=tuple(checkpoints), findings=tuple(found))
 
 
 def _under_verl_step(d: str) -> bool:

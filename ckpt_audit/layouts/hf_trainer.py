@@ -17,13 +17,19 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import ScanContext, shard_file
-from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, Status
+from ckpt_audit.layouts import shard_file
+from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
 from ckpt_audit.rules import hf_trainer as rules
 from ckpt_audit.rules import status
 from ckpt_audit.tree import FileFacts, Tree
+
+if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
+    from ckpt_audit.models import Checkpoint, Component, Run
+    from ckpt_audit.rules.status import ScanContext
 
 NAME = "hf-trainer"
 CHECKPOINT_RE = re.compile(r"checkpoint-(\d{1,19})")  # transformers' _re_checkpoint, with a bound on the digits
@@ -109,7 +115,7 @@ class HfTrainer:
         checkpoints.sort(key=lambda c: (c.step, c.path))
         checkpoints = fewer_ranks(checkpoints)
         found.extend(last_checkpoint(run_dir, checkpoints))
-        return Run(path=run_dir, layout=NAME, checkpoints=tuple(checkpoints), findings=tuple(found))
+        return models.Run(path=run_dir, layout=NAME, checkpoints=tuple(checkpoints), findings=tuple(found))
 
     def _checkpoint(
         self, run_dir: str, step_dir: str, step: int, tree: Tree, facts: Mapping[str, FileFacts]
@@ -137,7 +143,7 @@ class HfTrainer:
             or ADAPTER_NAMES & set(tree.file_names(f"{step_dir}/{s}"))
             for s in subdirs
         )
-        comp = Component(
+        comp = models.Component(
             role="",
             path=step_dir,
             layout=NAME,
@@ -147,7 +153,7 @@ class HfTrainer:
         )
         # its age is its newest entry's, directories included: an empty checkpoint-N/ made a second ago is young
         mtime = max([tree.newest_dir_mtime_ns(step_dir), *(f.mtime_ns for f in files)])
-        return Checkpoint(
+        return models.Checkpoint(
             run_path=run_dir,
             step=step,
             path=step_dir,

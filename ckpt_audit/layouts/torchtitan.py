@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
+from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import ScanContext, shard_file
+from ckpt_audit.layouts import shard_file
 from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA, check_byte_ranges, check_dcp_dir
-from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
+from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
 from ckpt_audit.rules import status
 from ckpt_audit.tree import FileFacts, Tree
+
+if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
+    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
+    from ckpt_audit.rules.status import ScanContext
 
 NAME = "torchtitan"
 STEP_DIR_RE = re.compile(r"step-(\d+)")
@@ -101,7 +107,7 @@ class Torchtitan:
                     f"which is {target.status}: the restart fails or loads damaged state; move it out of {run_dir}",
                 )
             )
-        return Run(
+        return models.Run(
             path=run_dir,
             layout=NAME,
             tracker_step=target.step if target is not None else None,
@@ -130,8 +136,10 @@ class Torchtitan:
             found.extend(_with_tmp_note(more, names))
             found.extend(check_byte_ranges(step_dir, tree, facts))
         found.extend(_model_only(step_dir, step, facts, hf_only=hf_only))
-        comp = Component(role="", path=step_dir, layout=NAME, world_size=ws, files=tuple(files), findings=tuple(found))
-        ckpt = Checkpoint(
+        comp = models.Component(
+            role="", path=step_dir, layout=NAME, world_size=ws, files=tuple(files), findings=tuple(found)
+        )
+        ckpt = models.Checkpoint(
             run_path=run_dir,
             step=step,
             path=step_dir,

@@ -15,13 +15,19 @@ import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
+from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import ScanContext, component_for, shard_file
+from ckpt_audit.layouts import component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
-from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Run, ShardFile, Status
+from ckpt_audit.models import MAX_STEP, FileKind, Status
 from ckpt_audit.rules import save_order, shards, status, tracker
 from ckpt_audit.tree import FileFacts, Tree
+
+if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
+    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
+    from ckpt_audit.rules.status import ScanContext
 
 NAME = "verl-fsdp"
 STEP_RE = re.compile(r"global_step_(\d+)")
@@ -120,7 +126,7 @@ class VerlFsdp:
             files.append(shard_file(fact, kind, rank, ws))
             file_findings.extend(fact.findings)
         config_fact = facts.get(f"{role_dir}/fsdp_config.json")
-        comp = Component(role=role, path=role_dir, layout=NAME, world_size=None, files=tuple(files))
+        comp = models.Component(role=role, path=role_dir, layout=NAME, world_size=None, files=tuple(files))
         ws, found = shards.check_fsdp_shards(comp, config_text=config_fact.text if config_fact else None)
         meshes = {f.path: facts[f.path].pt.mesh_sizes for f in files if facts[f.path].pt is not None}
         found += shards.check_meshes(comp, ws, meshes)
@@ -192,7 +198,7 @@ class VerlFsdp:
             },
         )
         metrics = f"{run_dir}/metrics.jsonl"
-        return Run(
+        return models.Run(
             path=run_dir,
             layout=NAME,
             tracker_step=tracker_step,
@@ -235,7 +241,7 @@ class VerlFsdp:
                 *(f.mtime_ns for c in components for f in c.files),
             ]
         )
-        ckpt = Checkpoint(
+        ckpt = models.Checkpoint(
             run_path=run_dir,
             step=step,
             path=step_dir,

@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import CODES, finding
-from ckpt_audit.models import Checkpoint, FileKind, Finding, Severity, Status
+from ckpt_audit.models import FileKind, Finding, Severity, Status, made_on_first_use
+
+if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
+    from ckpt_audit.models import Checkpoint
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScanContext:
-    """What a verdict needs to know of the scan itself (the layouts pass it through to `judge`)."""
+def _define_scan_context() -> None:
+    """ScanContext is made on first use (models.made_on_first_use): a scan builds one only after reading its files."""
+    global ScanContext  # a module global: qualified name and pickling as before
 
-    now_ns: int  # wall clock at scan start
-    in_progress_window_ns: int = 120 * 10**9  # a checkpoint touched this recently (and uncommitted) is being written
-    changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
-    unread: tuple[Finding, ...] = ()  # entries the walk or the readers could not read: their checkpoint is unknown
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class ScanContext:
+        """What a verdict needs to know of the scan itself (the layouts pass it through to `judge`)."""
+
+        now_ns: int  # wall clock at scan start
+        in_progress_window_ns: int = 120 * 10**9  # touched this recently (and uncommitted): being written
+        changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
+        unread: tuple[Finding, ...] = ()  # entries the walk or the readers could not read: their checkpoint is unknown
+
+
+__getattr__ = made_on_first_use(globals(), _define_scan_context, ("ScanContext",))
 
 
 def is_resumable_role(role: str) -> bool:
