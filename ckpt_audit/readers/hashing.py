@@ -214,7 +214,7 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
 MAP_MIN_BYTES = 64 * 1024 * 1024  # below this a mapping's set-up costs more than the copy it saves
 MAP_MIN_AGE_S = 120  # a file written this recently may be rewritten (truncated) under us: read() it instead
 MAP_SLICE = 8 * 1024 * 1024
-MAP_DROP = 64 * 1024 * 1024  # pages hashed are dropped from this process every this many bytes
+MAP_DROP = 16 * 1024 * 1024  # pages hashed are dropped from this process every this many bytes (its RSS bound)
 
 
 def _mappable(st: os.stat_result) -> bool:
