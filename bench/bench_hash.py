@@ -117,17 +117,20 @@ def compute_costs() -> str:
     return "in-memory GB/s, 1 thread: " + ", ".join(out)
 
 
-def measure(fn, reps: int, cold: bool, nbytes: int, paths: list[Path]) -> tuple[float, float, float]:
-    speeds = []
+def measure(runs: dict, reps: int, cold: bool, nbytes: int, paths: list[Path]) -> dict[str, tuple[float, ...]]:
+    """Each repetition runs every variant once, in turn: a disk whose speed drifts over minutes (a shared virtual
+    disk does) then slows all variants alike instead of whichever ran its repetitions during the slow spell."""
+    speeds: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(reps):
-        if cold:
-            drop_caches(paths)
-        else:
-            warm(paths)
-        t0 = time.perf_counter()
-        fn()
-        speeds.append(nbytes / (time.perf_counter() - t0) / 1e9)
-    return statistics.median(speeds), min(speeds), max(speeds)
+        for name, fn in runs.items():
+            if cold:
+                drop_caches(paths)
+            else:
+                warm(paths)
+            t0 = time.perf_counter()
+            fn()
+            speeds[name].append(nbytes / (time.perf_counter() - t0) / 1e9)
+    return {name: (statistics.median(v), min(v), max(v)) for name, v in speeds.items()}
 
 
 def main() -> int:
@@ -169,7 +172,7 @@ def main() -> int:
             f"xxh3 only (no CRC) workers={args.workers}": lambda: run_hash_only(paths, args.workers),
         }
         for cache in ["warm", "cold"] if cold_ok else ["warm"]:
-            res = {name: measure(fn, args.reps, cache == "cold", nbytes, paths) for name, fn in runs.items()}
+            res = measure(runs, args.reps, cache == "cold", nbytes, paths)
             base_cat, base_dd = res["cat"][0], res["dd bs=8M"][0]
             for name, (med, lo, hi) in res.items():
                 print(
