@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import sqlite3
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import CODES
-from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, from_slots
+from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, from_slots, many_objects
 from ckpt_audit.tree import FileFacts, PtFacts
 
 if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
@@ -52,15 +51,8 @@ def probe(path: str | os.PathLike[str]) -> None:
 def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> dict[str, FileFacts]:
     """path -> FileFacts of every present file the catalog knows, for reuse by (size, mtime_ns, inode): hash, CRC
     verdict, structure (PtFacts), every finding the readers made, and when the content was last verified."""
-    # rows and facts, several objects a file and none in a cycle, are made at once: the cyclic GC would walk the
-    # growing heap again and again meanwhile (a third of this read's CPU at 100k files: bench/README.md)
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with many_objects():  # several objects a file, none in a cycle (a third of this read's CPU at 100k files)
         return _read_previous(conn_or_path)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> dict[str, FileFacts]:
