@@ -21,6 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "ckpt_audit.exitcodes",
         "ckpt_audit.killpoints",
         "ckpt_audit.lock",
+        "ckpt_audit.durable",
     ),
     ("ckpt_audit.readers",),
     ("ckpt_audit.rules", "ckpt_audit.continuity"),

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ckpt_audit.durable import fsync_dir
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts import hf_trainer
 from ckpt_audit.layouts.verl_fsdp import classify
@@ -843,28 +844,13 @@ def _sync_tree(tmp: Path) -> None:
     `tmp` itself)."""
     for p in sorted(tmp.rglob("*")):
         if p.is_dir():
-            _fsync_dir(str(p))
+            fsync_dir(str(p))
         elif p.is_file():
             fd = os.open(p, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a directory's entries durable; where the filesystem cannot fsync a directory, nothing more is possible.
-    (prune has the same; importing it would load retention and continuity on the export path.)"""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _write_marker(tmp: Path, result: ExportResult) -> None:
@@ -881,7 +867,7 @@ def _write_marker(tmp: Path, result: ExportResult) -> None:
         fh.write(json.dumps(doc, indent=2) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
-    _fsync_dir(str(tmp))
+    fsync_dir(str(tmp))
 
 
 def _swap_into_place(tmp: Path, out: Path, ops: OpCounter) -> None:
@@ -890,7 +876,7 @@ def _swap_into_place(tmp: Path, out: Path, ops: OpCounter) -> None:
     if not os.path.lexists(out):
         os.rename(tmp, out)
         ops.tick()  # in place
-        _fsync_dir(str(out.parent))
+        fsync_dir(str(out.parent))
         return
     if not _exchange(tmp, out):  # older kernel or filesystem: a moment with nothing at `out`, never a half export
         old = out.parent / tmp.name.replace(".ckpt-audit-tmp-", ".ckpt-audit-old-")
@@ -898,7 +884,7 @@ def _swap_into_place(tmp: Path, out: Path, ops: OpCounter) -> None:
         os.rename(tmp, out)
         tmp = old
     ops.tick()  # in place; the earlier export now sits at `tmp`
-    _fsync_dir(str(out.parent))
+    fsync_dir(str(out.parent))
     _remove(tmp)
     ops.tick()  # the earlier export removed
 

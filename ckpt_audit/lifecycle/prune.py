@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from ckpt_audit.durable import fsync_dir
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts.tracker import resume_step, tracker_path
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
@@ -220,7 +221,7 @@ def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: dict[str, str])
     try:
         os.rename(item.path, trash)  # the one step that takes it out of the trainer's sight
         ops.tick()
-        _fsync_dir(parent)  # the mark is durable before the first file goes
+        fsync_dir(parent)  # the mark is durable before the first file goes
         _remove_tree(trash, ops)
     except OSError as exc:
         return Outcome(action=Action.FAILED, detail=f"{type(exc).__name__}: {exc.strerror or exc}", **base)
@@ -360,16 +361,3 @@ def _tree_size(top: str) -> int:
             except OSError:
                 pass
     return total
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
