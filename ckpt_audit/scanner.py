@@ -91,14 +91,15 @@ def scan(
                     r,
                     workers=workers,
                     rehash=rehash,
-                    previous=previous if previous is not None else {},  # not `or`: a lazy manifest loads on bool()
+                    previous=previous,
                     progress=progress,
                     layouts=layouts,
                     focus=focus,
                     scrub=_budget_left(scrub, partials),
                     now_ns=now,
                     reader=reader,
-                    verdicts=None if focus or _nested(walk_roots) else verdicts,
+                    # a run seen by two nested roots would mix cached and judged facts
+                    verdicts=None if focus or verdict_cache.nested(walk_roots) else verdicts,
                     window_ns=window_ns,
                 )
             )
@@ -109,11 +110,6 @@ def scan(
         if focus:
             result = only_checkpoints(result, focus, whole=frozenset(walk_roots) - {os.path.dirname(f) for f in focus})
         return replace(result, roots=tuple(real_roots), started_ns=started, finished_ns=time.time_ns())
-
-
-def _nested(dirs: Sequence[str]) -> bool:
-    """Whether one root lies inside another: a run seen by two partials would mix cached and judged facts."""
-    return any(a != b and a.startswith(b.rstrip("/") + "/") for a in dirs for b in dirs)
 
 
 def _budget_left(scrub: ScrubPolicy | None, done: Sequence[Partial]) -> ScrubPolicy | None:
@@ -258,11 +254,9 @@ def scan_partial(
         todo.append(p)
     lookup = _Chain(prior, previous)
     total = sum(stats[p].st_size for p in todo)
-    done = 0
     read = _reading(reader or read_all, stats, lookup, kinds, workers=workers, now_ns=now, progress=progress)
-    for p, fact in read(todo, total=total, done=done):
+    for p, fact in read(todo, total=total):
         facts[p] = fact
-    done = sum(stats[p].st_size for p in todo)
     reused_runs: dict[str, tuple[str, Run]] = {}  # run -> (its key, its cached model)
     reused_rows: dict[str, verdict_cache.Row] = {}  # their files not read now: the catalog rows stand for them
     again: list[str] = []
@@ -277,7 +271,7 @@ def scan_partial(
             unrowed={p: facts[p] for p in files if p not in cand.rowed},
         )
         steady = all(verdict_cache.same_content(facts[p], prior[p]) for p in mine if p in scrubbed_set)
-        model = verdicts.run(run) if key == cand.stored[run].key and steady and verdicts is not None else None
+        model = cand.source.run(run) if key == cand.stored[run] and steady else None
         if model is not None:
             reused_runs[run] = (key, model)
             reused_rows.update((p, cand.rows[p]) for p in mine if p not in facts)
@@ -293,7 +287,7 @@ def scan_partial(
                 again.append(p)
     if again:  # rows the stat cache cannot vouch for after all (a row from an older release): read them now
         total += sum(stats[p].st_size for p in again)
-        for p, fact in read(again, total=total, done=done):
+        for p, fact in read(again, total=total):
             facts[p] = fact
         todo.extend(again)
     hashed = sum(1 for p in todo if facts[p].hash is not None)
@@ -317,9 +311,11 @@ def scan_partial(
 
 
 def _reading(reader: Reader, stats, previous, kinds, *, workers: int, now_ns: int, progress: Progress | None):
-    """`reader` over a list of paths, with the byte progress carried on from what an earlier batch did."""
+    """`reader` over a list of paths, batch after batch, with the byte progress carried across the batches."""
+    done = 0
 
-    def read(paths: list[str], *, total: int, done: int) -> Iterator[tuple[str, FileFacts]]:
+    def read(paths: list[str], *, total: int) -> Iterator[tuple[str, FileFacts]]:
+        nonlocal done
         for p, fact in reader(sorted(paths), stats, previous, kinds, workers=workers, now_ns=now_ns):
             done += stats[p].st_size
             if progress is not None:
@@ -356,7 +352,7 @@ class _Candidates(NamedTuple):
     one is made before the first file is read, and a frozen slotted dataclass costs ~1.3 ms to define, issue 16.)"""
 
     runs: Mapping[str, list[str]] = _NONE  # run -> its files
-    stored: Mapping[str, verdict_cache.Stored] = _NONE
+    stored: Mapping[str, str] = _NONE  # run -> its cached verdict's key
     rows: Mapping[str, verdict_cache.Row] = _NONE
     rowed: frozenset[str] = frozenset()  # files the catalog vouches for by stat: not read unless scrubbed
     unrowed: tuple[str, ...] = ()  # the rest (tracker, run-level files, anything changed): read now

@@ -24,7 +24,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
     from ckpt_audit.lifecycle.survivors import SurvivorCheck
     from ckpt_audit.lifecycle.tracker_fix import TrackerFix
-    from ckpt_audit.models import Run, ScanResult  # made on first use, after the scan's reads
+    from ckpt_audit.models import FileFacts, Run, ScanResult  # made on first use, after the scan's reads
     from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
@@ -108,15 +108,18 @@ class Session:
         self.catalog_path = catalog_path
         self.roots = tuple(roots)  # the checked, real roots the session was opened for
         self._catalog: Catalog | None = None
-        self._previous: dict | None = None
+        self._previous: Mapping[str, FileFacts] | None = None
 
     # ---------------------------------------------------------------------------------------- reads
 
     @property
-    def previous(self) -> dict | None:
-        """The catalogued facts a scan may reuse by stat (read once, with bare sqlite3)."""
+    def previous(self) -> Mapping[str, FileFacts] | None:
+        """The catalogued facts a scan may reuse by stat, read once with bare sqlite3 when first looked up (a re-scan
+        whose every run keeps its cached verdict never reads them)."""
         if self._previous is None and self.catalog_path is not None:
-            self._previous = _previous(self.catalog_path)
+            from ckpt_audit.catalog.manifest import LazyManifest
+
+            self._previous = LazyManifest(self.catalog_path)
         return self._previous
 
     @property
@@ -150,19 +153,15 @@ class Session:
         the catalog's run verdicts where nothing they read moved (ckpt_audit.verdict_cache; the cron scan's)."""
         verdicts = None
         if cached_verdicts and self.catalog_path is not None and record:
-            from ckpt_audit.catalog.manifest import LazyManifest
             from ckpt_audit.catalog.verdicts import CatalogVerdicts
 
             verdicts = CatalogVerdicts(self.catalog_path)
-            previous = self._previous if self._previous is not None else LazyManifest(self.catalog_path)
-        else:
-            previous = self.previous
         result = scanner.scan(
             list(self.roots if roots is None else roots),
             workers=workers,
             rehash=rehash,
             verdicts=verdicts,
-            previous=previous,
+            previous=self.previous,
             progress=progress,
             in_progress_window_s=in_progress_window_s,
             scrub=scrub,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import xxhash  # already loaded by the readers; hashlib's OpenSSL start-up costs ~4 ms
 
@@ -59,17 +59,9 @@ def code_stamp() -> str:
     return _STAMP[0]
 
 
-class Stored(NamedTuple):
-    """A verdict the catalog holds: its key and when it was judged. (A NamedTuple: a frozen slotted dataclass costs
-    ~1.3 ms to define, and this module is imported before the scan opens its first file, issue 16.)"""
-
-    key: str
-    judged_ns: int
-
-
 # a files row as the verdict cache reads it: (size_bytes, mtime_ns, inode, hash, crc_ok 0/1/None, verified_ns); a tuple
 # because a re-scan reads one per catalogued file
-Row = tuple[int, int, int, str | None, bool | None, int | None]
+Row = tuple[int, int, int, str | None, int | None, int | None]
 
 
 def vouches(row: Row, st: os.stat_result) -> bool:
@@ -112,7 +104,7 @@ class WithRows(Mapping):
 class Source(Protocol):
     """Where the scanner finds cached verdicts (the catalog implements it: catalog.verdicts.CatalogVerdicts)."""
 
-    def stored(self) -> Mapping[str, Stored]:
+    def stored(self) -> Mapping[str, str]:
         """run path -> its cached verdict's key."""
         ...
 
@@ -141,12 +133,12 @@ def settled_runs(
     """run dir -> its files (sorted), for the runs whose verdict may be cached: nothing unread or trashed inside,
     not nested in another run, nothing touched within the in-progress window (nor in the future)."""
     runs = sorted(run_dirs)
-    nested = {a for a in runs for b in runs if a != b and (b.startswith(a + "/") or a.startswith(b + "/"))}
+    inside = nested(runs)
     tainted = {f.path for f in walk_findings}
     young = now_ns - window_ns  # the status rules' "recent": now - mtime < window (a future mtime is recent too)
     out: dict[str, list[str]] = {}
     for run in runs:
-        if run in nested:
+        if run in inside:
             continue
         below = run + "/"
         if any(p == run or p.startswith(below) for p in tainted):
@@ -157,6 +149,20 @@ def settled_runs(
         if any(p not in stats or stats[p].st_mtime_ns > young for p in files):
             continue
         out[run] = files
+    return out
+
+
+def nested(dirs: Sequence[str]) -> set[str]:
+    """The directories inside another of `dirs`, and those holding one: each one's ancestors looked up, not every
+    pair (a store may hold thousands of runs)."""
+    known = set(dirs)
+    out: set[str] = set()
+    for d in dirs:
+        child, parent = d, os.path.dirname(d)
+        while parent != child:  # up to "/", which is its own parent
+            if parent in known:
+                out.update((d, parent))
+            child, parent = parent, os.path.dirname(parent)
     return out
 
 

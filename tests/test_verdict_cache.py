@@ -21,7 +21,7 @@ from scan_trees import flip_payload_byte, shard, steps_of, write_torch_tree
 from test_hf_trainer import hf_run  # noqa: F401 - the session fixture: a real Trainer run, cached
 from test_torchtitan import titan_dump  # noqa: F401 - the session fixture: torchtitan's checkpointer, cached
 
-from ckpt_audit import scanner
+from ckpt_audit import scanner, verdict_cache
 from ckpt_audit.catalog.manifest import read_previous
 from ckpt_audit.catalog.verdicts import run_from_json, run_to_json
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, Severity, ShardFile, Status
@@ -284,3 +284,18 @@ def test_real_trees_judged_the_same_from_the_cache(name, request, tmp_path):
     assert after.runs_reused == frozenset()
     assert after.runs == fresh_scan(root, db).runs
     assert any(str(victim) == f.path or str(victim).startswith(f.path) for f in after.all_findings)
+
+
+def test_nested_directories_are_found_by_their_ancestors():
+    assert verdict_cache.nested(["/a/b", "/a/b/c", "/x", "/a/bc"]) == {"/a/b", "/a/b/c"}
+    assert verdict_cache.nested(["/", "/x"]) == {"/", "/x"}
+    assert verdict_cache.nested(["/a", "/ab", "/b/a"]) == set()
+
+
+def test_nested_roots_judge_afresh(tree, tmp_path):
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    with open_session(db, roots=[tree.parent.parent, tree]) as s:  # the run seen under both roots
+        result = s.scan(cached_verdicts=True).result
+    assert result.runs_reused == frozenset()
+    assert result.runs == fresh_scan(tree, db).runs

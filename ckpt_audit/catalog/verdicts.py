@@ -18,7 +18,7 @@ from ckpt_audit import models
 from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows
 from ckpt_audit.models import FileKind, Finding, Severity, Status, from_slots
 from ckpt_audit.tree import FileFacts
-from ckpt_audit.verdict_cache import Row, Stored
+from ckpt_audit.verdict_cache import Row
 
 if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
     from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
@@ -125,9 +125,8 @@ class CatalogVerdicts:
         finally:
             conn.close()
 
-    def stored(self) -> Mapping[str, Stored]:
-        rows = self._query("SELECT run_path, key, judged_ns FROM run_verdicts")
-        return {p: Stored(key=k, judged_ns=j) for p, k, j in rows}
+    def stored(self) -> Mapping[str, str]:
+        return dict(self._query("SELECT run_path, key FROM run_verdicts"))
 
     def rows(self, root: str) -> Mapping[str, Row]:
         below = root.rstrip("/") + "/"
