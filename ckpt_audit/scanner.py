@@ -204,16 +204,17 @@ def scan_partial(
             owners.setdefault(d, layout.name)
     if not owners:  # cron must not report "clean" for an empty mount point
         walk_findings.append(finding("no-runs", root, "no checkpoint runs found under this root"))
-    paths, leftovers = _without_trash(sorted({p for r in owners for p in tree.files_below(r)}), stats)
+    run_files = {r: sorted(tree.files_below(r)) for r in owners}
+    below = [p for files in run_files.values() for p in files]
+    # runs hold disjoint files unless nested; sorting the runs' sorted lists together is a merge (timsort)
+    paths, leftovers = _without_trash(sorted(set(below) if verdict_cache.nested(list(owners)) else below), stats)
     if focus:  # a checkpoint asked for alone: read its files and the run's own (tracker), not its neighbours'
         paths = [p for p in paths if _in_focus(p, focus)]
     walk_findings.extend(leftovers)
-    settled: dict[str, list[str]] = {}
-    texts: dict[str, str | None] = {}
+    settled: dict[str, verdict_cache.Settled] = {}
     if verdicts is not None and not focus:  # --rehash judges every run afresh, and keeps what it judged
-        settled = verdict_cache.settled_runs(owners, tree, stats, walk_findings, now_ns=now, window_ns=window_ns)
-        texts = {p: _read_text(p, stats[p]) for files in settled.values() for p in files if _wants_text(p)}
-    digests = {r: verdict_cache.stat_digest(r, files, tree, stats, texts) for r, files in settled.items()}
+        settled = verdict_cache.settled_runs(run_files, tree, stats, walk_findings, now_ns=now, window_ns=window_ns)
+    digests = {r: s.digest for r, s in settled.items()}
     cand = _Candidates.of(root, settled, verdicts, stats) if verdicts and settled and not rehash else _Candidates()
     facts: dict[str, FileFacts] = {}
     todo: list[str] = list(cand.unrowed)
@@ -242,7 +243,7 @@ def scan_partial(
         if p in plan.paths:
             todo.append(p)
         else:
-            facts[p] = replace(prev, reused=True, text=_text(p, stats[p], texts)) if _wants_text(p) else prev
+            facts[p] = replace(prev, reused=True, text=_read_text(p, stats[p])) if _wants_text(p) else prev
     scrubbed_rowed = sorted(p for p in plan.paths if p in cand.rowed)
     scrubbed_set = frozenset(scrubbed_rowed)
     # the catalog's facts of the candidates' files read now (hash-drift compares them), looked up by path: the
@@ -282,7 +283,7 @@ def scan_partial(
             kinds[p] = file_kind(p, layouts)
             prev = previous.get(p)
             if _vouched(prev, stats[p], kinds[p]):
-                facts[p] = replace(prev, reused=True, text=_text(p, stats[p], texts)) if _wants_text(p) else prev
+                facts[p] = replace(prev, reused=True, text=_read_text(p, stats[p])) if _wants_text(p) else prev
             else:
                 again.append(p)
     if again:  # rows the stat cache cannot vouch for after all (a row from an older release): read them now
@@ -359,9 +360,9 @@ class _Candidates(NamedTuple):
     source: verdict_cache.Source | None = None
 
     @classmethod
-    def of(cls, root: str, settled: Mapping[str, list[str]], source: verdict_cache.Source, stats) -> _Candidates:
+    def of(cls, root: str, settled: Mapping[str, verdict_cache.Settled], source: verdict_cache.Source, stats):
         stored = source.stored()
-        runs = {r: files for r, files in settled.items() if r in stored}
+        runs = {r: s.files for r, s in settled.items() if r in stored}
         if not runs:
             return cls()
         rows = source.rows(root)
@@ -375,11 +376,6 @@ class _Candidates(NamedTuple):
 
     def full_facts(self, paths: Sequence[str]) -> dict[str, FileFacts]:
         return {} if not paths or self.source is None else self.source.facts(paths)
-
-
-def _text(path: str, st: os.stat_result, texts: Mapping[str, str | None]) -> str | None:
-    """A text file's content: as read for the verdict key when it was, so the key and the rules see one read."""
-    return texts[path] if path in texts else _read_text(path, st)
 
 
 def _vouched(prev: FileFacts | ShardFile | None, st: os.stat_result, kind: FileKind) -> bool:

@@ -8,12 +8,14 @@ the facts of its files, and the scan's clock against the in-progress window. The
         in-progress window;
     every directory under the run: its path and mtime;
     every file under the run: its path, size, mtime, inode and ctime (the stat cache's own key, plus ctime: a
-        chmod moves it), its text when the rules read text (the tracker, the configs: re-read every scan), and,
-        for a file the catalog keeps no row for (the tracker, run-level files), its facts as read this scan.
+        chmod or a rewrite with the mtime put back moves it), and, for a file the catalog keeps no row for (the
+        tracker, run-level files), its facts as read this scan, text included.
 
-Files the catalog does keep rows for contribute their stat alone: their rows are the facts the verdict was judged
-from, and anything that rewrites a row (a prune survivor check, a verify) deletes the run's verdict by a trigger
-(catalog migration m007). So a key that matches means the judgement would read the same inputs again.
+Files the catalog does keep rows for contribute their stat alone (the configs the rules read as text too: same
+stat and ctime, same bytes, and bit rot under a kept stat is the scrub's to find, as for every shard): their rows
+are the facts the verdict was judged from, and anything that rewrites a row (a prune survivor check, a verify)
+deletes the run's verdict by a trigger (catalog migration m007). So a key that matches means the judgement would
+read the same inputs again.
 
 What is never cached: a run whose walk found something unreadable, a link out of the root or prune's trash inside
 it; a run with anything touched within the in-progress window (time alone changes that verdict); a run holding a
@@ -24,9 +26,11 @@ different makes its run judged afresh.
 
 from __future__ import annotations
 
+import array
+import bisect
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import xxhash  # already loaded by the readers; hashlib's OpenSSL start-up costs ~4 ms
 
@@ -121,35 +125,65 @@ class Source(Protocol):
         ...
 
 
+class Settled(NamedTuple):
+    """A run whose verdict may be cached: its files (sorted) and the digest of its subtree as the walk saw it."""
+
+    files: list[str]
+    digest: str
+
+
 def settled_runs(
-    run_dirs: Iterable[str],
+    run_files: Mapping[str, list[str]],
     tree: Tree,
     stats: Mapping[str, os.stat_result],
     walk_findings: Sequence[Finding],
     *,
     now_ns: int,
     window_ns: int,
-) -> dict[str, list[str]]:
-    """run dir -> its files (sorted), for the runs whose verdict may be cached: nothing unread or trashed inside,
-    not nested in another run, nothing touched within the in-progress window (nor in the future)."""
-    runs = sorted(run_dirs)
+) -> dict[str, Settled]:
+    """Of the runs (run dir -> its files, sorted), those whose verdict may be cached: nothing unread or trashed
+    inside, not nested in another run, nothing touched within the in-progress window (nor in the future). One pass
+    over each run's directories and files both checks that and makes the digest (run_key)."""
+    runs = sorted(run_files)
     inside = nested(runs)
-    tainted = {f.path for f in walk_findings}
+    tainted = sorted({f.path for f in walk_findings})
     young = now_ns - window_ns  # the status rules' "recent": now - mtime < window (a future mtime is recent too)
-    out: dict[str, list[str]] = {}
+    dir_mtimes = tree.dir_mtime_ns
+    out: dict[str, Settled] = {}
     for run in runs:
-        if run in inside:
+        if run in inside or _holds(tainted, run):
             continue
-        below = run + "/"
-        if any(p == run or p.startswith(below) for p in tainted):
+        dirs = sorted(tree.walk(run))
+        mtimes = [dir_mtimes.get(d) for d in dirs]
+        if any(m is None or m > young for m in mtimes):
             continue
-        if any(tree.dir_mtime_ns.get(d, now_ns + 1) > young for d in tree.walk(run)):
+        files = run_files[run]
+        sts = [stats.get(p) for p in files]
+        if any(st is None or st.st_mtime_ns > young for st in sts):
             continue
-        files = sorted(tree.files_below(run))
-        if any(p not in stats or stats[p].st_mtime_ns > young for p in files):
-            continue
-        out[run] = files
+        out[run] = Settled(files, _digest(len(run), dirs, mtimes, files, sts))
     return out
+
+
+def _holds(sorted_paths: list[str], top: str) -> bool:
+    """Whether `top` or a path below it is in `sorted_paths` (a bisection: a store may hold thousands of runs)."""
+    i = bisect.bisect_left(sorted_paths, top)
+    return i < len(sorted_paths) and (sorted_paths[i] == top or sorted_paths[i].startswith(top + "/"))
+
+
+def _digest(cut: int, dirs: list[str], mtimes: list[int], files: list[str], sts: list[os.stat_result]) -> str:
+    """The run's subtree as the walk saw it: each directory with its mtime, each file with its size, mtime, inode
+    and ctime (a chmod, or a rewrite with the mtime put back, moves the ctime). Two parts, each unambiguous: the
+    names below the run joined by NUL (which no name holds), then the numbers in the names' order."""
+    h = xxhash.xxh3_128(b"%d %d\0" % (len(dirs), len(files)))
+    h.update("\0".join([d[cut:] for d in dirs] + [p[cut:] for p in files]).encode("utf-8", "surrogateescape"))
+    numbers = mtimes + [x for st in sts for x in (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)]
+    try:
+        packed = b"B" + array.array("q", numbers).tobytes()  # 8 bytes a number
+    except OverflowError:  # an inode past 2**63, or a ctime past 2262: the numbers as text, tagged apart
+        packed = b"T" + repr(numbers).encode()
+    h.update(b"\0" + packed)
+    return h.hexdigest()
 
 
 def nested(dirs: Sequence[str]) -> set[str]:
@@ -164,22 +198,6 @@ def nested(dirs: Sequence[str]) -> set[str]:
                 out.update((d, parent))
             child, parent = parent, os.path.dirname(parent)
     return out
-
-
-def stat_digest(run: str, files: Sequence[str], tree: Tree, stats: Mapping[str, os.stat_result], texts: Mapping) -> str:
-    """The run's subtree as the walk saw it: directories with their mtimes, files with their stat and text."""
-    h = xxhash.xxh3_128()
-    cut = len(run)
-    for d in sorted(tree.walk(run)):
-        h.update(f"d{d[cut:]}\0{tree.dir_mtime_ns.get(d)}\n".encode("utf-8", "surrogateescape"))
-    for p in files:
-        st = stats[p]
-        text = texts.get(p)
-        h.update(
-            f"f{p[cut:]}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_ctime_ns}\0"
-            f"{'' if text is None else len(text)}\0{'' if text is None else text}\n".encode("utf-8", "surrogateescape")
-        )
-    return h.hexdigest()
 
 
 def run_key(
