@@ -137,16 +137,19 @@ class Catalog:
                 .last_pk
             )
             ops.tick()
-            old_hash = dict(conn.execute("SELECT path, hash FROM files WHERE present = 1"))
+            old_hash = _present_hashes(conn, result.runs_reused)
             reused = result.reused_paths
             run_rows, ckpt_rows, file_rows, finding_rows, history = [], [], [], [], []
             seen: set[str] = set()
             for run in result.runs:
                 run_rows.append(_run_row(run, scan_id))
                 finding_rows.extend(_finding_row(f, scan_id, run.path, None) for f in run.findings)
+                kept = run.path in result.runs_reused
                 for ckpt in run.checkpoints:
                     ckpt_rows.append(_checkpoint_row(ckpt, scan_id))
                     finding_rows.extend(_finding_row(f, scan_id, run.path, ckpt.path) for f in ckpt.all_findings)
+                    if kept:
+                        continue  # a cached verdict stood: every file row of the run stands as it is
                     for role, sf in _files_with_role(ckpt):
                         seen.add(sf.path)
                         if sf.path in reused and sf.path in old_hash:
@@ -397,6 +400,23 @@ RUN_SUMMARY_SQL = """
         size_bytes = (SELECT COALESCE(SUM(c.size_bytes), 0) FROM checkpoints c
                       WHERE c.run_path = runs.path AND c.present = 1)
     WHERE path = ?"""
+
+
+def _present_hashes(conn: sqlite3.Connection, kept_runs: frozenset[str]) -> dict[str, str | None]:
+    """path -> hash of the present files rows, but those of runs whose cached verdict stood this scan: their rows
+    are left as they are (the verdict's key matched every file's stat, and any change to a row since would have
+    deleted the verdict), so a re-scan of an unchanged store does not load a row per file to rewrite none."""
+    if not kept_runs:
+        return dict(conn.execute("SELECT path, hash FROM files WHERE present = 1"))
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS kept_runs (path TEXT PRIMARY KEY)")
+    conn.execute("DELETE FROM temp.kept_runs")
+    conn.executemany("INSERT INTO temp.kept_runs (path) VALUES (?)", [(r,) for r in kept_runs])
+    return dict(
+        conn.execute(
+            "SELECT path, hash FROM files WHERE present = 1"
+            " AND (run_path IS NULL OR run_path NOT IN (SELECT path FROM temp.kept_runs))"
+        )
+    )
 
 
 def refresh_run_summaries(conn: sqlite3.Connection, run_paths: list[str]) -> None:
