@@ -156,6 +156,34 @@ def test_bytes_that_changed_under_a_kept_verdict_are_found_by_the_scrub(tree, tm
     assert "hash-drift" in {f.code for f in step6.all_findings}
 
 
+def test_the_scrub_under_a_kept_verdict_moves_on_and_keeps_every_fact(tree, tmp_path):
+    """The scrub re-reads files of a run whose verdict stands: their rows must record the new read (or the same
+    files would be re-read every night), and the facts taken from the catalog for bytes that read back the same
+    (structure, findings) must be exactly what a full parse writes."""
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    columns = "path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, dcp_facts, kind, rank"
+
+    def rows() -> tuple[dict[str, tuple], dict[str, int]]:
+        with sqlite3.connect(db) as conn:
+            facts = {r[0]: r for r in conn.execute(f"SELECT {columns} FROM files WHERE present = 1")}
+            verified = dict(conn.execute("SELECT path, verified_ns FROM files WHERE present = 1"))
+        return facts, verified
+
+    before, verified_before = rows()
+    every = cached_scan(tree, db, scrub=ScrubPolicy(period_ns=0))  # re-read every file by content
+    assert every.runs_reused == {str(tree)} and every.files_scrubbed == len(before)
+    after, verified_after = rows()
+    assert after == before
+    assert all(verified_after[p] > verified_before[p] for p in before)
+    assert every.runs == fresh_scan(tree, db).runs
+    rehashed = tmp_path / "r.db"  # the same tree judged by --rehash: every pickle parsed again
+    shutil.copy(db, rehashed)
+    cached_scan(tree, rehashed, rehash=True)
+    with sqlite3.connect(rehashed) as conn:
+        assert {r[0]: r for r in conn.execute(f"SELECT {columns} FROM files WHERE present = 1")} == before
+
+
 def test_a_rewritten_catalog_row_or_status_deletes_the_verdict(tree, tmp_path):
     db = tmp_path / "c.db"
     cached_scan(tree, db)

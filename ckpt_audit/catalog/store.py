@@ -144,19 +144,19 @@ class Catalog:
             for run in result.runs:
                 run_rows.append(_run_row(run, scan_id))
                 finding_rows.extend(_finding_row(f, scan_id, run.path, None) for f in run.findings)
+                # a run whose cached verdict stood: its rows were not loaded (_present_hashes); only the files the
+                # scrub re-read now are written (their content read back the same, or the verdict would not stand)
                 kept = run.path in result.runs_reused
                 for ckpt in run.checkpoints:
                     ckpt_rows.append(_checkpoint_row(ckpt, scan_id))
                     finding_rows.extend(_finding_row(f, scan_id, run.path, ckpt.path) for f in ckpt.all_findings)
-                    if kept:
-                        continue  # a cached verdict stood: every file row of the run stands as it is
                     for role, sf in _files_with_role(ckpt):
                         seen.add(sf.path)
-                        if sf.path in reused and sf.path in old_hash:
+                        if sf.path in reused and (kept or sf.path in old_hash):
                             continue  # same stat, same hash, same facts, same verified_ns: the stored row stands
                         fact = result.file_facts.get(sf.path)
                         file_rows.append((*_file_row(sf, run.path, ckpt.path, role, fact), scan_id))
-                        if sf.path not in old_hash or old_hash[sf.path] != sf.hash:
+                        if not kept and (sf.path not in old_hash or old_hash[sf.path] != sf.hash):
                             history.append((sf.path, scan_id, sf.hash, sf.size_bytes, sf.mtime_ns))
             finding_rows.extend(_finding_row(f, scan_id, None, None) for f in result.findings)
             self.db["runs"].upsert_all(run_rows, pk="path", batch_size=BATCH)
