@@ -8,6 +8,7 @@ code can run one map task per node of a cluster and reduce centrally. No torch, 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat as statmod
 import time
@@ -255,7 +256,9 @@ def scan_partial(
         todo.append(p)
     lookup = _Chain(prior, previous)
     total = sum(stats[p].st_size for p in todo)
-    read = _reading(reader or read_all, stats, lookup, kinds, workers=workers, now_ns=now, progress=progress)
+    # the scrub's re-reads take the catalog's structure facts when the bytes read back the same; --rehash re-parses
+    reader = reader or (read_all if rehash else functools.partial(read_all, reparse=False))
+    read = _reading(reader, stats, lookup, kinds, workers=workers, now_ns=now, progress=progress)
     for p, fact in read(todo, total=total):
         facts[p] = fact
     reused_runs: dict[str, tuple[str, Run]] = {}  # run -> (its key, its cached model)
@@ -367,12 +370,15 @@ class _Candidates(NamedTuple):
             return cls()
         rows = source.rows(root)
         vouched = verdict_cache.vouches
-        rowed = frozenset(p for files in runs.values() for p in files if p in rows and vouched(rows[p], stats[p]))
+        rowed = frozenset(
+            p for files in runs.values() for p in files if (row := rows.get(p)) is not None and vouched(row, stats[p])
+        )
         unrowed = tuple(p for files in runs.values() for p in files if p not in rowed)
         return cls(runs=runs, stored=stored, rows=rows, rowed=rowed, unrowed=unrowed, source=source)
 
-    def scrubbable(self) -> list[Cached]:
-        return [Cached(p, self.rows[p][0], self.rows[p][5] or 0) for p in self.rowed]
+    def scrubbable(self) -> list[tuple[str, int, int]]:
+        rows = self.rows
+        return [(p, rows[p][0], rows[p][5] or 0) for p in self.rowed]  # scrub.Cached's fields, as a plain tuple
 
     def full_facts(self, paths: Sequence[str]) -> dict[str, FileFacts]:
         return {} if not paths or self.source is None else self.source.facts(paths)
@@ -392,12 +398,16 @@ def _vouched(prev: FileFacts | ShardFile | None, st: os.stat_result, kind: FileK
 
 
 def _plan_scrub(
-    cached: Mapping[str, FileFacts], *, now_ns: int, policy: ScrubPolicy | None, more: Sequence[Cached] = ()
+    cached: Mapping[str, FileFacts],
+    *,
+    now_ns: int,
+    policy: ScrubPolicy | None,
+    more: Sequence[Cached | tuple[str, int, int]] = (),
 ) -> ScrubPlan:
     if policy is None:
         return ScrubPlan()
     return plan_scrub(
-        [Cached(p, f.size_bytes, f.verified_ns or 0) for p, f in cached.items()] + list(more),
+        [(p, f.size_bytes, f.verified_ns or 0) for p, f in cached.items()] + list(more),
         now_ns=now_ns,
         policy=policy,
         budget_bytes=policy.budget_bytes,
@@ -460,10 +470,11 @@ def read_all(
     *,
     workers: int,
     now_ns: int,
+    reparse: bool = True,
 ) -> Iterator[tuple[str, FileFacts]]:
     """read_file over the file thread pool (hashing and CRC release the GIL), as each file completes."""
     return map_unordered(
-        lambda p: read_file(p, stats[p], previous.get(p), kind=kinds[p], now_ns=now_ns),
+        lambda p: read_file(p, stats[p], previous.get(p), kind=kinds[p], now_ns=now_ns, reparse=reparse),
         paths,
         workers=workers,
         name="ckpt-scan",
@@ -477,6 +488,7 @@ def read_file(
     *,
     kind: FileKind,
     now_ns: int | None = None,
+    reparse: bool = True,
 ) -> FileFacts:
     """Everything one file tells without judging its neighbours. Never raises for a bad file.
 
@@ -484,6 +496,10 @@ def read_file(
 
     A clean read (the stat held still) is stamped verified at `now_ns` (default: now); content that differs from
     `prev` under the same stat is hash-drift, and stays so while the stat and the drifted content stay.
+
+    `reparse` False: when the bytes read back as `prev` recorded them (same stat, same xxh3-128, same CRC verdict),
+    everything else `prev` holds was derived from these very bytes, so the pickle, DCP metadata and safetensors
+    header are not parsed again (the scrub's re-reads; `--rehash` re-parses, for a newer reader).
     """
     base = FileFacts(path=path, size_bytes=st.st_size, mtime_ns=st.st_mtime_ns, inode=st.st_ino)
     try:
@@ -505,6 +521,13 @@ def read_file(
             changed=changed,
         )
     )
+    if not reparse and not changed and _same_bytes(prev, st, d, kind):
+        return replace(
+            prev,
+            reused=False,
+            text=_read_text(path, st) if _wants_text(path) else None,
+            verified_ns=(now_ns if now_ns is not None else time.time_ns()),
+        )
     found.extend(_drift(path, st, prev, d.hash) if not changed else ())
     pt = None
     if file_rules.reads_structure(path, kind=d.kind, is_zip=d.is_zip, zip_error=d.zip_error):
@@ -526,6 +549,20 @@ def read_file(
         dcp=dcp,
         findings=tuple(found),
         verified_ns=None if changed else (now_ns if now_ns is not None else time.time_ns()),
+    )
+
+
+def _same_bytes(prev: FileFacts | ShardFile | None, st: os.stat_result, d: hashing.FileDigest, kind: FileKind) -> bool:
+    """`prev` is a clean catalogued read of exactly these bytes, judged under today's rules (as _vouched asks)."""
+    return (
+        isinstance(prev, FileFacts)
+        and _same_stat(prev, st)
+        and prev.verified_ns is not None
+        and (prev.hash, prev.crc_ok, prev.size_bytes) == (d.hash, d.crc_ok, d.size_bytes)
+        and not d.crc_bad_entries
+        and d.zip_error is None
+        and file_rules.judged_as(kind, prev.findings)
+        and _has_dcp_facts(kind, prev)
     )
 
 
