@@ -12,6 +12,7 @@ import functools
 import os
 import stat as statmod
 import time
+from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -216,7 +217,7 @@ def scan_partial(
     if verdicts is not None and not focus:  # --rehash judges every run afresh, and keeps what it judged
         settled = verdict_cache.settled_runs(run_files, tree, stats, walk_findings, now_ns=now, window_ns=window_ns)
     digests = {r: s.digest for r, s in settled.items()}
-    cand = _Candidates.of(root, settled, verdicts, stats) if verdicts and settled and not rehash else _Candidates()
+    cand = _Candidates.of(root, settled, verdicts) if verdicts and settled and not rehash else _Candidates()
     facts: dict[str, FileFacts] = {}
     todo: list[str] = list(cand.unrowed)
     cached: dict[str, FileFacts] = {}
@@ -229,7 +230,7 @@ def scan_partial(
             cached[p] = prev
         else:
             todo.append(p)
-    plan = _plan_scrub(cached, now_ns=now, policy=scrub, more=cand.scrubbable())
+    plan = _plan_scrub(cached, now_ns=now, policy=scrub, more=cand.scrubbable(stats))
     if plan.overdue_files:
         walk_findings.append(
             finding(
@@ -250,7 +251,7 @@ def scan_partial(
     # the catalog's facts of the candidates' files read now (hash-drift compares them), looked up by path: the
     # whole manifest is loaded only if some run is judged afresh
     prior: dict[str, FileFacts | None] = dict.fromkeys(cand.unrowed)
-    prior.update(cand.full_facts(scrubbed_rowed + [p for p in cand.unrowed if p in cand.rows]))
+    prior.update(cand.full_facts([*scrubbed_rowed, *cand.unrowed]))
     for p in scrubbed_rowed:
         kinds[p] = file_kind(p, layouts)
         todo.append(p)
@@ -262,7 +263,7 @@ def scan_partial(
     for p, fact in read(todo, total=total):
         facts[p] = fact
     reused_runs: dict[str, tuple[str, Run]] = {}  # run -> (its key, its cached model)
-    reused_rows: dict[str, verdict_cache.Row] = {}  # their files not read now: the catalog rows stand for them
+    reused_rows: list[str] = []  # their files not read now: the catalog rows stand for them (read if asked for)
     again: list[str] = []
     for run, files in cand.runs.items():
         mine = [p for p in files if p in cand.rowed]
@@ -278,7 +279,7 @@ def scan_partial(
         model = cand.source.run(run) if key == cand.stored[run] and steady else None
         if model is not None:
             reused_runs[run] = (key, model)
-            reused_rows.update((p, cand.rows[p]) for p in mine if p not in facts)
+            reused_rows.extend(p for p in mine if p not in facts)
             continue
         for p in mine:  # judged afresh: its files are reused by stat or read, as in any re-scan
             if p in facts:
@@ -310,7 +311,7 @@ def scan_partial(
         bytes_scrubbed=sum(facts[p].size_bytes for p in plan.paths if facts[p].hash is not None),
         run_digests=digests,
         reused_runs=reused_runs,
-        reused_rows=reused_rows,
+        reused_rows=verdict_cache.LaterRows(cand.source, root, reused_rows) if reused_rows else {},
     )
 
 
@@ -357,28 +358,27 @@ class _Candidates(NamedTuple):
 
     runs: Mapping[str, list[str]] = _NONE  # run -> its files
     stored: Mapping[str, str] = _NONE  # run -> its cached verdict's key
-    rows: Mapping[str, verdict_cache.Row] = _NONE
-    rowed: frozenset[str] = frozenset()  # files the catalog vouches for by stat: not read unless scrubbed
-    unrowed: tuple[str, ...] = ()  # the rest (tracker, run-level files, anything changed): read now
+    verified: Mapping[str, int] = _NONE  # catalogued files read cleanly once -> when last
+    # files with a clean catalog row: not read unless scrubbed. Their stat is not compared here: the key holds it,
+    # and a row changed since the verdict was stored would have deleted it (m007), so a matching key vouches
+    rowed: frozenset[str] = frozenset()
+    unrowed: tuple[str, ...] = ()  # the rest (the tracker, run-level files, anything new): read now
     source: verdict_cache.Source | None = None
 
     @classmethod
-    def of(cls, root: str, settled: Mapping[str, verdict_cache.Settled], source: verdict_cache.Source, stats):
+    def of(cls, root: str, settled: Mapping[str, verdict_cache.Settled], source: verdict_cache.Source):
         stored = source.stored()
         runs = {r: s.files for r, s in settled.items() if r in stored}
         if not runs:
             return cls()
-        rows = source.rows(root)
-        vouched = verdict_cache.vouches
-        rowed = frozenset(
-            p for files in runs.values() for p in files if (row := rows.get(p)) is not None and vouched(row, stats[p])
-        )
+        verified = source.verified(root)
+        rowed = frozenset(p for files in runs.values() for p in files if p in verified)
         unrowed = tuple(p for files in runs.values() for p in files if p not in rowed)
-        return cls(runs=runs, stored=stored, rows=rows, rowed=rowed, unrowed=unrowed, source=source)
+        return cls(runs=runs, stored=stored, verified=verified, rowed=rowed, unrowed=unrowed, source=source)
 
-    def scrubbable(self) -> list[tuple[str, int, int]]:
-        rows = self.rows
-        return [(p, rows[p][0], rows[p][5] or 0) for p in self.rowed]  # scrub.Cached's fields, as a plain tuple
+    def scrubbable(self, stats: Mapping[str, os.stat_result]) -> list[tuple[str, int, int]]:
+        verified = self.verified  # scrub.Cached's fields, as plain tuples
+        return [(p, stats[p].st_size, verified[p]) for p in self.rowed]
 
     def full_facts(self, paths: Sequence[str]) -> dict[str, FileFacts]:
         return {} if not paths or self.source is None else self.source.facts(paths)
@@ -799,11 +799,10 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
     )
 
 
-def _reused_rows(partials: Sequence[Partial]) -> dict[str, tuple]:
-    rows: dict[str, tuple] = {}
-    for part in partials:
-        rows.update(part.reused_rows)
-    return rows
+def _reused_rows(partials: Sequence[Partial]) -> Mapping[str, tuple]:
+    """The reused runs' catalog rows of every partial, still unread (verdict_cache.LaterRows)."""
+    rows = [part.reused_rows for part in partials if part.reused_rows]
+    return rows[0] if len(rows) == 1 else ChainMap(*rows)
 
 
 def _verdict_keys(partials, runs, tree, facts, ctx, layouts, owner) -> dict[str, str]:

@@ -68,18 +68,45 @@ def code_stamp() -> str:
 Row = tuple[int, int, int, str | None, int | None, int | None]
 
 
-def vouches(row: Row, st: os.stat_result) -> bool:
-    """The catalog's row stands for this file: same stat, and its content was read cleanly once."""
-    size, mtime, inode, digest, _crc, verified = row
-    return size == st.st_size and mtime == st.st_mtime_ns and inode == st.st_ino and None not in (digest, verified)
-
-
 def light_facts(path: str, row: Row) -> FileFacts:
     """What a reused run's file stands for in a ScanResult (stat, hash, CRC verdict, verified_ns: what reports
     read); no rule ever sees these. Slot order as FileFacts (models.from_slots)."""
     size, mtime, inode, digest, crc, verified = row
     crc_ok = None if crc is None else bool(crc)
     return from_slots(FileFacts, (path, size, mtime, inode, digest, crc_ok, None, None, (), True, verified, None))
+
+
+class LaterRows(Mapping):
+    """path -> Row for `paths`, read from the catalog on first use: a cron re-scan that prints a summary never asks
+    for them (a row per file cost ~4 us to load; ~0.4 s at 100k files)."""
+
+    def __init__(self, source: Source, root: str, paths: Iterable[str]) -> None:
+        self.source, self.root, self.paths = source, root, frozenset(paths)
+        self._rows: dict[str, Row] | None = None
+
+    def _loaded(self) -> dict[str, Row]:
+        if self._rows is None:
+            every = self.source.rows(self.root)
+            self._rows = {p: every[p] for p in self.paths if p in every}
+        return self._rows
+
+    def __getitem__(self, path: str) -> Row:
+        return self._loaded()[path]
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.paths
+
+    def __bool__(self) -> bool:  # not by len(): that would read the rows
+        return bool(self.paths)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __reduce__(self):  # a Ray node's partial: sent as the paths, read again on the driver's side
+        return LaterRows, (self.source, self.root, self.paths)
 
 
 class WithRows(Mapping):
@@ -114,6 +141,10 @@ class Source(Protocol):
 
     def rows(self, root: str) -> Mapping[str, Row]:
         """path -> files row, for the present files at or under `root`."""
+        ...
+
+    def verified(self, root: str) -> Mapping[str, int]:
+        """path -> verified_ns, for the present files at or under `root` that were read cleanly once."""
         ...
 
     def facts(self, paths: Iterable[str]) -> dict[str, FileFacts]:

@@ -137,6 +137,15 @@ class CatalogVerdicts:
         )
         return {r[0]: r[1:] for r in rows}  # crc_ok stays 0/1/NULL here: light_facts makes it a bool
 
+    def verified(self, root: str) -> Mapping[str, int]:
+        below = root.rstrip("/") + "/"
+        rows = self._query(
+            "SELECT path, verified_ns FROM files WHERE present = 1 AND hash IS NOT NULL AND verified_ns IS NOT NULL"
+            " AND (path = ? OR substr(path, 1, ?) = ?)",
+            [root, len(below), below],
+        )
+        return dict(rows)
+
     def facts(self, paths: Iterable[str]) -> dict[str, FileFacts]:
         wanted = list(paths)
         if not wanted or not os.path.exists(self.path):
