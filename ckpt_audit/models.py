@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 # the one size formatter lives with the other units; models.format_size stays importable for its many callers
@@ -21,6 +23,7 @@ from ckpt_audit.units import format_size
 if TYPE_CHECKING:  # scan --ray's per-node view (NodeCopy, ClusterView) lives apart: other commands never build it
     from ckpt_audit.nodes import ClusterView
 
+_SIZE = attrgetter("size_bytes")
 MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
 
 
@@ -206,17 +209,18 @@ def _define_judged() -> None:
         findings: tuple[Finding, ...] = ()
         mtime_ns: int = 0  # newest mtime of anything inside
 
+        # chain and map: these run per checkpoint per report and record, over every file (issue 16)
         @property
         def all_files(self) -> tuple[ShardFile, ...]:
-            return self.files + tuple(f for c in self.components for f in c.files)
+            return self.files + tuple(chain.from_iterable(c.files for c in self.components))
 
         @property
         def all_findings(self) -> tuple[Finding, ...]:
-            return self.findings + tuple(f for c in self.components for f in c.findings)
+            return self.findings + tuple(chain.from_iterable(c.findings for c in self.components))
 
         @property
         def size_bytes(self) -> int:
-            return sum(f.size_bytes for f in self.all_files)
+            return sum(map(_SIZE, self.all_files))
 
         @property
         def size_str(self) -> str:
