@@ -312,6 +312,7 @@ def scan_partial(
         run_digests=digests,
         reused_runs=reused_runs,
         reused_rows=verdict_cache.LaterRows(cand.source, root, reused_rows) if reused_rows else {},
+        owners=owners,
     )
 
 
@@ -769,10 +770,15 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
     changed = frozenset(p for p, f in facts.items() if any(x.code == "file-changed-during-scan" for x in f.findings))
     unread = tuple(f for f in walk_findings if f.code in UNREAD_CODES)
     ctx = replace(ctx, changed_paths=ctx.changed_paths | changed, unread=ctx.unread + unread)
-    owner: dict[str, Layout] = {}
-    for layout in layouts:
-        for d in layout.find_runs(tree):
-            owner.setdefault(d, layout)
+    by_name = {layout.name: layout for layout in layouts}
+    known = partials[0].owners if len(partials) == 1 else None  # one partial: its tree is the merged tree
+    if known is not None and all(name in by_name for name in known.values()):
+        owner = {d: by_name[name] for d, name in known.items()}
+    else:
+        owner = {}
+        for layout in layouts:
+            for d in layout.find_runs(tree):
+                owner.setdefault(d, layout)
     reused = {d: kept for part in partials for d, kept in part.reused_runs.items()}
     runs = tuple(reused[d][1] if d in reused else owner[d].build_run(d, tree, facts, ctx) for d in sorted(owner))
     judged = [r for r in runs if r.path not in reused]

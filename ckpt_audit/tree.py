@@ -108,6 +108,9 @@ def _define_partial() -> None:
         reused_runs: Mapping[str, tuple[str, Run]] = field(default_factory=dict)  # run -> (key, model)
         # their files not read this scan -> the catalog's (size, mtime_ns, inode, hash, crc_ok, verified_ns)
         reused_rows: Mapping[str, tuple] = field(default_factory=dict)
+        # run dir -> the name of the layout that claims it, as found in `tree` (reduce reuses it for one partial:
+        # every layout's find_runs walks every directory); None: not found here
+        owners: Mapping[str, str] | None = None
 
         __reduce__ = reduce_as_tuple
 

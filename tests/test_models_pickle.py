@@ -49,6 +49,7 @@ PARTIAL = Partial(
     run_digests={"/c/r": "d" * 32},
     reused_runs={"/c/r": ("k" * 32, Run(path="/c/r", layout="verl-fsdp", findings=(FINDING,)))},
     reused_rows={FACTS.path: (1, 2, 3, "h" * 32, True, 4)},
+    owners={"/c/r": "verl-fsdp"},
 )
 ALL = [FINDING, PT, DCP, FACTS, TREE, PARTIAL]
 
