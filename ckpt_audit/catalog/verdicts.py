@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows
-from ckpt_audit.models import FileKind, Finding, Severity, Status, from_slots
+from ckpt_audit.models import FileKind, Finding, Severity, Status, from_slots, many_from_slots
 from ckpt_audit.tree import FileFacts
 from ckpt_audit.verdict_cache import Row
 
@@ -84,16 +84,18 @@ def _unfinding(v: list) -> Finding:
     return from_slots(Finding, (_SEVERITIES[v[0]], *v[1:]))
 
 
-def _unfile(v: list) -> ShardFile:
-    return from_slots(models.ShardFile, (v[0], _KINDS[v[1]], *v[2:]))
+def _unfiles(vs: list[list]) -> tuple[ShardFile, ...]:
+    for v in vs:
+        v[1] = _KINDS[v[1]]
+    return many_from_slots(models.ShardFile, vs)
 
 
 def _uncomponent(v: list) -> Component:
-    return from_slots(models.Component, (*v[:4], tuple(map(_unfile, v[4])), tuple(map(_unfinding, v[5]))))
+    return from_slots(models.Component, (*v[:4], _unfiles(v[4]), tuple(map(_unfinding, v[5]))))
 
 
 def _uncheckpoint(v: list) -> Checkpoint:
-    components, files, found = tuple(map(_uncomponent, v[4])), tuple(map(_unfile, v[5])), tuple(map(_unfinding, v[6]))
+    components, files, found = tuple(map(_uncomponent, v[4])), _unfiles(v[5]), tuple(map(_unfinding, v[6]))
     return from_slots(models.Checkpoint, (v[0], v[1], v[2], _STATUSES[v[3]], components, files, found, v[7]))
 
 
