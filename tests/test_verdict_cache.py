@@ -93,6 +93,40 @@ def test_the_cli_document_is_the_same_whether_the_verdict_was_cached(tree, tmp_p
     ] * 2
 
 
+def test_the_catalog_after_a_cached_rescan_is_what_a_fresh_judgement_writes(tree, tmp_path):
+    """The record leaves a kept run's rows alone but for the scan they now belong to: every row, every view and the
+    findings of the latest scan must read as after a scan that judged the run afresh."""
+    db, fresh = tmp_path / "c.db", tmp_path / "f.db"
+    cached_scan(tree, db, scrub=None)
+    shutil.copy(db, fresh)
+    assert cached_scan(tree, db, scrub=None).runs_reused == {str(tree)}
+    assert cached_scan(tree, fresh, scrub=None, rehash=True).runs_reused == frozenset()
+
+    def catalog(path: Path) -> dict[str, list]:
+        with sqlite3.connect(path) as conn:
+            last = conn.execute("SELECT MAX(id) FROM scans").fetchone()[0]
+            out = {
+                table: sorted(conn.execute(f"SELECT * FROM {table}").fetchall())
+                for table in ("runs", "checkpoints", "checkpoint_status", "latest_complete_checkpoint")
+            }
+            # (what --rehash read again carries its own verified_ns and scan id)
+            cols = "path, run_path, checkpoint_path, role, kind, rank, world_size, size_bytes, hash, crc_ok, present"
+            out["files"] = sorted(conn.execute(f"SELECT {cols}, file_findings, pt_facts FROM files").fetchall())
+            out["findings"] = sorted(
+                conn.execute(
+                    "SELECT severity, code, path, message, run_path, checkpoint_path FROM findings WHERE scan_id = ?",
+                    [last],
+                ).fetchall()
+            )
+            assert {r[0] for r in conn.execute("SELECT last_scan_id FROM checkpoints WHERE present = 1")} == {last}
+        return out
+
+    kept, judged = catalog(db), catalog(fresh)
+    assert kept.keys() == judged.keys()
+    for name in kept:
+        assert kept[name] == judged[name], name
+
+
 def test_a_changed_tracker_is_judged_afresh(tree, tmp_path):
     db = tmp_path / "c.db"
     cached_scan(tree, db)

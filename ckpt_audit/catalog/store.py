@@ -139,7 +139,7 @@ class Catalog:
             ops.tick()
             old_hash = _present_hashes(conn, result.runs_reused)
             reused = result.reused_paths
-            run_rows, ckpt_rows, file_rows, finding_rows, history = [], [], [], [], []
+            run_rows, ckpt_rows, file_rows, finding_rows, history, kept_ckpts = [], [], [], [], [], []
             seen: set[str] = set()
             for run in result.runs:
                 run_rows.append(_run_row(run, scan_id))
@@ -148,7 +148,10 @@ class Catalog:
                 # scrub re-read now are written (their content read back the same, or the verdict would not stand)
                 kept = run.path in result.runs_reused
                 for ckpt in run.checkpoints:
-                    ckpt_rows.append(_checkpoint_row(ckpt, scan_id))
+                    if kept:  # the row holds what the cached verdict says (a change to it deletes the verdict)
+                        kept_ckpts.append((scan_id, ckpt.path))
+                    else:
+                        ckpt_rows.append(_checkpoint_row(ckpt, scan_id))
                     finding_rows.extend(_finding_row(f, scan_id, run.path, ckpt.path) for f in ckpt.all_findings)
                     for role, sf in _files_with_role(ckpt):
                         seen.add(sf.path)
@@ -161,6 +164,7 @@ class Catalog:
             finding_rows.extend(_finding_row(f, scan_id, None, None) for f in result.findings)
             self.db["runs"].upsert_all(run_rows, pk="path", batch_size=BATCH)
             self.db["checkpoints"].upsert_all(ckpt_rows, pk="path", batch_size=BATCH)
+            conn.executemany("UPDATE checkpoints SET last_scan_id = ? WHERE path = ?", kept_ckpts)
             ops.tick()
             cols = _FILE_COLS + ", last_scan_id, present"
             conn.executemany(
