@@ -103,11 +103,11 @@ def walk_baseline(root: str) -> int:
 
 
 def child_env(work: Path, src: str | None = None) -> dict[str, str]:
-    # children load cached bytecode, as an installed package does (see bench_startup.py)
+    # children load cached bytecode, as an installed package does (see bench_startup.py), and this checkout's
+    # source from PYTHONPATH, as --other-src's: both sides find their package the same way
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
-    if src:
-        env["PYTHONPATH"] = src
+    env["PYTHONPATH"] = src or str(Path(__file__).resolve().parents[1])
     return env
 
 
