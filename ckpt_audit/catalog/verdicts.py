@@ -131,22 +131,18 @@ class CatalogVerdicts:
         return dict(self._query("SELECT run_path, key FROM run_verdicts"))
 
     def rows(self, root: str) -> Mapping[str, Row]:
-        below = root.rstrip("/") + "/"
-        rows = self._query(
-            "SELECT path, size_bytes, mtime_ns, inode, hash, crc_ok, verified_ns FROM files"
-            " WHERE present = 1 AND (path = ? OR substr(path, 1, ?) = ?)",
-            [root, len(below), below],
-        )
+        rows = self._present_under(root, "path, size_bytes, mtime_ns, inode, hash, crc_ok, verified_ns")
         return {r[0]: r[1:] for r in rows}  # crc_ok stays 0/1/NULL here: light_facts makes it a bool
 
     def verified(self, root: str) -> Mapping[str, int]:
+        return dict(self._present_under(root, "path, verified_ns", "hash IS NOT NULL AND verified_ns IS NOT NULL"))
+
+    def _present_under(self, root: str, columns: str, where: str = "1") -> list[tuple]:
         below = root.rstrip("/") + "/"
-        rows = self._query(
-            "SELECT path, verified_ns FROM files WHERE present = 1 AND hash IS NOT NULL AND verified_ns IS NOT NULL"
-            " AND (path = ? OR substr(path, 1, ?) = ?)",
+        return self._query(
+            f"SELECT {columns} FROM files WHERE present = 1 AND {where} AND (path = ? OR substr(path, 1, ?) = ?)",
             [root, len(below), below],
         )
-        return dict(rows)
 
     def facts(self, paths: Iterable[str]) -> dict[str, FileFacts]:
         wanted = list(paths)
