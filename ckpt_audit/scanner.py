@@ -511,6 +511,13 @@ def read_file(
         reason = exc.strerror or type(exc).__name__
         return replace(base, findings=(finding("unreadable", path, f"cannot read: {reason}"),))
     changed = d.changed_during_read or d.stat_size != st.st_size or d.mtime_ns != st.st_mtime_ns
+    if not reparse and not changed and _same_bytes(prev, st, d, kind):
+        return replace(
+            prev,
+            reused=False,
+            text=_read_text(path, st) if _wants_text(path) else None,
+            verified_ns=(now_ns if now_ns is not None else time.time_ns()),
+        )
     found = list(
         file_rules.digest_findings(
             path,
@@ -522,13 +529,6 @@ def read_file(
             changed=changed,
         )
     )
-    if not reparse and not changed and _same_bytes(prev, st, d, kind):
-        return replace(
-            prev,
-            reused=False,
-            text=_read_text(path, st) if _wants_text(path) else None,
-            verified_ns=(now_ns if now_ns is not None else time.time_ns()),
-        )
     found.extend(_drift(path, st, prev, d.hash) if not changed else ())
     pt = None
     if file_rules.reads_structure(path, kind=d.kind, is_zip=d.is_zip, zip_error=d.zip_error):
