@@ -117,6 +117,17 @@ def compute_costs() -> str:
     return "in-memory GB/s, 1 thread: " + ", ".join(out)
 
 
+def cpu_flags() -> str:
+    """The flags that decide the CRC-32's and xxh3's code paths, to print beside the figures."""
+    want = ("avx512f", "avx512bw", "avx512vl", "vpclmulqdq", "avx2", "sse4_2", "pclmulqdq")
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = set(next((line for line in f if line.startswith("flags")), ":").split(":", 1)[1].split())
+    except OSError:
+        return "cpu flags: unknown"
+    return "cpu flags: " + (" ".join(w for w in want if w in have) or "none of " + ",".join(want))
+
+
 def measure(runs: dict, reps: int, cold: bool, nbytes: int, paths: list[Path]) -> dict[str, tuple[float, ...]]:
     """Each repetition runs every variant once, in turn: a disk whose speed drifts over minutes (a shared virtual
     disk does) then slows all variants alike instead of whichever ran its repetitions during the slow spell."""
@@ -163,7 +174,7 @@ def main() -> int:
             f"read size {hashing.CHUNK // 1024} KiB; "
             f"load {os.getloadavg()[0]:.2f}; median of {args.reps} (min-max), GB/s"
         )
-        print(f"# {compute_costs()}")
+        print(f"# {compute_costs()}; {cpu_flags()}")
         runs = {
             "cat": lambda: run_cat(paths),
             "dd bs=8M": lambda: run_dd(paths),
