@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 DAY_NS = 86_400 * 10**9
@@ -57,8 +58,9 @@ def plan_scrub(cached: Sequence[Cached], *, now_ns: int, policy: ScrubPolicy, bu
     a re-scan passes one per catalogued file, and a NamedTuple costs ~0.5 us more each to make."""
     if not cached:
         return ScrubPlan()
-    total = sum(c[1] for c in cached)  # by position: the scanner passes its catalog rows' (path, size, verified)
-    since = max(0, now_ns - max(c[2] for c in cached))
+    # by position, in C: the scanner passes a plain (path, size, verified) per catalogued file
+    total = sum(map(itemgetter(1), cached))
+    since = max(0, now_ns - max(map(itemgetter(2), cached)))
     share = total if policy.period_ns <= 0 else total * min(1.0, since / policy.period_ns)
     due_before = now_ns - policy.period_ns
     taken: list[Cached] = []

@@ -74,14 +74,17 @@ class Tree:
             stack.extend(c for c in (f"{d}/{n}" for n in self.dirs.get(d, ())) if c not in stop)
         return newest
 
-    def files_below(self, top: str, *, stop: frozenset[str] = frozenset()) -> Iterator[str]:
-        """Every file path at or below `top`, not descending into the directories in `stop`."""
+    def files_below(self, top: str, *, stop: frozenset[str] = frozenset()) -> list[str]:
+        """Every file path at or below `top`, not descending into the directories in `stop`. (A list made a directory
+        at a time: a generator's step per file cost a re-scan ~0.1 s per 100k files.)"""
+        out: list[str] = []
         stack = [top]
         while stack:
             d = stack.pop()
-            for name in self.files.get(d, ()):
-                yield f"{d}/{name}"
+            prefix = d + "/"
+            out.extend([prefix + name for name in self.files.get(d, ())])
             stack.extend(c for c in (f"{d}/{n}" for n in self.dirs.get(d, ())) if c not in stop)
+        return out
 
 
 def _define_partial() -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -148,11 +149,13 @@ class Catalog:
                 # scrub re-read now are written (their content read back the same, or the verdict would not stand)
                 kept = run.path in result.runs_reused
                 for ckpt in run.checkpoints:
+                    finding_rows.extend(_finding_row(f, scan_id, run.path, ckpt.path) for f in ckpt.all_findings)
                     if kept:  # the row holds what the cached verdict says (a change to it deletes the verdict)
                         kept_ckpts.append((scan_id, ckpt.path))
+                        if reused.issuperset(map(_PATH, ckpt.all_files)):
+                            continue  # no file of it was read now (the test runs in C)
                     else:
                         ckpt_rows.append(_checkpoint_row(ckpt, scan_id))
-                    finding_rows.extend(_finding_row(f, scan_id, run.path, ckpt.path) for f in ckpt.all_findings)
                     for role, sf in _files_with_role(ckpt):
                         seen.add(sf.path)
                         if sf.path in reused and (kept or sf.path in old_hash):
@@ -441,6 +444,9 @@ _OLDEST_VERIFIED = (
     "(SELECT CASE WHEN COUNT(*) = 0 OR COUNT(verified_ns) < COUNT(*) THEN NULL ELSE MIN(verified_ns) END"
     " FROM files WHERE checkpoint_path = {ckpt} AND present = 1)"
 )
+
+
+_PATH = attrgetter("path")
 
 
 def _files_with_role(ckpt: Checkpoint) -> Iterator[tuple[str | None, ShardFile]]:
