@@ -197,9 +197,13 @@ def settled_runs(
 
 
 def _holds(sorted_paths: list[str], top: str) -> bool:
-    """Whether `top` or a path below it is in `sorted_paths` (a bisection: a store may hold thousands of runs)."""
-    i = bisect.bisect_left(sorted_paths, top)
-    return i < len(sorted_paths) and (sorted_paths[i] == top or sorted_paths[i].startswith(top + "/"))
+    """Whether `top` or a path below it is in `sorted_paths` (bisections: a store may hold thousands of runs). The
+    paths below `top` sort together from `top + "/"` on; a sibling such as `top-2/x` may sort between the two."""
+    below = top + "/"
+    i, j = bisect.bisect_left(sorted_paths, top), bisect.bisect_left(sorted_paths, below)
+    return (i < len(sorted_paths) and sorted_paths[i] == top) or (
+        j < len(sorted_paths) and sorted_paths[j].startswith(below)
+    )
 
 
 def _digest(cut: int, dirs: list[str], mtimes: list[int], files: list[str], sts: list[os.stat_result]) -> str:

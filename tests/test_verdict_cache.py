@@ -354,6 +354,25 @@ def test_nested_directories_are_found_by_their_ancestors():
     assert verdict_cache.nested(["/a", "/ab", "/b/a"]) == set()
 
 
+def test_a_finding_inside_a_run_keeps_it_uncached_whatever_sorts_between(tmp_path):
+    """`exp-2/...` sorts between `exp` and `exp/...`: the lookup of a run's walk findings must not stop there."""
+    root = tmp_path / "root"
+    for run in ("exp", "exp-2"):
+        (root / run / "global_step_1").mkdir(parents=True)
+        (root / run / "global_step_1" / "data.pt").write_bytes(b"x")
+        (root / run / "gone.pt").symlink_to(root / "missing")  # a broken link: a walk finding inside the run
+    tree, stats, found = scanner.walk(str(root))
+    assert {f.path for f in found} == {str(root / r / "gone.pt") for r in ("exp", "exp-2")}
+    runs = {str(root / r): sorted(tree.files_below(str(root / r))) for r in ("exp", "exp-2")}
+    later = time.time_ns() + 10**9  # everything is older than that: only the findings keep a run from the cache
+    assert set(verdict_cache.settled_runs(runs, tree, stats, [], now_ns=later, window_ns=0)) == set(runs)
+    assert verdict_cache.settled_runs(runs, tree, stats, found, now_ns=later, window_ns=0) == {}
+    only_exp = [f for f in found if "/exp/" in f.path]
+    assert set(verdict_cache.settled_runs(runs, tree, stats, only_exp, now_ns=later, window_ns=0)) == {
+        str(root / "exp-2")
+    }
+
+
 def test_nested_roots_judge_afresh(tree, tmp_path):
     db = tmp_path / "c.db"
     cached_scan(tree, db)
