@@ -554,16 +554,12 @@ def read_file(
 
 
 def _same_bytes(prev: FileFacts | ShardFile | None, st: os.stat_result, d: hashing.FileDigest, kind: FileKind) -> bool:
-    """`prev` is a clean catalogued read of exactly these bytes, judged under today's rules (as _vouched asks)."""
+    """`prev` is a row the catalog vouches for (_vouched) and these are exactly the bytes it was read from."""
     return (
-        isinstance(prev, FileFacts)
-        and _same_stat(prev, st)
-        and prev.verified_ns is not None
+        _vouched(prev, st, kind)
         and (prev.hash, prev.crc_ok, prev.size_bytes) == (d.hash, d.crc_ok, d.size_bytes)
         and not d.crc_bad_entries
         and d.zip_error is None
-        and file_rules.judged_as(kind, prev.findings)
-        and _has_dcp_facts(kind, prev)
     )
 
 
