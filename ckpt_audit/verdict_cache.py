@@ -27,7 +27,6 @@ different makes its run judged afresh.
 from __future__ import annotations
 
 import array
-import bisect
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -177,12 +176,12 @@ def settled_runs(
     over each run's directories and files both checks that and makes the digest (run_key)."""
     runs = sorted(run_files)
     inside = nested(runs)
-    tainted = sorted({f.path for f in walk_findings})
+    tainted = {d for f in walk_findings for d in (f.path, *_ancestors(f.path))}  # each finding and what holds it
     young = now_ns - window_ns  # the status rules' "recent": now - mtime < window (a future mtime is recent too)
     dir_mtimes = tree.dir_mtime_ns
     out: dict[str, Settled] = {}
     for run in runs:
-        if run in inside or _holds(tainted, run):
+        if run in inside or run in tainted:
             continue
         dirs = sorted(tree.walk(run))
         mtimes = [dir_mtimes.get(d) for d in dirs]
@@ -194,16 +193,6 @@ def settled_runs(
             continue
         out[run] = Settled(files, _digest(len(run), dirs, mtimes, files, sts))
     return out
-
-
-def _holds(sorted_paths: list[str], top: str) -> bool:
-    """Whether `top` or a path below it is in `sorted_paths` (bisections: a store may hold thousands of runs). The
-    paths below `top` sort together from `top + "/"` on; a sibling such as `top-2/x` may sort between the two."""
-    below = top + "/"
-    i, j = bisect.bisect_left(sorted_paths, top), bisect.bisect_left(sorted_paths, below)
-    return (i < len(sorted_paths) and sorted_paths[i] == top) or (
-        j < len(sorted_paths) and sorted_paths[j].startswith(below)
-    )
 
 
 def _digest(cut: int, dirs: list[str], mtimes: list[int], files: list[str], sts: list[os.stat_result]) -> str:
@@ -227,12 +216,18 @@ def nested(dirs: Sequence[str]) -> set[str]:
     known = set(dirs)
     out: set[str] = set()
     for d in dirs:
-        child, parent = d, os.path.dirname(d)
-        while parent != child:  # up to "/", which is its own parent
+        for parent in _ancestors(d):
             if parent in known:
                 out.update((d, parent))
-            child, parent = parent, os.path.dirname(parent)
     return out
+
+
+def _ancestors(path: str) -> Iterator[str]:
+    """Every directory above `path`, up to "/" (which is its own parent)."""
+    child, parent = path, os.path.dirname(path)
+    while parent != child:
+        yield parent
+        child, parent = parent, os.path.dirname(parent)
 
 
 def run_key(
