@@ -104,9 +104,6 @@ class LaterRows(Mapping):
     def __len__(self) -> int:
         return len(self._loaded())
 
-    def __reduce__(self):  # a Ray node's partial: sent as the paths, read again on the driver's side
-        return LaterRows, (self.source, self.root, self.paths)
-
 
 class WithRows(Mapping):
     """A scan's file facts: what was read or reused by stat, then the reused runs' files as their rows say (their
