@@ -15,7 +15,6 @@ import time
 from collections import ChainMap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -33,6 +32,8 @@ from ckpt_audit.scrub import Cached, ScrubPlan, ScrubPolicy, plan_scrub
 from ckpt_audit.tree import TRASH_PREFIX, FileFacts, PtFacts, Tree, trash_entry
 
 if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on_first_use): start-up, issue 16
+    from pathlib import Path
+
     from ckpt_audit.models import Run, ScanResult, ShardFile
     from ckpt_audit.rules.status import ScanContext
     from ckpt_audit.tree import Partial

@@ -25,20 +25,20 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit import lock, scanner
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
+    from ckpt_audit.answers import LatestAnswer, PrunePreview, Recorded, TrackerPlan
     from ckpt_audit.catalog.store import Catalog
     from ckpt_audit.lifecycle.export import ExportResult
-    from ckpt_audit.lifecycle.latest import Gate
-    from ckpt_audit.lifecycle.prune import Outcome, PruneResult, TrashDir
+    from ckpt_audit.lifecycle.prune import Outcome, PruneResult
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
     from ckpt_audit.lifecycle.survivors import SurvivorCheck
-    from ckpt_audit.lifecycle.tracker_fix import TrackerFix
     from ckpt_audit.models import FileFacts, Run, ScanResult  # made on first use, after the scan's reads
     from ckpt_audit.scrub import ScrubPolicy
 
@@ -53,52 +53,6 @@ class SessionError(Exception):
 class PlanError(ValueError):
     """A prune request the scanned tree cannot honour (a --pin that is no checkpoint, a metric no record has):
     a wrong input, a usage error (exit 2)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PrunePreview:
-    """What a prune would do, from a fresh scan: the plan whose survivors were re-read (`check.plan`), and the
-    trash an interrupted prune left in `reclaim_dirs`. Shown, confirmed, then given to `Session.prune`."""
-
-    scanned: ScanResult
-    check: SurvivorCheck
-    trash: tuple[TrashDir, ...]
-    reclaim_dirs: tuple[str, ...]
-
-    @property
-    def plan(self) -> PrunePlan:
-        return self.check.plan
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Recorded:
-    """A scan (or verify) and the catalog scan id it was recorded under (None: not recorded)."""
-
-    result: ScanResult
-    scan_id: int | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrackerPlan:
-    """What fix-tracker would write (`fix`), planned from a fresh scan of the run at `planned_ns`; shown, then
-    given to `Session.fix_tracker`. `step_names`: the run's step directories as scanned (a save begun since wins)."""
-
-    fix: TrackerFix
-    step_names: frozenset[str]
-    planned_ns: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LatestAnswer:
-    """The resume gate's answer for one run (`gate.chosen`, or `gate.reason` why none), and what it read."""
-
-    run: Run
-    gate: Gate
-    verified_ns: int | None  # when the answer was last read by content in full (None: no answer, or never)
-    reread: tuple[str, ...]  # checkpoints read by content just now for --verified
-    files_reused: int  # the catalog's cache at work: files reused by stat ...
-    files_read: int  # ... vs read by content for this answer
-    not_recorded: str  # "" when the scans were recorded, else why not (a cron run holds the lock, read-only catalog)
 
 
 class Session:
@@ -168,6 +122,8 @@ class Session:
             now_ns=now_ns,
             reader=reader,
         )
+        from ckpt_audit.answers import Recorded  # after the reads: off the scan's start-up (issue 16)
+
         return Recorded(result=result, scan_id=self.record(result, rehash=rehash) if record else None)
 
     def verify(
@@ -182,6 +138,8 @@ class Session:
     ) -> Recorded:
         """Scan `paths`, then deepen, and record it. `rehash` True: every file is re-read by content whatever its
         stat says, as `ckpt-audit verify` does unless --trust-cache."""
+        from ckpt_audit.answers import Recorded
+
         result = _verify(
             paths,
             workers=workers,
@@ -212,6 +170,7 @@ class Session:
         prune --ray passes the cluster's union scan (`scanned`) and its nodes' re-read (`reread`)."""
         import dataclasses
 
+        from ckpt_audit.answers import PrunePreview
         from ckpt_audit.lifecycle.prune import find_trash
         from ckpt_audit.lifecycle.retention import KeepBest, metric_problem, plan_prune, read_metric
 
@@ -297,6 +256,7 @@ class Session:
     ) -> TrackerPlan:
         """Scan `run` (recorded: the catalog sees the run now), read its tracker and plan the repair
         (lifecycle.tracker_fix.plan_fix). Writes no tracker. Raises SessionError when `run` is not one run."""
+        from ckpt_audit.answers import TrackerPlan
         from ckpt_audit.layouts.tracker import tracker_path
         from ckpt_audit.lifecycle.tracker_fix import plan_fix, read_state
 
@@ -392,6 +352,7 @@ def latest(
     catalog still gives a true answer), re-read by content what `verified` needs (last read over `period_ns` ago),
     then record the scans if the lock is free: a job script's gate never waits for, nor fails on, a cron scan
     holding the lock or a catalog it may not write. Raises SessionError when `run` is not one run."""
+    from ckpt_audit.answers import LatestAnswer
     from ckpt_audit.lifecycle.latest import gate, oldest_verified
 
     previous = _previous_or_empty(catalog_path)

@@ -19,7 +19,7 @@ from node_dirs import split_by_rank
 from textual.widgets import DataTable
 from tui_pilot import drive, open_run
 
-from ckpt_audit.catalog.manifest import NodeMemory, read_nodes
+from ckpt_audit.catalog.node_memory import NodeMemory, read_nodes
 from ckpt_audit.cli import cli
 from ckpt_audit.cluster import ray_scan
 from ckpt_audit.cluster.noderoots import ENV

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckpt_audit.catalog", "ckpt_audit.report", "ckpt_audit.metrics_textfile"),  # metrics: a rendering of a scan
     # cluster: the scan's map half placed on Ray nodes; above the scanner it runs, below the session that drives it
     ("ckpt_audit.cluster",),
-    ("ckpt_audit.session",),
+    ("ckpt_audit.session", "ckpt_audit.answers"),  # answers: what the session's actions return
     ("ckpt_audit.cli", "ckpt_audit.__main__"),
 )
 # plug-ins above the core: they may import ckpt_audit; ckpt_audit never imports them.

@@ -243,7 +243,7 @@ class LocalCluster(ray_prune.Cluster):
 def _planned(verl_run, tmp_path, monkeypatch):
     """verl_run split by rank over two node directories, scanned node by node, judged over the union, planned to
     keep the last 1: steps 2 and 4 go, each half on node 0 and half on node 1."""
-    from ckpt_audit.catalog.manifest import NodeMemory
+    from ckpt_audit.catalog.node_memory import NodeMemory
     from ckpt_audit.cluster import ray_scan
     from ckpt_audit.lifecycle.retention import KeepLast, plan_prune
 

@@ -7,11 +7,13 @@ An import-set check, not a timing check: it fails when someone adds an eager imp
 
 from __future__ import annotations
 
+import ast
 import json
 import pickle
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 CHILD = r"""
 import json, sys
@@ -45,6 +47,8 @@ NOT_BEFORE_FIRST_FILE = (
     "ckpt_audit.cluster",
     "ckpt_audit.verify",
     "ckpt_audit.lifecycle",
+    "ckpt_audit.answers",  # what the session's actions return: a scan builds its Recorded after the reads
+    "ckpt_audit.catalog.node_memory",  # scan --ray's node memory
     "ckpt_audit.readers.pt_structure",  # the pickle reader: needed once a file is hashed, not to open it
     "ckpt_audit.readers.dcp_metadata",  # DCP's .metadata reader (and the unpickler behind it): on the first one
     "ckpt_audit.readers.unpickler",
@@ -109,6 +113,7 @@ def test_scan_opens_its_first_file_before_rendering_or_catalog_writes(tmp_path):
     # the check can fail: rendering and the catalog's write path do load, after the first file
     assert "ckpt_audit.report" in doc["after"]
     assert "ckpt_audit.catalog.store" in doc["after"]
+    assert "ckpt_audit.answers" in doc["after"]
     assert "ckpt_audit.readers.pt_structure" in doc["after"]
 
 
@@ -118,3 +123,33 @@ def test_the_judged_model_is_made_after_the_first_file_is_opened(tmp_path):
     # the check can fail: the scan does make them, once it has read its files and judges the run
     every = sorted(f"{m}.{n}" for m, names in MADE_AFTER_FIRST_FILE.items() for n in names)
     assert doc["made_after"] == every
+
+
+# stdlib modules no ckpt_audit module on the start-up path may import at module level (outside TYPE_CHECKING):
+# pathlib brings urllib.parse and ipaddress (~5 ms here). Checked in the source, because a development (editable)
+# install's import finder loads pathlib itself in every python start, so sys.modules cannot tell.
+NOT_IMPORTED_AT_START = ("pathlib",)
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue  # annotations only
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Import):
+                found.update(a.name.split(".")[0] for a in sub.names)
+            elif isinstance(sub, ast.ImportFrom) and sub.module and not sub.level:
+                found.add(sub.module.split(".")[0])
+    return found
+
+
+def test_the_start_up_path_imports_no_pathlib(tmp_path):
+    doc = _run(tmp_path, _tree(tmp_path), tmp_path / "c.db")
+    early = [m for m in doc["before_first_open"] if m.split(".")[0] == "ckpt_audit"]
+    files = {m: Path(__import__(m, fromlist=["_"]).__file__) for m in early}
+    assert len(files) > 20  # the check can fail: the scan's own modules are all there
+    offenders = {m: sorted(_module_level_imports(f) & set(NOT_IMPORTED_AT_START)) for m, f in files.items()}
+    assert {m: bad for m, bad in offenders.items() if bad} == {}
+    # ... and the check sees a module-level import where there is one
+    assert "pathlib" in _module_level_imports(Path(__import__("ckpt_audit.lifecycle.prune", fromlist=["_"]).__file__))

@@ -30,4 +30,4 @@ def tui(catalog: Path | None, roots: tuple[Path, ...]) -> None:
         from tui.app import AuditApp
     except ImportError as exc:  # textual missing from this install
         raise CommandError(f"the TUI needs textual: {exc}") from exc
-    AuditApp(catalog_path=resolve_catalog(catalog), roots=[str(r) for r in roots]).run()
+    AuditApp(catalog_path=Path(resolve_catalog(catalog)), roots=[str(r) for r in roots]).run()

@@ -72,7 +72,8 @@ DEEP_REFUSED = "scan --ray --deep is not supported: run `ckpt-audit verify` on e
 
 def _node_memory(catalog_path):
     """What the catalog knows of each node's copies (none without a catalog)."""
-    from ckpt_audit.catalog.manifest import CatalogError, NodeMemory, read_nodes
+    from ckpt_audit.catalog.manifest import CatalogError
+    from ckpt_audit.catalog.node_memory import NodeMemory, read_nodes
 
     if catalog_path is None:
         return NodeMemory(facts={}, last_answered_ns={})

@@ -6,7 +6,6 @@ import contextlib
 import os
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import click
 
@@ -88,13 +87,13 @@ def scrub_options(f):
 
 
 @click.command("scan")
-@click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("roots", nargs=-1, required=True, type=click.Path())
 @click.option("--deep", is_flag=True, help="Also run verify's deep checks (imports torch; per-file cost).")
 @scan_options
 @scrub_options
 @click.option(
     "--metrics-file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False),
     default=None,
     help="Also write Prometheus metrics here for node_exporter's textfile collector (written atomically; e.g. "
     "/var/lib/node_exporter/textfile/ckpt_audit.prom). Sample alerts: docs/alerts.yml.",
@@ -207,9 +206,9 @@ def run_scan(
     workers: int,
     rehash: bool,
     in_progress_window: float,
-    catalog: Path | None,
+    catalog: str | None,
     scrub=None,
-    metrics_file: Path | None = None,
+    metrics_file: str | None = None,
     reader=None,
     extra=None,
 ) -> None:
@@ -269,7 +268,7 @@ class _progress:
 
 
 @contextmanager
-def _open(catalog: Path | None):
+def _open(catalog: str | None):
     """The catalog through the session's read path (read-only, no lock: `ls` and `show` never wait for a cron run,
     and work for a user who can write neither the catalog nor its directory)."""
     from ckpt_audit.session import SessionError, reading

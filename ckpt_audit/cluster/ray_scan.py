@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ckpt_audit.catalog.manifest import NodeMemory
+from ckpt_audit.catalog.node_memory import NodeMemory
 from ckpt_audit.layouts import ScanContext, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import FileFacts, ScanResult

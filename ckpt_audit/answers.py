@@ -1,0 +1,64 @@
+"""What the Session's actions hand back to the front ends: plain frozen data, made after the work.
+
+Kept out of ckpt_audit.session, which every scan imports before its first read: each frozen slotted dataclass
+costs 1-2 ms to make on this VM (bench/README.md, issue 16), and a scan builds only `Recorded`, after its reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckpt_audit.lifecycle.latest import Gate
+    from ckpt_audit.lifecycle.prune import TrashDir
+    from ckpt_audit.lifecycle.retention import PrunePlan
+    from ckpt_audit.lifecycle.survivors import SurvivorCheck
+    from ckpt_audit.lifecycle.tracker_fix import TrackerFix
+    from ckpt_audit.models import Run, ScanResult
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrunePreview:
+    """What a prune would do, from a fresh scan: the plan whose survivors were re-read (`check.plan`), and the
+    trash an interrupted prune left in `reclaim_dirs`. Shown, confirmed, then given to `Session.prune`."""
+
+    scanned: ScanResult
+    check: SurvivorCheck
+    trash: tuple[TrashDir, ...]
+    reclaim_dirs: tuple[str, ...]
+
+    @property
+    def plan(self) -> PrunePlan:
+        return self.check.plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recorded:
+    """A scan (or verify) and the catalog scan id it was recorded under (None: not recorded)."""
+
+    result: ScanResult
+    scan_id: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrackerPlan:
+    """What fix-tracker would write (`fix`), planned from a fresh scan of the run at `planned_ns`; shown, then
+    given to `Session.fix_tracker`. `step_names`: the run's step directories as scanned (a save begun since wins)."""
+
+    fix: TrackerFix
+    step_names: frozenset[str]
+    planned_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LatestAnswer:
+    """The resume gate's answer for one run (`gate.chosen`, or `gate.reason` why none), and what it read."""
+
+    run: Run
+    gate: Gate
+    verified_ns: int | None  # when the answer was last read by content in full (None: no answer, or never)
+    reread: tuple[str, ...]  # checkpoints read by content just now for --verified
+    files_reused: int  # the catalog's cache at work: files reused by stat ...
+    files_read: int  # ... vs read by content for this answer
+    not_recorded: str  # "" when the scans were recorded, else why not (a cron run holds the lock, read-only catalog)
