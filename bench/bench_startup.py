@@ -16,6 +16,13 @@ Modules load from compiled bytecode, as in an installed package (pip writes .pyc
 run with PYTHONDONTWRITEBYTECODE unset and a private PYTHONPYCACHEPREFIX, warmed by one discarded run. Where the
 environment sets PYTHONDONTWRITEBYTECODE (as the development VM does), every start-up would otherwise compile each
 module from source, about half of the import time. `--no-bytecode` measures that case instead.
+
+It times the ckpt_audit the running interpreter imports. A development (editable) install is not what a user runs:
+setuptools' finder for it imports pathlib, re and urllib.parse at every python start, ~30 ms here, so the bare python
+figure grows by as much. To time a regular install, make one and run this file with its interpreter:
+`python3 -m venv /tmp/inst && /tmp/inst/bin/pip install . && /tmp/inst/bin/python bench/bench_startup.py` (with
+`PYTHONPATH=$PWD` the working tree is timed on that interpreter). The first lines printed name the interpreter
+and where ckpt_audit came from.
 """
 
 from __future__ import annotations
@@ -45,6 +52,13 @@ try:
     main()
 finally:
     os.write(2, ("TORCH " + str("torch" in sys.modules) + "\n").encode())
+"""
+
+WHERE = r"""
+import sys, ckpt_audit
+editable = any(m.startswith("__editable__") for m in sys.modules)
+kind = "editable install" if editable else "regular install or PYTHONPATH"
+print(f"ckpt_audit from {ckpt_audit.__path__[0]} ({kind})")
 """
 
 
@@ -107,6 +121,10 @@ def main() -> None:
                 cpu[name].append(cpu_at)
                 torch_loaded = torch if name == "now" else torch_loaded
         med = statistics.median
+        where = subprocess.run(  # what is timed: an editable install's finder runs at every start, bare python too
+            [sys.executable, "-c", WHERE], capture_output=True, text=True, env=env, cwd=tmp, check=True
+        ).stdout.strip()
+        print(f"interpreter: {sys.executable} (Python {sys.version.split()[0]}); {where}")
         b, bc = med(base), med(base_cpu)
         print("bytecode:", "none (compiled from source each run)" if args.no_bytecode else "cached (.pyc)")
         print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
