@@ -12,7 +12,7 @@ from ckpt_audit.cli.common import CommandError, catalog_option, resolve_catalog
 @click.command("tui")
 @catalog_option
 @click.argument("roots", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
-def tui(catalog: Path | None, roots: tuple[Path, ...]) -> None:
+def tui(catalog: str | None, roots: tuple[Path, ...]) -> None:
     """Browse runs and checkpoints, inspect findings, prune with a live plan, export to HuggingFace.
 
     With ROOTs it scans them first (in the background, reusing catalogued hashes); without, it shows
