@@ -89,6 +89,19 @@ def test_exit_codes_through_a_subprocess(run_copy, tmp_path):
     assert run_cli("scan", "--workers", "0", run_copy).returncode == 2
 
 
+def test_an_empty_or_directory_catalog_is_a_usage_error_that_writes_nothing(run_copy, tmp_path):
+    # sqlite3 opens "" as a private temporary database: a scan into it would report success and keep nothing
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    for command in (["scan", "-q", run_copy], ["ls"]):
+        for catalog in ("", tmp_path):
+            out = subprocess.run(
+                [*CLI, *map(str, command), "--catalog", str(catalog)], cwd=cwd, capture_output=True, text=True
+            )
+            assert out.returncode == 2 and "--catalog" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert list(cwd.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "root"]
+
+
 def test_overlapping_run_exits_at_once_with_code_4(run_copy, tmp_path):
     db = tmp_path / "c.db"
     with lock.hold(lock.lock_path_for(db)):

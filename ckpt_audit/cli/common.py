@@ -24,11 +24,19 @@ def default_catalog_path() -> str:
     return os.path.join(base, "ckpt-audit", "catalog.db")
 
 
+def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # sqlite3 opens "" as a private temporary database: a scan would record into it and lose every row
+    if value == "":
+        raise click.BadParameter("is empty (leave --catalog out for the default)", ctx=ctx, param=param)
+    return value
+
+
 # paths stay str on scan's start-up path: pathlib (with urllib.parse and ipaddress) costs ~5 ms to import (issue 16)
 catalog_option = click.option(
     "--catalog",
     type=click.Path(dir_okay=False),
     default=None,
+    callback=_not_empty,
     help=f"SQLite catalog (default: ${CATALOG_ENV} or ~/.local/share/ckpt-audit/catalog.db).",
 )
 
