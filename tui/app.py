@@ -12,6 +12,7 @@ from textual import events, work
 from textual.app import App
 from textual.binding import Binding
 
+from ckpt_audit.cli.common import CommandError, require_torch
 from ckpt_audit.models import Checkpoint, ScanResult, Severity, format_size
 from tui.activity import ActivityBar
 from tui.screens.armed import ArmedModal
@@ -79,6 +80,12 @@ class AuditApp(App[None]):
         return self._start(self._rescan_job)
 
     def verify(self, paths: Sequence[str]) -> bool:
+        try:  # without torch every shard would read as not-loadable: say what to install instead
+            require_torch("verify")
+        except CommandError as exc:
+            self.last_error = exc.format_message()
+            self.notify(self.last_error, severity="error", timeout=10)
+            return False
         return self._start(self._verify_job, list(paths))
 
     def prune(self, plan) -> bool:

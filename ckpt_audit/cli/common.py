@@ -93,6 +93,23 @@ class CommandError(click.ClickException):
         click.echo(f"ckpt-audit: error: {self.format_message()}", err=True)
 
 
+TORCH_EXTRA = "pip install 'ckpt-audit[torch]'"
+
+
+def require_torch(command: str, modules: tuple[str, ...] = ("torch",)) -> None:
+    """Fail in one line (exit 3) naming the extra, before a command that loads tensors or trains touches anything:
+    without it verify would call every shard not-loadable, and the demo's trainer would die in a child."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise CommandError(f"`ckpt-audit {command}` needs {name}, which is not installed: {TORCH_EXTRA}")
+
+
 def write_metrics_file(path: str, result, scrub) -> None:
     """The textfile for node_exporter; prometheus_client is imported only here (scan's start-up stays light)."""
     import time

@@ -15,6 +15,7 @@ from ckpt_audit.cli.common import (
     CommandError,
     catalog_option,
     emit_json,
+    require_torch,
     resolve_catalog,
     session,
     write_metrics_file,
@@ -217,6 +218,8 @@ def run_scan(
     `reader`: who reads the files (scan --ray's shared placement); `extra`: a callable adding keys to the JSON."""
     from ckpt_audit.models import many_objects
 
+    if deep:
+        require_torch(f"{ctx.info_name} --deep" if ctx.info_name == "scan" else ctx.info_name)
     # a scan keeps the cyclic GC paused while its result is recorded and rendered too: each collection would walk
     # the whole result again (an object per file), and the process ends right after. verify loads tensors: not it
     with many_objects() if not deep else contextlib.nullcontext():

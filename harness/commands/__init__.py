@@ -4,3 +4,6 @@
 Kept out of the test fixtures' cache key (tests/conftest.py hashes harness/*.py only): this is flag parsing and
 rendering around the trainer and never changes what trees it writes.
 """
+
+# what the reference trainer imports (harness/launch.py warms them all): the `torch` extra
+TRAINER_MODULES = ("torch", "torchdata", "transformers")

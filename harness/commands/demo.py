@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError
+from ckpt_audit.cli.common import CommandError, require_torch
 from ckpt_audit.exitcodes import ExitCode
+from harness.commands import TRAINER_MODULES
 
 
 def break_checkpoint(step_dir: Path) -> Path:
@@ -76,6 +77,7 @@ def demo_command(ctx: click.Context, directory: Path, world_size: int) -> None:
     from ckpt_audit import report, scanner
     from ckpt_audit.session import Locked, SessionError, open_session
 
+    require_torch("demo", TRAINER_MODULES)  # before the directory is made
     directory.mkdir(parents=True, exist_ok=True)
     click.echo(f"building a demo tree under {directory / 'ckpts'} (reference trainer, W={world_size}) ...", err=True)
     try:

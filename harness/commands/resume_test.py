@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, emit_json
+from ckpt_audit.cli.common import CommandError, emit_json, require_torch
 from ckpt_audit.exitcodes import ExitCode
+from harness.commands import TRAINER_MODULES
 
 
 @click.command("resume-test")
@@ -131,6 +132,7 @@ def resume_test_command(
         ckpt-audit resume-test --model-config ./my-model/config.json --layers 2 --hidden 64
         ckpt-audit resume-test --checkpointer verl      # through the installed verl's own manager
     """
+    require_torch("resume-test", TRAINER_MODULES)
     from harness.checkpointers import refuse
     from harness.launch import HarnessError
     from harness.resume import ResumeTestSpec, default_steps, run_resume_test

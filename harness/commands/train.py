@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, emit_json
+from ckpt_audit.cli.common import CommandError, emit_json, require_torch
+from harness.commands import TRAINER_MODULES
 
 
 @click.command("train")
@@ -60,6 +61,7 @@ def train_command(
         ckpt-audit train /tmp/ckpts -w 4 --hsdp --critic
         ckpt-audit train /tmp/ckpts --steps 10 --resume # continue the same run to step 10
     """
+    require_torch("train", TRAINER_MODULES)
     from harness.launch import HarnessError
     from harness.resume import metrics_of
     from harness.tree import write_tree
