@@ -12,13 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-BLOCK = r"""
+NO_TORCH = r"""
 import sys
 class NoTorch:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("torch", "transformers"):
             raise ImportError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, NoTorch())
+"""
+BLOCK = (
+    NO_TORCH
+    + r"""
 from ckpt_audit.cli import main
 try:
     main()
@@ -26,6 +30,7 @@ finally:
     if "sqlite_utils" in sys.modules and sys.argv[1] != "scan-first":
         sys.stderr.write("SQLITE_UTILS_IMPORTED\n")
 """
+)
 
 
 def cli(*args: object) -> subprocess.CompletedProcess:
@@ -64,7 +69,7 @@ def test_the_cron_commands_run_without_torch(verl_run, copy_run, tmp_path):
 
 
 TUI_VERIFY = (
-    BLOCK.split("from ckpt_audit.cli import main")[0]
+    NO_TORCH
     + r"""
 import asyncio, json
 from pathlib import Path
@@ -101,7 +106,7 @@ def test_what_needs_torch_says_so_in_one_line_and_writes_nothing(verl_run, copy_
         out = cli(*args)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 3 and len(lines) == 1, (command, out.stderr)
-        assert f"`ckpt-audit {command}` needs torch" in lines[0] and "ckpt-audit[torch]" in lines[0], lines
+        assert f"`ckpt-audit {command}` needs 'torch'" in lines[0] and "ckpt-audit[torch]" in lines[0], lines
     assert sorted(p.name for p in tmp_path.iterdir()) == [run.parents[1].name]  # no catalog, no demo, no tree
 
     assert cli("scan", "-q", "--catalog", db, run).returncode == 0  # the check can fail: scan does run here

@@ -54,28 +54,21 @@ class LazyGroup(click.Group):
             return _unavailable(name, module, exc)
 
 
-# what to install for a missing top-level module, where its pip name differs
-INSTALL = {m: "'ckpt-audit[torch]'" for m in ("torch", "transformers", "torchdata", "numpy")} | {
-    "tui": "ckpt-audit",
-    "harness": "ckpt-audit",
-}
-
-
 def _unavailable(name: str, module: str, exc: ImportError) -> click.Command:
     """A stand-in that lists in --help and, when run, fails in one line (exit 3) naming what to install."""
+    from ckpt_audit.cli.common import CommandError, install_for, needs
+
     missing = (getattr(exc, "name", None) or module).split(".")[0]
-    hint = f"`ckpt-audit {name}` needs {missing!r}, which is not installed: pip install {INSTALL.get(missing, missing)}"
+    hint = needs(name, missing)
 
     def fail() -> None:
-        from ckpt_audit.cli.common import CommandError
-
         raise CommandError(hint)
 
     return click.Command(
         name,
         callback=fail,
         help=f"Unavailable: {hint}.",
-        short_help=f"(unavailable: install {INSTALL.get(missing, missing)})",
+        short_help=f"(unavailable: install {install_for(missing)})",
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     )
 

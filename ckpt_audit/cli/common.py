@@ -93,7 +93,20 @@ class CommandError(click.ClickException):
         click.echo(f"ckpt-audit: error: {self.format_message()}", err=True)
 
 
-TORCH_EXTRA = "pip install 'ckpt-audit[torch]'"
+# what to install for a missing top-level module, where its pip name differs
+INSTALL = {m: "'ckpt-audit[torch]'" for m in ("torch", "transformers", "torchdata", "numpy")} | {
+    "tui": "ckpt-audit",
+    "harness": "ckpt-audit",
+}
+
+
+def install_for(module: str) -> str:
+    return INSTALL.get(module, module)
+
+
+def needs(command: str, module: str) -> str:
+    """The one line a command that cannot run without `module` fails with."""
+    return f"`ckpt-audit {command}` needs {module!r}, which is not installed: pip install {install_for(module)}"
 
 
 def require_torch(command: str, modules: tuple[str, ...] = ("torch",)) -> None:
@@ -107,7 +120,7 @@ def require_torch(command: str, modules: tuple[str, ...] = ("torch",)) -> None:
         except (ImportError, ValueError):
             found = False
         if not found:
-            raise CommandError(f"`ckpt-audit {command}` needs {name}, which is not installed: {TORCH_EXTRA}")
+            raise CommandError(needs(command, name))
 
 
 def write_metrics_file(path: str, result, scrub) -> None:
