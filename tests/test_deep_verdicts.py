@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,10 @@ import torch
 from cli_json import age, codes_of, invoke, scan_json, statuses
 from scan_trees import shard, steps_of
 
-from ckpt_audit.catalog.deep_verdicts import record_deep_verdicts
+from ckpt_audit.catalog.deep_verdicts import read_deep_verdicts, record_deep_verdicts
+from ckpt_audit.catalog.node_memory import NodeMemory
+from ckpt_audit.cluster import ray_scan
+from ckpt_audit.cluster.noderoots import ENV
 from ckpt_audit.deep import safe_load
 from ckpt_audit.session import browse, record_if_free
 from ckpt_audit.verify import verify
@@ -177,3 +181,85 @@ def test_every_later_judgement_is_the_worse_of_scan_and_verify(copy_run, verl_ru
     assert json.loads(invoke("latest", "--json", str(run), catalog=db).stdout)["step"] == 4
     plan = json.loads(invoke("prune", "--dry-run", "--json", "--keep-last", "1", str(root), catalog=db).stdout)["plan"]
     assert 4 in {k["step"] for k in plan["keep"]} and 4 not in {d["step"] for d in plan["delete"]}
+
+
+def test_the_ray_scan_keeps_the_deep_verdict(copy_run, verl_run, tmp_path, monkeypatch):
+    """scan --ray's judgement (the driver's judge_cluster over each node's answer, run here as in
+    tests/test_cluster_nodes.py): after verify, rank 1's files moved to a second node's disk (a rename: same stat,
+    same bytes), step 6 is what verify called it."""
+    root, run, db = broken_copy(copy_run, verl_run, tmp_path, _no_scheduler)
+    verified(root, db, "lr-scheduler-missing")
+    node1 = tmp_path / "node1"
+    for f in root.rglob("*_rank_1.pt"):
+        os.renames(f, node1 / f.relative_to(root))
+    ids = ["a1" * 28, "b2" * 28]
+    table = tmp_path / "node_roots.json"
+    table.write_text(json.dumps({ids[1]: {str(root): str(node1)}}))
+    monkeypatch.setenv(ENV, f"@{table}")
+    answers = [ray_scan.scan_on_this_node([str(root)], nid) for nid in ids]
+    result = ray_scan.judge_cluster(
+        [str(root)],
+        answers,
+        [],
+        memory=NodeMemory(facts={}, last_answered_ns={}),
+        now_ns=time.time_ns(),
+        in_progress_window_s=60,
+        deep=read_deep_verdicts(db),
+    )
+    step6 = result.runs[0].checkpoints[-1]
+    assert step6.step == 6 and step6.status.value == "incomplete"
+    assert "lr-scheduler-missing" in {f.code for f in step6.all_findings}
+
+
+def test_a_damaged_row_is_not_read(tmp_path):
+    """A hand-edited deep_verdicts row (bad JSON, a wrong shape) is skipped, as a damaged cached run verdict is:
+    no traceback for every later scan."""
+    from ckpt_audit.catalog import open_catalog
+
+    db = tmp_path / "c.db"
+    open_catalog(db).close()
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.executemany(
+            "INSERT INTO deep_verdicts (checkpoint_path, run_path, scan_id, judged_ns, findings, files)"
+            " VALUES (?, 'r', 1, 0, ?, ?)",
+            [
+                ("a", "[]", "{not json"),
+                ("b", "[]", "[[1, 2]]"),
+                ("c", '[{"severity": "nope"}]', "[]"),
+                ("d", "[]", "[]"),
+            ],
+        )
+    conn.close()
+    assert sorted(read_deep_verdicts(db)) == ["d"]
+
+
+def test_the_tuis_refresh_after_its_verify_keeps_the_verdict(copy_run, verl_run, tmp_path):
+    """In the TUI: `v` (verify the run) finds step 6 broken; `r` (the background rescan, a plain scan) keeps it so."""
+    from textual.widgets import DataTable
+    from tui_pilot import drive, open_run, settle
+
+    from tui.app import AuditApp
+
+    root, run, db = broken_copy(copy_run, verl_run, tmp_path, _no_scheduler)
+    app = AuditApp(catalog_path=db, roots=[str(root)])
+    key = str(step_dir(run, 6).resolve())
+
+    async def script(pilot):
+        screen = await open_run(pilot)
+        table = screen.query_one("#checkpoints", DataTable)
+
+        def status() -> str:
+            return str(table.get_row_at(table.get_row_index(key))[2])
+
+        assert "complete" in status() and "incomplete" not in status()
+        await pilot.press("v")
+        await settle(pilot)
+        assert app.last_error is None and "incomplete" in status()
+        verified_view = app.snapshot
+        await pilot.press("r")
+        await settle(pilot)
+        assert app.last_error is None and app.snapshot is not verified_view  # the plain rescan's view now
+        assert "incomplete" in status()
+
+    drive(app, script)

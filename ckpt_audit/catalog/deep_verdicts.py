@@ -42,16 +42,19 @@ def read_deep_verdicts(path: str | os.PathLike[str] | None) -> dict[str, DeepVer
         return {}
     from ckpt_audit.rules.deep_verdict import DeepVerdict  # defined only when some verdict is kept
 
-    return {
-        ckpt: DeepVerdict(
-            checkpoint_path=ckpt,
-            run_path=run,
-            judged_ns=judged,
-            findings=findings_from_json(found, ckpt),
-            files=tuple((p, size, mtime, inode, h) for p, size, mtime, inode, h in json.loads(files)),
-        )
-        for ckpt, run, judged, found, files in rows
-    }
+    out: dict[str, DeepVerdict] = {}
+    for ckpt, run, judged, found, files in rows:
+        try:
+            out[ckpt] = DeepVerdict(
+                checkpoint_path=ckpt,
+                run_path=run,
+                judged_ns=judged,
+                findings=findings_from_json(found, ckpt),
+                files=tuple((p, size, mtime, inode, h) for p, size, mtime, inode, h in json.loads(files)),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # an edited or damaged row, as a damaged cached run verdict (catalog.verdicts): not read
+    return out
 
 
 def record_deep_verdicts(conn: sqlite3.Connection, result: ScanResult, scan_id: int) -> None:
