@@ -9,7 +9,9 @@ the facts of its files, and the scan's clock against the in-progress window. The
     every directory under the run: its path and mtime;
     every file under the run: its path, size, mtime, inode and ctime (the stat cache's own key, plus ctime: a
         chmod or a rewrite with the mtime put back moves it), and, for a file the catalog keeps no row for (the
-        tracker, run-level files), its facts as read this scan, text included.
+        tracker, run-level files), its facts as read this scan, text included;
+    the deep verdicts the catalog keeps for the run's checkpoints (rules.deep_verdict: which, and when judged), so a
+        verdict cached before verify recorded one is not reused after.
 
 Files the catalog does keep rows for contribute their stat alone (the configs the rules read as text too: same
 stat and ctime, same bytes, and bit rot under a kept stat is the scrub's to find, as for every shard): their rows
