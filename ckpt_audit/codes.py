@@ -258,6 +258,20 @@ _TABLE: tuple[Code, ...] = (
         explanation="only data.pt (or nothing resumable) is left: the usual remains of retention",
     ),
     Code(code="no-complete-checkpoint", severity=E, explanation="the run has checkpoints but none is complete"),
+    # a recorded deep verdict (rules/deep_verdict.py): verify's findings bind later scans while its files are unchanged
+    Code(
+        code="deep-verdict-kept",
+        severity=INFO,
+        explanation=(
+            "findings an earlier verify made are carried forward: the files it read are unchanged, so the status is the"
+            " worse of the scan's and verify's"
+        ),
+    ),
+    Code(
+        code="deep-verdict-stale",
+        severity=INFO,
+        explanation="a file an earlier verify read has changed (or was added or removed): its findings no longer bind",
+    ),
     # verify (deep checks: ckpt_audit/deep/rules.py, dcp_check.py, safetensors_check.py, safe_load.py)
     Code(
         code="not-loadable",

@@ -288,6 +288,9 @@ def _define_judged() -> None:
         cluster: ClusterView | None = None  # scan --ray: the nodes and each file's copies; None for a local scan
         run_keys: Mapping[str, str] = field(default_factory=dict)  # run -> verdict cache key, for the runs to cache
         runs_reused: frozenset[str] = frozenset()  # runs whose verdict the catalog's verdict cache gave (nothing moved)
+        # verify: checkpoint path -> the findings the deep checks added to the scan's (() for none), for each
+        # checkpoint deepened and not being written; the catalog keeps them (catalog.deep_verdicts)
+        deep_found: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
 
         @property
         def all_findings(self) -> tuple[Finding, ...]:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on
     from pathlib import Path
 
     from ckpt_audit.models import Run, ScanResult, ShardFile
+    from ckpt_audit.rules.deep_verdict import DeepVerdict
     from ckpt_audit.rules.status import ScanContext
     from ckpt_audit.tree import Partial
 
@@ -68,10 +69,13 @@ def scan(
     scrub: ScrubPolicy | None = None,
     reader: Reader | None = None,
     verdicts: verdict_cache.Source | None = None,
+    deep: Mapping[str, DeepVerdict] | None = None,
 ) -> ScanResult:
     """Scan `roots`: directories above runs, runs, or step directories (and paths inside them).
 
     `verdicts`: where cached run verdicts are (ckpt_audit.verdict_cache); None: every run is judged afresh.
+    `deep`: the deep verdicts the catalog keeps (catalog.deep_verdicts), which bind each checkpoint's judgement
+    while the files they read are unchanged (rules.deep_verdict); None: the shallow verdict alone (verify's own scan).
 
     `scrub` re-reads a rolling share of the files the catalog could vouch for (ckpt_audit.scrub); None: reuse them
     all. Its budget is shared by the roots, in order.
@@ -87,6 +91,8 @@ def scan(
         layouts = load_layouts()
         now = now_ns if now_ns is not None else started
         window_ns = int(in_progress_window_s * 1e9)
+        deep = deep or {}
+        stamps = verdict_cache.deep_stamps(deep)
         partials: list[Partial] = []
         for r in walk_roots:
             partials.append(
@@ -104,11 +110,12 @@ def scan(
                     # a run seen by two nested roots would mix cached and judged facts
                     verdicts=None if focus or verdict_cache.nested(walk_roots) else verdicts,
                     window_ns=window_ns,
+                    deep_stamps=stamps,
                 )
             )
         from ckpt_audit.rules.status import ScanContext  # made on first use, as is the judged model: off start-up
 
-        ctx = ScanContext(now_ns=now, in_progress_window_ns=window_ns)
+        ctx = ScanContext(now_ns=now, in_progress_window_ns=window_ns, deep=deep)
         result = reduce(partials, ctx=ctx, layouts=layouts)
         if focus:
             result = only_checkpoints(result, focus, whole=frozenset(walk_roots) - {os.path.dirname(f) for f in focus})
@@ -196,6 +203,7 @@ def scan_partial(
     reader: Reader | None = None,
     verdicts: verdict_cache.Source | None = None,
     window_ns: int = int(DEFAULT_IN_PROGRESS_WINDOW_S * 1e9),
+    deep_stamps: Mapping[str, str] | None = None,  # run -> its recorded deep verdicts (verdict_cache.deep_stamps)
 ) -> Partial:
     previous = previous if previous is not None else {}  # not `or`: a lazy catalog manifest loads on bool()
     now = now_ns if now_ns is not None else time.time_ns()
@@ -275,6 +283,7 @@ def scan_partial(
             layouts=[layout.name for layout in layouts],
             window_ns=window_ns,
             unrowed={p: facts[p] for p in files if p not in cand.rowed},
+            deep=(deep_stamps or {}).get(run, ""),
         )
         steady = all(verdict_cache.same_content(facts[p], prior[p]) for p in mine if p in scrubbed_set)
         model = cand.source.run(run) if key == cand.stored[run] and steady else None
@@ -813,6 +822,7 @@ def _verdict_keys(partials, runs, tree, facts, ctx, layouts, owner) -> dict[str,
     catalog keeps these verdicts. A file of the run's checkpoints has a catalog row; the rest enter by their facts."""
     digests = {d: g for part in partials for d, g in part.run_digests.items()}
     names = [layout.name for layout in layouts]
+    stamps = verdict_cache.deep_stamps(ctx.deep) if ctx.deep else {}
     keys: dict[str, str] = {}
     for run in runs:
         if run.path not in digests:
@@ -828,5 +838,6 @@ def _verdict_keys(partials, runs, tree, facts, ctx, layouts, owner) -> dict[str,
             layouts=names,
             window_ns=ctx.in_progress_window_ns,
             unrowed={p: facts[p] for p in files if p not in rowed},
+            deep=stamps.get(run.path, ""),
         )
     return keys

@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
     from ckpt_audit.lifecycle.survivors import SurvivorCheck
     from ckpt_audit.models import FileFacts, Run, ScanResult  # made on first use, after the scan's reads
+    from ckpt_audit.rules.deep_verdict import DeepVerdict
     from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
@@ -121,6 +122,7 @@ class Session:
             scrub=scrub,
             now_ns=now_ns,
             reader=reader,
+            deep=self.kept_deep(),
         )
         from ckpt_audit.answers import Recorded  # after the reads: off the scan's start-up (issue 16)
 
@@ -150,6 +152,10 @@ class Session:
             scrub=scrub,
         )
         return Recorded(result=result, scan_id=self.record(result, rehash=rehash))
+
+    def kept_deep(self) -> dict[str, DeepVerdict]:
+        """The deep verdicts the catalog keeps, read now: every judgement but verify's own binds to them."""
+        return _kept_deep(self.catalog_path)
 
     def record(self, result: ScanResult, *, rehash: bool = False) -> int | None:
         """Record a scan made elsewhere (the demo's, a browse); returns its scan id (None without a catalog)."""
@@ -320,7 +326,7 @@ def browse(
     if deep:
         result = _verify(roots, previous=previous, progress=progress, rehash=True)
     else:
-        result = scanner.scan(list(roots), previous=previous, progress=progress)
+        result = scanner.scan(list(roots), previous=previous, progress=progress, deep=_kept_deep(catalog_path))
     return result, record_if_free(result, catalog_path)
 
 
@@ -356,9 +362,10 @@ def latest(
     from ckpt_audit.lifecycle.latest import gate, oldest_verified
 
     previous = _previous_or_empty(catalog_path)
+    deep = _kept_deep_or_empty(catalog_path)
     try:
         real = scanner.check_root(run)
-        result = scanner.scan([real], previous=previous, in_progress_window_s=in_progress_window_s)
+        result = scanner.scan([real], previous=previous, in_progress_window_s=in_progress_window_s, deep=deep)
     except scanner.ScanError as exc:
         raise SessionError(str(exc)) from None
     the_run = run_named(result, run)
@@ -378,7 +385,7 @@ def latest(
             break
         # read the candidate by content now; what that read finds (hash drift, a bad CRC) is its verdict
         focused = scanner.scan(
-            [g.reread.path], previous=previous, in_progress_window_s=in_progress_window_s, rehash=True
+            [g.reread.path], previous=previous, in_progress_window_s=in_progress_window_s, rehash=True, deep=deep
         )
         scans.append(focused)
         fresh = {c.path: c for r in focused.runs for c in r.checkpoints}
@@ -440,6 +447,22 @@ def _previous(catalog_path: Path | None) -> dict | None:
     from ckpt_audit.catalog.manifest import read_previous
 
     return read_previous(catalog_path)
+
+
+def _kept_deep(catalog_path: Path | None) -> dict[str, DeepVerdict]:
+    from ckpt_audit.catalog.deep_verdicts import read_deep_verdicts
+
+    return read_deep_verdicts(catalog_path)
+
+
+def _kept_deep_or_empty(catalog_path: Path | None) -> dict[str, DeepVerdict]:
+    """The kept deep verdicts; {} when the catalog is absent or unreadable (as _previous_or_empty)."""
+    from ckpt_audit.catalog.manifest import CatalogError
+
+    try:
+        return _kept_deep(catalog_path)
+    except CatalogError:
+        return {}
 
 
 def _previous_or_empty(catalog_path: Path | None) -> dict:

@@ -9,7 +9,9 @@ the facts of its files, and the scan's clock against the in-progress window. The
     every directory under the run: its path and mtime;
     every file under the run: its path, size, mtime, inode and ctime (the stat cache's own key, plus ctime: a
         chmod or a rewrite with the mtime put back moves it), and, for a file the catalog keeps no row for (the
-        tracker, run-level files), its facts as read this scan, text included.
+        tracker, run-level files), its facts as read this scan, text included;
+    the deep verdicts the catalog keeps for the run's checkpoints (rules.deep_verdict: which, and when judged), so a
+        verdict cached before verify recorded one is not reused after.
 
 Files the catalog does keep rows for contribute their stat alone (the configs the rules read as text too: same
 stat and ctime, same bytes, and bit rot under a kept stat is the scrub's to find, as for every shard): their rows
@@ -39,6 +41,7 @@ from ckpt_audit.tree import Tree
 
 if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
     from ckpt_audit.models import Run
+    from ckpt_audit.rules.deep_verdict import DeepVerdict
 
 # bump when a rule or layout change would judge the same inputs differently (a new release changes the key anyway,
 # and so does any edit to the judging code's files: code_stamp)
@@ -235,17 +238,30 @@ def run_key(
     layouts: Sequence[str],
     window_ns: int,
     unrowed: Mapping[str, FileFacts],
+    deep: str = "",
 ) -> str:
-    """The verdict cache key: the stat digest, what the verdict's rules are, and the facts of the files the catalog
-    keeps no row for (`unrowed`: read every scan, so their facts are part of what the verdict read)."""
+    """The verdict cache key: the stat digest, what the verdict's rules are, the facts of the files the catalog
+    keeps no row for (`unrowed`: read every scan, so their facts are part of what the verdict read) and the deep
+    verdicts recorded for the run's checkpoints (`deep`: deep_stamps; one recorded or dropped later changes it)."""
     h = xxhash.xxh3_128()
     h.update(
-        f"{__version__}\0{VERDICT_FORMAT}\0{code_stamp()}\0{layout}\0{','.join(layouts)}\0{window_ns}\0{run}\0{digest}\n".encode()
+        f"{__version__}\0{VERDICT_FORMAT}\0{code_stamp()}\0{layout}\0{','.join(layouts)}\0{window_ns}\0{run}\0{digest}\0{deep}\n".encode(
+            "utf-8", "surrogateescape"
+        )
     )
     cut = len(run)
     for p in sorted(unrowed):
         h.update(f"{p[cut:]}\0{content(unrowed[p])}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
+
+
+def deep_stamps(deep: Mapping[str, DeepVerdict]) -> dict[str, str]:
+    """run path -> which deep verdicts the catalog holds for its checkpoints (rules.deep_verdict), as run_key's
+    `deep`: a verdict judged before one was recorded (or after one was dropped) is not reused."""
+    out: dict[str, list[str]] = {}
+    for path, v in sorted(deep.items()):
+        out.setdefault(v.run_path, []).append(f"{path}\0{v.judged_ns}")
+    return {run: "\0".join(parts) for run, parts in out.items()}
 
 
 def content(f: FileFacts) -> str:

@@ -63,16 +63,29 @@ def deepen(result: ScanResult, *, workers: int = 2, progress: Progress | None = 
     total = len(jobs)
     done = 0
     runs = [list(r.checkpoints) for r in result.runs]
+    found: dict[str, tuple[Finding, ...]] = {}
     for (ri, ci), ckpt in map_unordered(
         lambda j: deepen_checkpoint(result.runs[j[0]].checkpoints[j[1]]), jobs, workers=workers, name="ckpt-verify"
     ):
         runs[ri][ci] = ckpt
+        if ckpt.status is not Status.IN_PROGRESS:  # a verdict on files being written describes nothing to keep
+            found[ckpt.path] = deep_only(ckpt, before=result.runs[ri].checkpoints[ci])
         done += 1
         if progress is not None:
             progress(done, total)
     return replace(
-        result, runs=tuple(replace(r, checkpoints=tuple(runs[i])) for i, r in enumerate(result.runs)), deep=True
+        result,
+        runs=tuple(replace(r, checkpoints=tuple(runs[i])) for i, r in enumerate(result.runs)),
+        deep=True,
+        deep_found=found,
     )
+
+
+def deep_only(ckpt: Checkpoint, *, before: Checkpoint) -> tuple[Finding, ...]:
+    """What the deep checks found beyond the scan: the verdict later scans keep (rules.deep_verdict). A file the
+    deep checks could not read is no verdict on its bytes: the next scan reads it for itself."""
+    had = set(before.all_findings)
+    return tuple(f for f in ckpt.all_findings if f not in had and f.code not in status_rules.UNREAD_CODES)
 
 
 def deepen_checkpoint(ckpt: Checkpoint) -> Checkpoint:

@@ -328,3 +328,20 @@ def m007_run_verdicts(db) -> None:
         f"BEGIN {forget} = OLD.path; END"
     )
     db.execute(f"CREATE TRIGGER run_verdicts_run_removed AFTER DELETE ON runs BEGIN {forget} = OLD.path; END")
+
+
+@MIGRATIONS()
+def m008_deep_verdicts(db) -> None:
+    """What verify (or scan --deep) found of each checkpoint beyond the scan, with the files it read as it read them:
+    every later judgement takes the worse of the scan's verdict and this one while those files are unchanged
+    (ckpt_audit.rules.deep_verdict). One row per checkpoint, replaced by its next verify; none when verify found
+    nothing."""
+    db.execute("""
+        CREATE TABLE deep_verdicts (
+            checkpoint_path TEXT PRIMARY KEY,
+            run_path TEXT NOT NULL,
+            scan_id INTEGER NOT NULL,          -- the verify's scan (scans.id)
+            judged_ns INTEGER NOT NULL,        -- when verify read the files (its scan's start)
+            findings TEXT NOT NULL,            -- JSON list of the findings verify added to the scan's
+            files TEXT NOT NULL                -- JSON [[path, size_bytes, mtime_ns, inode, hash], ...]: what it read
+        )""")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckpt_audit import __version__
+from ckpt_audit.catalog.deep_verdicts import record_deep_verdicts
 from ckpt_audit.catalog.manifest import (
     CatalogError,
     as_shard_files,
@@ -194,6 +195,7 @@ class Catalog:
                     )
             refresh_run_summaries(conn, [r.path for r in result.runs])
             record_verdicts(conn, result.runs, result.run_keys, reused=result.runs_reused, judged_ns=result.started_ns)
+            record_deep_verdicts(conn, result, scan_id)
             if result.cluster is not None:
                 _record_cluster(conn, result, scan_id)
             ops.tick()

@@ -53,6 +53,7 @@ def run_ray_scan(
             options=options,
             memory=memory,
             gone_after_s=ray_scan.DEFAULT_GONE_AFTER_S if gone_after_ns is None else gone_after_ns / 1e9,
+            deep=s.kept_deep(),
         )
         scan_id = s.record(result, rehash=rehash)
     if metrics_file is not None:

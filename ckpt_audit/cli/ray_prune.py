@@ -38,6 +38,7 @@ def plan_on_cluster(s, roots, policy, *, pins, address: str, now_ns: int):
         in_progress_window_s=scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
         memory=memory,
         now_ns=now_ns,
+        deep=s.kept_deep(),
     )
     known = set(memory.last_answered_ns) | set(memory.facts)
     scanned = ray_prune.protect_silent(scanned, ray_scan.held_before(memory, roots), known)

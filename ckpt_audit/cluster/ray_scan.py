@@ -139,10 +139,12 @@ def node_local_map(
     return answers, silent
 
 
-def reduce_nodes(answers: Sequence[NodePartials], *, now_ns: int, in_progress_window_ns: int) -> ScanResult:
-    """The driver's reduce over every node's partials: exactly the local scan's reduce."""
+def reduce_nodes(
+    answers: Sequence[NodePartials], *, now_ns: int, in_progress_window_ns: int, deep: Mapping | None = None
+) -> ScanResult:
+    """The driver's reduce over every node's partials: exactly the local scan's reduce (`deep`: as scanner.scan's)."""
     parts = [p for a in answers for p in a.partials]
-    ctx = ScanContext(now_ns=now_ns, in_progress_window_ns=in_progress_window_ns)
+    ctx = ScanContext(now_ns=now_ns, in_progress_window_ns=in_progress_window_ns, deep=deep or {})
     return reduce(parts, ctx=ctx, layouts=load_layouts())
 
 
@@ -156,9 +158,11 @@ def scan_cluster(
     memory: NodeMemory | None = None,
     gone_after_s: float = DEFAULT_GONE_AFTER_S,
     timeout_s: float = 600.0,
+    deep: Mapping | None = None,
 ) -> ScanResult:
     """scan --ray: the node-local map (each node reusing its catalogued copies, `memory`), the driver's reduce and
-    the multi-node findings, as one ScanResult carrying which node holds what (`cluster`)."""
+    the multi-node findings, as one ScanResult carrying which node holds what (`cluster`). `deep`: the catalog's
+    kept deep verdicts, as scanner.scan's."""
     memory = memory or NodeMemory(facts={}, last_answered_ns={})
     started = time.time_ns()
     now = now_ns if now_ns is not None else started
@@ -178,6 +182,7 @@ def scan_cluster(
         now_ns=now,
         in_progress_window_s=in_progress_window_s,
         gone_after_s=gone_after_s,
+        deep=deep,
     )
     return replace(result, started_ns=started, finished_ns=time.time_ns())
 
@@ -191,6 +196,7 @@ def judge_cluster(
     now_ns: int,
     in_progress_window_s: float,
     gone_after_s: float = DEFAULT_GONE_AFTER_S,
+    deep: Mapping | None = None,
 ) -> ScanResult:
     """The driver's half, pure over what the nodes answered and what the catalog remembers of them: reduce, the
     multi-node findings, and the view of which node holds what for the catalog."""
@@ -210,7 +216,7 @@ def judge_cluster(
         if n in memory.facts
     ]
     reduced = reduce_nodes(
-        [*answers, *remembered], now_ns=now_ns, in_progress_window_ns=int(in_progress_window_s * 1e9)
+        [*answers, *remembered], now_ns=now_ns, in_progress_window_ns=int(in_progress_window_s * 1e9), deep=deep
     )
     result = judge_nodes(reduced, answers, silent, recalled=recalled, gone=gone, now_ns=now_ns)
     if focus:  # as the local scan: only the checkpoints asked for (their runs' other steps were not read)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import CODES, finding
@@ -10,6 +11,7 @@ from ckpt_audit.models import FileKind, Finding, Severity, Status, made_on_first
 
 if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
     from ckpt_audit.models import Checkpoint
+    from ckpt_audit.rules.deep_verdict import DeepVerdict
 
 
 def _define_scan_context() -> None:
@@ -24,6 +26,8 @@ def _define_scan_context() -> None:
         in_progress_window_ns: int = 120 * 10**9  # touched this recently (and uncommitted): being written
         changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
         unread: tuple[Finding, ...] = ()  # entries the walk or the readers could not read: their checkpoint is unknown
+        # checkpoint path -> what an earlier verify found of it (catalog.deep_verdicts): binds while its files stand
+        deep: Mapping[str, DeepVerdict] = field(default_factory=dict)
 
 
 __getattr__ = made_on_first_use(globals(), _define_scan_context, ("ScanContext",))
@@ -115,6 +119,10 @@ def judge(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanContext) -> Ch
         )
     if walked := unread_inside(ckpt, ctx):
         ckpt = replace(ckpt, findings=ckpt.findings + walked)
+    if (verdict := ctx.deep.get(ckpt.path)) is not None:  # the status below is then the worse of scan's and verify's
+        from ckpt_audit.rules.deep_verdict import carried
+
+        ckpt = replace(ckpt, findings=ckpt.findings + carried(ckpt, verdict))
     errors = [f for f in ckpt.all_findings if f.severity is Severity.ERROR]
     st = from_errors(errors)
     if any(f.code in UNREAD_CODES for f in ckpt.all_findings):
