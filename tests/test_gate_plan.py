@@ -93,12 +93,15 @@ def test_gate_takes_a_whole_checkpoint_beyond_a_lagging_tracker_but_not_a_half_s
 def test_gate_verified_asks_for_a_reread_of_what_is_not_recently_read():
     r = run(ckpt(4), ckpt(6), tracker=6)
     shard = r.checkpoints[1].all_files[0].path
-    old = gate(r, verified={shard: NOW - 8 * 24 * HOUR}, now_ns=NOW, period_ns=7 * 24 * HOUR)
+    old = gate(r, verified={shard: NOW - 8 * 24 * HOUR}, now_ns=NOW, max_age_ns=7 * 24 * HOUR)
     assert old.chosen is None and old.reread == r.checkpoints[1]
-    fresh = gate(r, verified={shard: NOW - HOUR}, now_ns=NOW, period_ns=7 * 24 * HOUR)
+    fresh = gate(r, verified={shard: NOW - HOUR}, now_ns=NOW, max_age_ns=7 * 24 * HOUR)
     assert fresh.chosen.step == 6 and fresh.verified_ns == NOW - HOUR
-    never = gate(r, verified={}, now_ns=NOW, period_ns=7 * 24 * HOUR, reread=frozenset({r.checkpoints[1].path}))
+    never = gate(r, verified={}, now_ns=NOW, max_age_ns=7 * 24 * HOUR, reread=frozenset({r.checkpoints[1].path}))
     assert never.chosen.step == 6  # read by content just now
+    # max age 0 (latest --verified's default): only a read made by this call, at or after now_ns, stands
+    assert gate(r, verified={shard: NOW - 1}, now_ns=NOW).reread == r.checkpoints[1]
+    assert gate(r, verified={shard: NOW}, now_ns=NOW).chosen.step == 6
 
 
 def test_gate_with_nothing_resumable_gives_one_reason():
