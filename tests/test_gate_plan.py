@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ckpt_audit.codes import finding
@@ -149,6 +151,16 @@ def test_plan_moves_back_from_a_corrupt_or_unsafe_target():
 def test_plan_ok_when_the_tracker_names_the_newest_complete():
     fix = plan_fix(run(ckpt(4), ckpt(6), tracker=6), state(b"6"), now_ns=NOW, in_progress_window_ns=WINDOW)
     assert fix.problem == "ok" and not fix.needed
+
+
+def test_plan_never_names_nor_targets_a_step_directory_verl_does_not_open():
+    """verl opens exactly global_step_6 for a tracker saying 6: a global_step_06 is neither its target nor ours."""
+    padded = dataclasses.replace(ckpt(6), path=f"{RUN}/global_step_06")
+    fix = plan_fix(run(ckpt(4), padded, tracker=6), state(b"6"), now_ns=NOW, in_progress_window_ns=WINDOW)
+    assert (fix.problem, fix.new_step, fix.new_path) == ("dangling", 4, f"{RUN}/global_step_4")
+    assert "global_step_06 is, but verl never resolves that name" in fix.detail
+    fix = plan_fix(run(ckpt(4), padded, tracker=4), state(b"4"), now_ns=NOW, in_progress_window_ns=WINDOW)
+    assert fix.problem == "ok"  # the newest whole checkpoint verl can open
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,7 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         new_step=target.step,
         new_path=target.path,
         refused=refused,
-        detail=f"{_what(problem, old_step)}{_aside(run, old_step)}: point it at step {target.step}",
+        detail=f"{_what(problem, old_step)}{_aside(run, old_step, problem)}: point it at step {target.step}",
     )
 
 
@@ -114,8 +114,10 @@ def _resolves(run: Run, ckpt) -> bool:
     return run.layout != VERL_FSDP or os.path.basename(ckpt.path) == step_dir_name(ckpt.step)
 
 
-def _aside(run: Run, step: int | None) -> str:
-    """A step directory verl cannot resolve that holds the tracker's step (`global_step_06`), named for people."""
+def _aside(run: Run, step: int | None, problem: str) -> str:
+    """For a dangling tracker: the step directory verl cannot open that holds its step (`global_step_06`)."""
+    if problem != "dangling":
+        return ""
     names = [os.path.basename(c.path) for c in run.checkpoints if c.step == step and not _resolves(run, c)]
     return f" ({names[0]} is, but verl never resolves that name: rename it to resume from it)" if names else ""
 
