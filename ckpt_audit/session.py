@@ -386,7 +386,13 @@ def latest(
         raise SessionError(str(exc)) from None
     the_run = run_named(result, run)
     scans = [result]
-    verified_at = {p: f.verified_ns for p, f in result.file_facts.items()}
+
+    def read_at(scan: ScanResult) -> dict[str, int | None]:
+        # when each file was last read by content; with no max age only this call's reads count (never a catalog
+        # time, which a clock stepped back could place after `started`)
+        return {p: f.verified_ns for p, f in scan.file_facts.items() if max_age_ns or not f.reused}
+
+    verified_at = read_at(result)
     reread: set[str] = set()
     while True:
         g = gate(
@@ -405,7 +411,7 @@ def latest(
         scans.append(focused)
         fresh = {c.path: c for r in focused.runs for c in r.checkpoints}
         the_run = replace(the_run, checkpoints=tuple(fresh.get(c.path, c) for c in the_run.checkpoints))
-        verified_at.update({p: f.verified_ns for p, f in focused.file_facts.items()})
+        verified_at.update(read_at(focused))
         reread.add(g.reread.path)
     not_recorded = ""
     for s in scans:

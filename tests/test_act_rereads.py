@@ -148,3 +148,15 @@ def test_fix_tracker_never_trusts_a_step_directory_verl_does_not_open(run, tmp_p
     assert "global_step_06" in plan["detail"]
     assert cli("fix-tracker", "--yes", run, catalog=db).returncode == 0
     assert (run / TRACKER).read_text() == "4"
+
+
+def test_latest_verified_reads_now_whatever_time_the_catalog_claims(run, tmp_path):
+    """A catalog time after now (a clock stepped back, another node's clock) is no read made now."""
+    db = tmp_path / "c.db"
+    assert cli("scan", "-q", run, catalog=db).returncode == 0
+    flip_payload_byte(shard(run / "global_step_6", "model", 0))
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE files SET verified_ns = ?", [time.time_ns() + 3600 * 10**9])
+    out = cli("latest", "--verified", run, catalog=db)
+    assert out.returncode == 0 and out.stdout.strip() == str(run / "global_step_4"), out.stderr
+    assert "read step 6 by content just now" in out.stderr
