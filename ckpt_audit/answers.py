@@ -11,26 +11,37 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.lifecycle.latest import Gate
-    from ckpt_audit.lifecycle.prune import TrashDir
+    from ckpt_audit.lifecycle.prune import PruneResult, TrashDir
     from ckpt_audit.lifecycle.retention import PrunePlan
-    from ckpt_audit.lifecycle.survivors import SurvivorCheck
+    from ckpt_audit.lifecycle.survivors import Reread, SurvivorCheck
     from ckpt_audit.lifecycle.tracker_fix import TrackerFix
-    from ckpt_audit.models import Run, ScanResult
+    from ckpt_audit.models import Checkpoint, Run, ScanResult
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrunePreview:
-    """What a prune would do, from a fresh scan: the plan whose survivors were re-read (`check.plan`), and the
-    trash an interrupted prune left in `reclaim_dirs`. Shown, confirmed, then given to `Session.prune`."""
+    """What a prune would do, from a fresh scan: the plan (`check.plan`; its survivors re-read when `checked`), and
+    the trash an interrupted prune left in `reclaim_dirs`. Shown, confirmed, then given to `Session.prune`, which
+    re-reads the survivors again at the moment it acts."""
 
     scanned: ScanResult
     check: SurvivorCheck
+    checked: bool  # False: planned only (prune --yes: the one re-read is the one before the first deletion)
     trash: tuple[TrashDir, ...]
     reclaim_dirs: tuple[str, ...]
 
     @property
     def plan(self) -> PrunePlan:
         return self.check.plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pruned:
+    """What `Session.prune` did: the survivor check made just before the first deletion, and the execution (None:
+    the re-read changed what a confirmed plan deletes, so nothing was deleted)."""
+
+    check: SurvivorCheck
+    result: PruneResult | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +60,17 @@ class TrackerPlan:
     fix: TrackerFix
     step_names: frozenset[str]
     planned_ns: int
+    target: Checkpoint | None = None  # the checkpoint `fix` points the tracker at, as scanned
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrackerWrite:
+    """What `Session.fix_tracker` did: the target read by content just before writing (`reread`); the tracker was
+    rewritten only if that read held (`written`), its old content kept in `backup` (None: there was none)."""
+
+    reread: Reread
+    written: bool
+    backup: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,12 +33,11 @@ from ckpt_audit import lock, scanner
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
-    from ckpt_audit.answers import LatestAnswer, PrunePreview, Recorded, TrackerPlan
+    from ckpt_audit.answers import LatestAnswer, Pruned, PrunePreview, Recorded, TrackerPlan, TrackerWrite
     from ckpt_audit.catalog.store import Catalog
     from ckpt_audit.lifecycle.export import ExportResult
     from ckpt_audit.lifecycle.prune import Outcome, PruneResult
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
-    from ckpt_audit.lifecycle.survivors import SurvivorCheck
     from ckpt_audit.models import FileFacts, Run, ScanResult  # made on first use, after the scan's reads
     from ckpt_audit.rules.deep_verdict import DeepVerdict
     from ckpt_audit.scrub import ScrubPolicy
@@ -170,15 +169,18 @@ class Session:
         now_ns: int,
         scanned: ScanResult | None = None,
         reread: Callable | None = None,
+        check: bool = True,
     ) -> PrunePreview:
         """Scan the session's roots (not recorded: prune records its scan only once it deletes), fill any best-N
-        rule with its metric's values, plan, and re-read what the plan counts on. Writes nothing. Raises PlanError.
-        prune --ray passes the cluster's union scan (`scanned`) and its nodes' re-read (`reread`)."""
+        rule with its metric's values, plan, and (`check`) re-read what the plan counts on, so the plan shown is
+        the checked one. Writes nothing. Raises PlanError. prune --ray passes the cluster's union scan (`scanned`)
+        and its nodes' re-read (`reread`)."""
         import dataclasses
 
         from ckpt_audit.answers import PrunePreview
         from ckpt_audit.lifecycle.prune import find_trash
         from ckpt_audit.lifecycle.retention import KeepBest, metric_problem, plan_prune, read_metric
+        from ckpt_audit.lifecycle.survivors import SurvivorCheck
 
         if scanned is None:
             scanned = self.scan(now_ns=now_ns, record=False).result
@@ -197,9 +199,11 @@ class Session:
             raise PlanError(f"--pin {unknown[0]} matches no scanned checkpoint")
         plan = plan_prune(runs, dataclasses.replace(policy, rules=tuple(rules)), now_ns=now_ns, pins=pin_paths)
         # the plan shown (and asked about) is the one whose survivors were re-read
-        check = self.check_survivors(plan, runs, reread=reread)
+        survivors = self.check_survivors(plan, runs, reread=reread) if check else SurvivorCheck(plan=plan, runs=runs)
         reclaim = tuple(sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints}))
-        return PrunePreview(scanned=scanned, check=check, trash=tuple(find_trash(reclaim)), reclaim_dirs=reclaim)
+        return PrunePreview(
+            scanned=scanned, check=survivors, checked=check, trash=tuple(find_trash(reclaim)), reclaim_dirs=reclaim
+        )
 
     def check_survivors(
         self, plan: PrunePlan, runs: Sequence[Run], *, progress: Progress | None = None, reread: Callable | None = None
@@ -211,38 +215,43 @@ class Session:
 
     def prune(
         self,
-        check: SurvivorCheck,
+        plan: PrunePlan,
+        runs: Sequence[Run],
         *,
-        confirmed: PrunePlan | None = None,
+        confirmed: bool,
         scanned: ScanResult | None = None,
         reclaim_dirs: Iterable[str] = (),
         progress: Callable[[Outcome], None] | None = None,
+        reread_progress: Progress | None = None,
+        reread: Callable | None = None,
         execute: Callable[..., PruneResult] | None = None,
-    ) -> PruneResult | None:
-        """Delete `check.plan` crash-safely, logged in the catalog. First the scan the plan came from (`scanned`)
-        is recorded and what the survivor check read is kept (a failure found must outlive the next cached scan).
-        `confirmed`: the plan the user agreed to before the re-read; if the re-read changed what goes, nothing is
-        deleted and None is returned. `execute`: who carries the plan out (default lifecycle.prune.execute; prune
-        --ray: the nodes, each running it on its own part)."""
+    ) -> Pruned:
+        """Re-read what `plan` counts on now, immediately before the first deletion (`check_survivors`), then delete
+        the checked plan crash-safely, logged in the catalog. Both front ends call this once they may act: after a
+        person confirmed `plan` (`confirmed`: if the re-read changes what goes, nothing is deleted and the result is
+        None) or at once (prune --yes: the checked plan is executed). First the scan the plan came from
+        (`scanned`) is recorded and what the re-read found is kept (a failure must outlive the next cached scan).
+        `reread` / `execute`: who re-reads a checkpoint and who carries the plan out (prune --ray: the nodes)."""
+        from ckpt_audit.answers import Pruned
         from ckpt_audit.catalog.lifecycle import LifecycleLog
         from ckpt_audit.lifecycle import prune
 
-        execute = execute or prune.execute
-
+        check = self.check_survivors(plan, runs, progress=reread_progress, reread=reread)
         cat = self.catalog
         if cat is not None:
             if scanned is not None:
                 cat.record_scan(scanned)
             cat.record_rereads(check.rereads)
-        if confirmed is not None and {i.path for i in check.plan.delete} != {i.path for i in confirmed.delete}:
-            return None
-        return execute(
+        if confirmed and {i.path for i in check.plan.delete} != {i.path for i in plan.delete}:
+            return Pruned(check=check, result=None)
+        result = (execute or prune.execute)(
             check.plan,
             catalog=None if cat is None else LifecycleLog(cat.db),
             reclaim_dirs=reclaim_dirs,
             progress=progress,
             reread=check.outcomes(),
         )
+        return Pruned(check=check, result=result)
 
     def export(self, step_dir: str | Path, to: str | Path, **options) -> ExportResult:
         """Export one checkpoint to a HuggingFace directory, recorded in the catalog
@@ -272,19 +281,30 @@ class Session:
         now = time.time_ns() if now_ns is None else now_ns
         fix = plan_fix(the_run, state, now_ns=now, in_progress_window_ns=int(in_progress_window_s * 1e9))
         steps = frozenset(os.path.basename(c.path) for c in the_run.checkpoints)
-        return TrackerPlan(fix=fix, step_names=steps, planned_ns=now)
+        target = next((c for c in the_run.checkpoints if c.path == fix.new_path), None)
+        return TrackerPlan(fix=fix, step_names=steps, planned_ns=now, target=target)
 
-    def fix_tracker(self, plan: TrackerPlan) -> str | None:
-        """Rewrite the tracker as `plan.fix` says (needed, not refused) and log it in the catalog (tracker_fixes).
-        Returns where the old content was kept (None: there was no tracker). Raises tracker_fix.FixError."""
+    def fix_tracker(self, plan: TrackerPlan, *, workers: int = 2) -> TrackerWrite:
+        """Read the target by content now (hash + CRC of every file against the scan, lifecycle.survivors.reread:
+        the scan's verdict may come from a stat cache that never sees bit rot), record what that read, and only if
+        it holds rewrite the tracker as `plan.fix` says (needed, not refused), logged in the catalog
+        (tracker_fixes). Raises tracker_fix.FixError."""
+        from ckpt_audit.answers import TrackerWrite
+        from ckpt_audit.lifecycle.survivors import reread
         from ckpt_audit.lifecycle.tracker_fix import apply_fix
 
+        assert plan.target is not None and plan.target.path == plan.fix.new_path
+        check = reread(plan.target, workers=workers)
+        if self.catalog is not None:
+            self.catalog.record_rereads([check])
+        if not check.ok:
+            return TrackerWrite(reread=check, written=False)
         backup = apply_fix(plan.fix, step_names=plan.step_names)
         if self.catalog is not None:
             from ckpt_audit.catalog.tracker_log import record_fix
 
             record_fix(self.catalog.db, plan.fix, at_ns=plan.planned_ns, backup_path=backup)
-        return backup
+        return TrackerWrite(reread=check, written=True, backup=backup)
 
     def _close(self) -> None:
         if self._catalog is not None:
@@ -351,18 +371,21 @@ def latest(
     catalog_path: Path | None,
     *,
     verified: bool = False,
-    period_ns: int = 0,
+    max_age_ns: int = 0,
     in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
 ) -> LatestAnswer:
     """The resume gate for `run` (lifecycle.latest.gate): scan it with the catalogued hashes (a stale or absent
-    catalog still gives a true answer), re-read by content what `verified` needs (last read over `period_ns` ago),
-    then record the scans if the lock is free: a job script's gate never waits for, nor fails on, a cron scan
-    holding the lock or a catalog it may not write. Raises SessionError when `run` is not one run."""
+    catalog still gives a true answer); with `verified`, read the candidate by content now (hash + CRC of every
+    file against the catalog; `max_age_ns` > 0: unless it was read within that age), falling back to the next
+    one when that read fails; then record the scans if the lock is free: a job script's gate never waits for, nor
+    fails on, a cron scan holding the lock or a catalog it may not write. Raises SessionError when `run` is not one
+    run."""
     from ckpt_audit.answers import LatestAnswer
     from ckpt_audit.lifecycle.latest import gate, oldest_verified
 
     previous = _previous_or_empty(catalog_path)
     deep = _kept_deep_or_empty(catalog_path)
+    started = time.time_ns()  # a file read by content from here on was read "now"
     try:
         real = scanner.check_root(run)
         result = scanner.scan([real], previous=previous, in_progress_window_s=in_progress_window_s, deep=deep)
@@ -370,15 +393,20 @@ def latest(
         raise SessionError(str(exc)) from None
     the_run = run_named(result, run)
     scans = [result]
-    verified_at = {p: f.verified_ns for p, f in result.file_facts.items()}
+
+    def read_at(scan: ScanResult) -> dict[str, int | None]:
+        # when each file was last read by content; with no max age only this call's reads count (never a catalog
+        # time, which a clock stepped back could place after `started`)
+        return {p: f.verified_ns for p, f in scan.file_facts.items() if max_age_ns or not f.reused}
+
+    verified_at = read_at(result)
     reread: set[str] = set()
-    now = time.time_ns()
     while True:
         g = gate(
             the_run,
             verified=verified_at if verified else None,
-            now_ns=now,
-            period_ns=period_ns,
+            now_ns=started,
+            max_age_ns=max_age_ns,
             reread=frozenset(reread),
         )
         if g.reread is None:
@@ -390,7 +418,7 @@ def latest(
         scans.append(focused)
         fresh = {c.path: c for r in focused.runs for c in r.checkpoints}
         the_run = replace(the_run, checkpoints=tuple(fresh.get(c.path, c) for c in the_run.checkpoints))
-        verified_at.update({p: f.verified_ns for p, f in focused.file_facts.items()})
+        verified_at.update(read_at(focused))
         reread.add(g.reread.path)
     not_recorded = ""
     for s in scans:

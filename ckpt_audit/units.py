@@ -5,6 +5,7 @@ sizes and ages as reports and the TUI print them. One owner, so that `prune --ke
 from __future__ import annotations
 
 import re
+import time
 
 NS_PER_S = 1_000_000_000
 
@@ -65,3 +66,8 @@ def format_age(then_ns: int | None, now_ns: int) -> str:
 def format_ago(then_ns: int | None, now_ns: int) -> str:
     """When content was last read in full: '3h ago', or 'never' (None: the catalog never read it whole)."""
     return "never" if then_ns is None else f"{format_age(then_ns, now_ns)} ago"
+
+
+def format_utc(ns: int) -> str:
+    """A clock time for a log line: '2026-12-04T19:31:02Z' (UTC, to the second)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns // NS_PER_S))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ckpt_audit.codes import finding
@@ -93,12 +95,15 @@ def test_gate_takes_a_whole_checkpoint_beyond_a_lagging_tracker_but_not_a_half_s
 def test_gate_verified_asks_for_a_reread_of_what_is_not_recently_read():
     r = run(ckpt(4), ckpt(6), tracker=6)
     shard = r.checkpoints[1].all_files[0].path
-    old = gate(r, verified={shard: NOW - 8 * 24 * HOUR}, now_ns=NOW, period_ns=7 * 24 * HOUR)
+    old = gate(r, verified={shard: NOW - 8 * 24 * HOUR}, now_ns=NOW, max_age_ns=7 * 24 * HOUR)
     assert old.chosen is None and old.reread == r.checkpoints[1]
-    fresh = gate(r, verified={shard: NOW - HOUR}, now_ns=NOW, period_ns=7 * 24 * HOUR)
+    fresh = gate(r, verified={shard: NOW - HOUR}, now_ns=NOW, max_age_ns=7 * 24 * HOUR)
     assert fresh.chosen.step == 6 and fresh.verified_ns == NOW - HOUR
-    never = gate(r, verified={}, now_ns=NOW, period_ns=7 * 24 * HOUR, reread=frozenset({r.checkpoints[1].path}))
+    never = gate(r, verified={}, now_ns=NOW, max_age_ns=7 * 24 * HOUR, reread=frozenset({r.checkpoints[1].path}))
     assert never.chosen.step == 6  # read by content just now
+    # max age 0 (latest --verified's default): only a read made by this call, at or after now_ns, stands
+    assert gate(r, verified={shard: NOW - 1}, now_ns=NOW).reread == r.checkpoints[1]
+    assert gate(r, verified={shard: NOW}, now_ns=NOW).chosen.step == 6
 
 
 def test_gate_with_nothing_resumable_gives_one_reason():
@@ -146,6 +151,16 @@ def test_plan_moves_back_from_a_corrupt_or_unsafe_target():
 def test_plan_ok_when_the_tracker_names_the_newest_complete():
     fix = plan_fix(run(ckpt(4), ckpt(6), tracker=6), state(b"6"), now_ns=NOW, in_progress_window_ns=WINDOW)
     assert fix.problem == "ok" and not fix.needed
+
+
+def test_plan_never_names_nor_targets_a_step_directory_verl_does_not_open():
+    """verl opens exactly global_step_6 for a tracker saying 6: a global_step_06 is neither its target nor ours."""
+    padded = dataclasses.replace(ckpt(6), path=f"{RUN}/global_step_06")
+    fix = plan_fix(run(ckpt(4), padded, tracker=6), state(b"6"), now_ns=NOW, in_progress_window_ns=WINDOW)
+    assert (fix.problem, fix.new_step, fix.new_path) == ("dangling", 4, f"{RUN}/global_step_4")
+    assert "global_step_06 is, but verl never resolves that name" in fix.detail
+    fix = plan_fix(run(ckpt(4), padded, tracker=4), state(b"4"), now_ns=NOW, in_progress_window_ns=WINDOW)
+    assert fix.problem == "ok"  # the newest whole checkpoint verl can open
 
 
 @pytest.mark.parametrize(

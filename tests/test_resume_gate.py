@@ -84,18 +84,28 @@ def test_latest_passes_over_a_bit_flipped_newest_checkpoint(run, tmp_path):
     assert passed["step"] == 6 and passed["status"] == "corrupt" and "crc-mismatch" in passed["reasons"]
 
 
-def test_verified_rereads_what_the_stat_cache_vouches_for(run, tmp_path):
+def test_verified_reads_by_content_now_unless_max_age_accepts_an_older_read(run, tmp_path):
     db = tmp_path / "c.db"
     assert cli("scan", "-q", run, catalog=db).returncode == 0
     flip_payload_byte(shard(run / "global_step_6", "model", 0))  # bit rot: size, mtime and inode unchanged
     assert cli("latest", run, catalog=db).stdout.strip() == str(run / "global_step_6")  # the cache cannot see it
-    recent = json.loads(cli("latest", "--verified", "--json", run, catalog=db).stdout)
-    assert recent["step"] == 6 and recent["reread"] == []  # read by content minutes ago: within the period
-    now = cli("latest", "--verified", "--period", "0s", "--json", run, catalog=db)
+    aged = cli("latest", "--verified", "--max-age", "2d", "--json", run, catalog=db)
+    recent = json.loads(aged.stdout)
+    assert recent["step"] == 6 and recent["reread"] == []  # read by content minutes ago: accepted, and said so
+    assert "step 6 last read by content at " in aged.stderr and "within --max-age 2d: not re-read" in aged.stderr
+    t0 = time.time_ns()
+    now = cli("latest", "--verified", "--json", run, catalog=db)  # the old code: step 6, read "within 7d"
     doc = json.loads(now.stdout)
     assert now.returncode == 0 and doc["step"] == 4
     assert doc["reread"] == sorted([str(run / "global_step_6"), str(run / "global_step_4")])
     assert "hash-drift" in doc["passed_over"][0]["reasons"]
+    said = now.stderr.splitlines()
+    assert said[0].startswith("ckpt-audit: read step 6 by content just now") and said[0].endswith("passed over")
+    assert said[1].startswith("ckpt-audit: read step 4 by content just now") and said[1].endswith("the answer")
+    [(oldest,)] = sqlite3.connect(db).execute(
+        "SELECT MIN(verified_ns) FROM files WHERE path LIKE ?", [f"{run / 'global_step_4'}/%"]
+    )
+    assert oldest >= t0  # what it read is recorded
     # what the re-read found is kept: the next cached answer does not trust step 6 again
     assert cli("latest", run, catalog=db).stdout.strip() == str(run / "global_step_4")
 

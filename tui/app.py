@@ -172,14 +172,18 @@ class AuditApp(App[None]):
         self._busy("re-reading survivors")
         try:
             with open_session(self.catalog_path) as session:
-                # what the plan counts on is re-read first; a changed verdict means the confirmed plan is stale
-                check = self.last_survivors = session.check_survivors(
-                    plan, runs, progress=self._progress("re-reading survivors")
+                # what the plan counts on is re-read now, after confirmation; a changed verdict: nothing is deleted
+                done = session.prune(
+                    plan,
+                    runs,
+                    confirmed=True,
+                    progress=progress,
+                    reread_progress=self._progress("re-reading survivors"),
                 )
-                self._busy("deleting")
-                result = session.prune(check, confirmed=plan, progress=progress)
         except Exception as exc:  # noqa: BLE001 - lock.Locked included: a cron run is busy, try again later
             return self._failed("pruning", exc)
+        check, result = done.check, done.result
+        self.last_survivors = check
         if result is None:  # the re-read changed what goes: nothing deleted
             return self._stale_plan(check)
         summary = (
@@ -199,7 +203,7 @@ class AuditApp(App[None]):
         )
         failed = ", ".join(f"step {r.checkpoint.step} is {r.status}" for r in check.failed)
         self.call_from_thread(
-            self._set_snapshot, snap, f"nothing deleted: re-read before pruning: {failed}; review the new plan"
+            self._set_snapshot, snap, f"nothing deleted: re-read after confirmation: {failed}; review the new plan"
         )
 
     @work(thread=True, group="io", exit_on_error=False)

@@ -33,10 +33,13 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
     tracker (latest_checkpointed_iteration.txt.ckpt-audit-old-<ns>); the new one is written to a temporary file,
     fsynced and renamed over it; the change is logged in the catalog (table tracker_fixes). Refuses while the run
     looks alive (a checkpoint being written, a tracker written within --in-progress-window), when the tracker is a
-    link or unreadable, or when a newer checkpoint could not be read. Works for verl FSDP (PPO, SFT) and Megatron.
+    link or unreadable, or when a newer checkpoint could not be read. With --yes the target is first read by
+    content (hash and CRC of every file against the scan, whatever the stat says); one that fails is recorded and
+    the fix refused. Works for verl FSDP (PPO, SFT) and Megatron.
 
     Exit codes: 0 the tracker is right (or was fixed with --yes), 1 it needs a fix (dry run) or the fix was
-    refused, 2 usage, 3 error (not a run, the tracker could not be written), 4 another run holds the catalog lock.
+    refused (a target that failed its re-read included), 2 usage, 3 error (not a run, the tracker could not be
+    written), 4 another run holds the catalog lock.
 
     \b
     Example:
@@ -47,22 +50,24 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
 
     with session(ctx, [run], catalog) as s:
         plan = s.plan_fix_tracker(run, in_progress_window_s=in_progress_window)
-        fix, backup, done = plan.fix, None, False
+        fix, write = plan.fix, None
         if yes and fix.needed and not fix.refused:
             try:
-                backup = s.fix_tracker(plan)
+                write = s.fix_tracker(plan)
             except FixError as exc:
                 raise CommandError(str(exc)) from None
-            done = True
-    if done:
-        code = ExitCode.OK
-    elif fix.refused or fix.needed:
-        code = ExitCode.FINDINGS
-    else:
-        code = ExitCode.OK
+    done = write is not None and write.written
+    code = ExitCode.OK if done or not (fix.refused or fix.needed) else ExitCode.FINDINGS  # a failed re-read: needed
     if as_json:
         emit_json(
-            {"command": "fix-tracker", **fix.to_dict(), "written": done, "backup": backup, "exit_code": int(code)}
+            {
+                "command": "fix-tracker",
+                **fix.to_dict(),
+                "written": done,
+                "backup": write.backup if write else None,
+                "reread": write.reread.to_dict() if write else None,
+                "exit_code": int(code),
+            }
         )
         ctx.exit(int(code))
     old = "missing" if fix.old_content is None else repr(fix.old_content.decode("utf-8", "replace")[:40])
@@ -70,10 +75,19 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
         click.echo(f"{fix.tracker_path}: ok ({fix.detail})")
     elif fix.refused:
         click.echo(f"{fix.tracker_path}: {fix.problem} (now {old}); not fixed: {fix.refused}", err=True)
+    elif write is not None and not done:
+        r = write.reread
+        click.echo(
+            f"{fix.tracker_path}: {fix.problem} (now {old}); not fixed: step {fix.new_step} failed its re-read "
+            f"by content just now, before writing: {r.as_outcome().detail} (recorded; run fix-tracker again)",
+            err=True,
+        )
     elif done:
-        kept = f"; old content kept in {backup}" if backup else ""
+        kept = f"; old content kept in {write.backup}" if write.backup else ""
+        checked = write.reread.as_outcome().detail
         click.echo(f"{fix.tracker_path}: {fix.problem}: {old} -> {fix.new_step} ({fix.new_path}){kept}")
+        click.echo(f"re-read step {fix.new_step} by content just now, before writing: {checked}")
     else:
         click.echo(f"{fix.tracker_path}: {fix.problem} (now {old}): would write {fix.new_step} ({fix.new_path})")
-        click.echo("dry run: nothing written; run again with --yes to rewrite it")
+        click.echo("dry run: nothing written; run again with --yes to read the target by content and rewrite it")
     ctx.exit(int(code))

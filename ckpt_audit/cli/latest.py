@@ -15,16 +15,17 @@ from ckpt_audit.exitcodes import ExitCode
 @click.option(
     "--verified",
     is_flag=True,
-    help="Only a checkpoint read by content (hash + CRC of every file) within --period; one read longer ago is "
-    "re-read now.",
+    help="Read the answer by content now (hash + CRC of every file, against the catalog) before naming it; one "
+    "that fails is passed over for the next. What was read, and when, goes to stderr.",
 )
 @click.option(
-    "--period",
+    "--max-age",
     type=DURATION,
-    default="7d",
-    show_default=True,
-    help="With --verified: how recent the last content read must be (scan's --scrub-period).",
+    default=None,
+    metavar="DURATION",
+    help="With --verified: accept a content read within this age (e.g. 1h) instead of reading now.",
 )
+@click.option("--period", "period", type=DURATION, default=None, hidden=True)  # the old name of --max-age
 @click.option(
     "--in-progress-window",
     type=click.FloatRange(0),
@@ -41,17 +42,19 @@ from ckpt_audit.exitcodes import ExitCode
 )
 @catalog_option
 @click.pass_context
-def latest_command(ctx: click.Context, run, verified, period, in_progress_window, as_json, catalog) -> None:
+def latest_command(ctx: click.Context, run, verified, max_age, period, in_progress_window, as_json, catalog) -> None:
     """Print the newest complete checkpoint of RUN, for a job script's resume_from_path.
 
     Complete means what a resume needs: every rank's shards, no error finding, not unsafe, not being written,
     committed by the tracker or whole beyond a lagging one. RUN is scanned with the catalog's cache (files whose
     size, mtime and inode are unchanged are not re-read), so a stale or absent catalog still gives a true answer;
-    the scan is recorded when the catalog's lock is free. With --verified the answer must also have been read by
-    content within --period (scan's scrub keeps that true on a nightly cron), or is re-read now.
+    the scan is recorded when the catalog's lock is free. With --verified the answer is read by content now (every
+    file's hash and zip CRCs, compared with the catalog): a checkpoint whose bytes rotted since the last scan is
+    passed over and the next one read, and what was read is recorded. --max-age accepts a content read within
+    that age instead (scan's scrub keeps one within --scrub-period on a nightly cron).
 
-    Exit codes: 0 a checkpoint was printed, 1 none is resumable (the reason on stderr, one line), 2 usage, 3 error
-    (RUN is not a run).
+    Exit codes: 0 a checkpoint was printed, 1 none is resumable (the reason on stderr, one line, after
+    --verified's), 2 usage, 3 error (RUN is not a run).
 
     \b
     Example:
@@ -61,12 +64,13 @@ def latest_command(ctx: click.Context, run, verified, period, in_progress_window
     """
     from ckpt_audit.session import SessionError, latest
 
+    max_age_ns = max_age if max_age is not None else period or 0
     try:
         answer = latest(
             run,
             resolve_catalog(catalog),
             verified=verified,
-            period_ns=period,
+            max_age_ns=max_age_ns,
             in_progress_window_s=in_progress_window,
         )
     except SessionError as exc:
@@ -95,6 +99,35 @@ def latest_command(ctx: click.Context, run, verified, period, in_progress_window
         )
     elif g.chosen is not None:
         click.echo(g.chosen.path)
+    if verified:
+        _say_what_was_read(answer, max_age_ns)
     if g.chosen is None:
         click.echo(f"ckpt-audit: {g.reason}", err=True)
     ctx.exit(int(code))
+
+
+def _say_what_was_read(answer, max_age_ns: int) -> None:
+    """stderr: each checkpoint read by content for this answer and what it was found to be, or when the answer
+    was last read if a read within --max-age stood for it."""
+    import time
+
+    from ckpt_audit.models import format_size
+    from ckpt_audit.units import format_ago, format_duration, format_utc
+
+    passed = {p.path: p for p in answer.gate.passed_over}
+    for c in sorted((c for c in answer.run.checkpoints if c.path in answer.reread), key=lambda c: -c.step):
+        p = passed.get(c.path)
+        verdict = "good, the answer" if p is None else f"{p.status} ({', '.join(p.reasons[:3])}): passed over"
+        click.echo(
+            f"ckpt-audit: read step {c.step} by content just now ({len(c.all_files)} file(s), "
+            f"{format_size(c.size_bytes)}): {verdict}",
+            err=True,
+        )
+    chosen = answer.gate.chosen
+    if chosen is not None and chosen.path not in answer.reread and answer.verified_ns is not None:
+        why = f"within --max-age {format_duration(max_age_ns)}" if max_age_ns else "by this call's scan"
+        click.echo(
+            f"ckpt-audit: step {chosen.step} last read by content at {format_utc(answer.verified_ns)} "
+            f"({format_ago(answer.verified_ns, time.time_ns())}), {why}: not re-read",
+            err=True,
+        )

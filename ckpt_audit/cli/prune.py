@@ -126,23 +126,28 @@ def prune_command(
 
     with session(ctx, roots, catalog) as s:
         try:
+            # the preview is checked for a person to read (--dry-run, the prompt); --yes reads once, just before acting
+            check = dry_run or not yes
             if ray_address is not None:
                 preview, cluster = plan_on_cluster(
-                    s, roots, policy, pins=pins, address=ray_address, now_ns=time.time_ns()
+                    s, roots, policy, pins=pins, address=ray_address, now_ns=time.time_ns(), check=check
                 )
             else:
-                preview = s.plan_prune(policy, pins=pins, now_ns=time.time_ns())
+                preview = s.plan_prune(policy, pins=pins, now_ns=time.time_ns(), check=check)
         except PlanError as exc:
             raise click.UsageError(str(exc)) from None
-        roots, plan, check, trash = list(s.roots), preview.plan, preview.check, list(preview.trash)
+        roots, plan, trash = list(s.roots), preview.plan, list(preview.trash)
         if not as_json:
-            _render_plan(plan, trash, check)
+            _render_plan(plan, trash)
+            _render_check(preview.check, "" if preview.checked else "immediately before the first deletion")
+            if preview.checked and not dry_run:
+                click.echo("  (read again after you confirm, immediately before the first deletion)")
         if (plan.empty and not trash) or dry_run:
-            _finish(ctx, as_json, check, trash, None, roots=roots, cluster=cluster)
+            _finish(ctx, as_json, preview.check, trash, None, roots=roots, cluster=cluster)
         if not yes:
             if not sys.stdin.isatty():
                 if as_json:
-                    emit_json(_document(check, trash, None, roots, cluster))
+                    emit_json(_document(preview.check, trash, None, roots, cluster))
                 click.echo(
                     "ckpt-audit: refusing to prompt: stdin is not a terminal; re-run with --yes to "
                     "delete, or --dry-run to only show the plan",
@@ -154,13 +159,29 @@ def prune_command(
             ):
                 click.echo("nothing deleted", err=True)
                 ctx.exit(int(ExitCode.OK))
-        outcome = s.prune(
-            check,
+        done = s.prune(
+            plan,
+            preview.check.runs,
+            confirmed=not yes,
             scanned=preview.scanned,
             reclaim_dirs=preview.reclaim_dirs,
             progress=None if as_json else _progress,
+            reread=None if cluster is None else cluster.reread,
             execute=None if cluster is None else cluster.execute,
         )
+    check, outcome = done.check, done.result
+    if not as_json:
+        _render_check(check, "just now, " + ("immediately before the first deletion" if yes else "after confirmation"))
+        if check.failed and outcome is not None:
+            click.echo("plan recomputed after the failed re-read; executed:")
+            _render_plan(check.plan, trash)
+        elif outcome is None:
+            failed = ", ".join(f"step {r.checkpoint.step} is now {r.status}" for r in check.failed)
+            click.echo(
+                f"nothing deleted: the plan you confirmed counted on what failed its re-read after confirmation "
+                f"({failed}); run prune again to review the new plan",
+                err=True,
+            )
     if cluster is not None:
         report_nodes(cluster)
     _finish(ctx, as_json, check, trash, outcome, roots=roots, cluster=cluster)
@@ -198,7 +219,7 @@ def _document(check, trash, outcome, roots, cluster=None) -> dict:
     }
 
 
-def _render_plan(plan, trash, check) -> None:
+def _render_plan(plan, trash) -> None:
     from ckpt_audit.lifecycle.retention import EXPLAIN
     from ckpt_audit.models import format_size
 
@@ -216,16 +237,24 @@ def _render_plan(plan, trash, check) -> None:
         click.echo(f"  refused {r.path}: {', '.join(EXPLAIN[x] for x in r.reasons)}")
     for t in trash:
         click.echo(f"  RECLAIM {t.path} (left by interrupted prune {t.exec_id})")
-    click.echo(check.describe())
-    for r in check.failed:
-        click.echo(f"  FAILED re-read: step {r.checkpoint.step} of {r.checkpoint.run_path} is now {r.status}")
-        for f in r.findings:
-            click.echo(f"    {f.code}: {f.path}: {f.message}")
     click.echo(
         f"frees {format_size(plan.bytes_freed)} in {len(plan.delete)} checkpoint(s); keeps "
         f"{format_size(plan.bytes_kept)} in {len(plan.keep)}"
         + (f"; {len(trash)} leftover trash dir(s)" if trash else "")
     )
+
+
+def _render_check(check, when: str) -> None:
+    """The survivor check's line (what was re-read, when, the verdict) and each failure; with no re-read yet and
+    a `when`, when it will happen."""
+    if not check.rereads and when and not check.plan.empty:
+        click.echo(f"survivor check: what the plan counts on is re-read {when}")
+        return
+    click.echo(check.describe(when))
+    for r in check.failed:
+        click.echo(f"  FAILED re-read: step {r.checkpoint.step} of {r.checkpoint.run_path} is now {r.status}")
+        for f in r.findings:
+            click.echo(f"    {f.code}: {f.path}: {f.message}")
 
 
 def _progress(outcome) -> None:

@@ -21,9 +21,9 @@ def require_ray(ctx: click.Context) -> None:
         ctx.exit(int(ExitCode.USAGE))
 
 
-def plan_on_cluster(s, roots, policy, *, pins, address: str, now_ns: int):
+def plan_on_cluster(s, roots, policy, *, pins, address: str, now_ns: int, check: bool = True):
     """The node-local scan of `roots`, judged over the union (silent nodes protect what they may hold), planned
-    and survivor-checked exactly as a local prune, and each node's trash. Returns the preview and the cluster
+    and (`check`) survivor-checked exactly as a local prune, and each node's trash. Returns the preview and the cluster
     handle whose `execute` Session.prune runs. The logical roots are spelled as scan --ray spells them (absolute,
     links not resolved): CKPT_AUDIT_NODE_ROOTS and the catalog's node memory are keyed by them."""
     from ckpt_audit import scanner
@@ -43,7 +43,7 @@ def plan_on_cluster(s, roots, policy, *, pins, address: str, now_ns: int):
     known = set(memory.last_answered_ns) | set(memory.facts)
     scanned = ray_prune.protect_silent(scanned, ray_scan.held_before(memory, roots), known)
     cluster = ray_prune.Cluster(roots, scanned)
-    preview = s.plan_prune(policy, pins=pins, now_ns=now_ns, scanned=scanned, reread=cluster.reread)
+    preview = s.plan_prune(policy, pins=pins, now_ns=now_ns, scanned=scanned, reread=cluster.reread, check=check)
     trash, _seen = cluster.trash(preview.plan)
     return dataclasses.replace(preview, trash=tuple(trash)), cluster
 

@@ -3,8 +3,9 @@
 `ckpt-audit latest RUN` answers `trainer.resume_from_path` for a job script. Resumable means what fix-tracker
 points the tracker at (`rules.save_order.resumable`): complete, or whole beyond a lagging tracker; never one whose
 files are still changing under a tracker that published it early. With `verified`, the chosen checkpoint must also
-have been read by content (every file's hash and CRC) within `period_ns`; one that was not is handed back for a
-re-read (`Gate.reread`) and judged again on what that read found. Pure: no I/O.
+have been read by content (every file's hash and CRC) within `max_age_ns` of `now_ns` (0: by this call, at or after
+`now_ns`); one that was not is handed back for a re-read (`Gate.reread`) and judged again on what that read found.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -93,11 +94,11 @@ def gate(
     *,
     verified: Mapping[str, int | None] | None = None,
     now_ns: int = 0,
-    period_ns: int = 0,
+    max_age_ns: int = 0,
     reread: frozenset[str] = frozenset(),
 ) -> Gate:
     """The newest resumable checkpoint of `run`. With `verified` (path -> last content read, ns), it must also have
-    been read by content within `period_ns` of `now_ns`, or be in `reread` (read by content just now)."""
+    been read by content within `max_age_ns` before `now_ns`, or be in `reread` (read by content just now)."""
     passed: list[Passed] = []
     for ckpt in sorted(run.checkpoints, key=lambda c: c.step, reverse=True):
         no = why_not(ckpt, run)
@@ -105,7 +106,7 @@ def gate(
             passed.append(no)
             continue
         when = oldest_verified(ckpt, verified) if verified is not None else None
-        if verified is not None and ckpt.path not in reread and (when is None or now_ns - when > period_ns):
+        if verified is not None and ckpt.path not in reread and (when is None or now_ns - when > max_age_ns):
             return Gate(run_path=run.path, passed_over=tuple(passed), reread=ckpt)
         return Gate(run_path=run.path, chosen=ckpt, verified_ns=when, passed_over=tuple(passed))
     if not run.checkpoints:

@@ -7,7 +7,9 @@ keeps size and mtime). So, before anything goes, each of them is read again in f
 re-judged (corrupt, unreadable, or being written) and the plan recomputed by the pure `retention.plan_prune`;
 the new survivor is checked in turn, until every checkpoint the plan counts on has been re-read and held.
 
-The CLI and the TUI both call `verify_plan`; deletion (`prune.execute`) only ever gets its plan.
+The CLI and the TUI both reach it through `Session.prune`, which runs it at the moment of the act (after any
+confirmation, immediately before the first deletion); deletion (`prune.execute`) only ever gets its plan.
+`reread` alone serves any act that relies on one checkpoint (fix-tracker's target).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
 from ckpt_audit.readers import hashing
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
+from ckpt_audit.units import format_utc
 
 Progress = Callable[[int, int], None]  # (bytes re-read, bytes to re-read in this round)
 
@@ -54,12 +57,13 @@ class Reread:
             "status": str(self.status),
             "bytes_read": self.bytes_read,
             "files": self.files,
+            "read_ns": self.read_ns,
             "findings": [f.to_dict() for f in self.findings],
         }
 
     def as_outcome(self) -> Outcome:
         detail = (
-            "matches the scan"
+            f"matches the scan, read {format_utc(self.read_ns)}"
             if self.ok
             else f"now {self.status}: "
             + "; ".join(f"{f.code} {os.path.relpath(f.path, self.checkpoint.path)}" for f in self.findings[:3])
@@ -94,13 +98,15 @@ class SurvivorCheck:
     def to_dict(self) -> dict:
         return {"bytes_reread": self.bytes_reread, "checked": [r.to_dict() for r in self.rereads]}
 
-    def describe(self) -> str:
+    def describe(self, when: str = "") -> str:
+        """One line: what was re-read, when (`when`, else the clock time the reads began) and what it found."""
         if not self.rereads:
             return "survivor check: nothing to delete, nothing re-read"
         bad = self.failed
         files = sum(r.files for r in self.rereads)
+        when = when or f"at {format_utc(min(r.read_ns for r in self.rereads))}"
         return (
-            f"survivor check: re-read {len(self.rereads)} checkpoint(s) the plan counts on, "
+            f"survivor check: re-read {len(self.rereads)} checkpoint(s) the plan counts on {when}, "
             f"{format_size(self.bytes_reread)} in {files} file(s): "
             + ("all match the scan" if not bad else f"{len(bad)} FAILED, plan recomputed")
         )
@@ -185,9 +191,9 @@ def reread(ckpt: Checkpoint, *, workers: int = 2, progress: Progress | None = No
 
 def _compare(path: str, was, got: hashing.FileDigest | OSError) -> list[Finding]:
     if isinstance(got, FileNotFoundError):
-        return [finding("file-vanished", path, "gone when re-read before pruning")]
+        return [finding("file-vanished", path, "gone when re-read")]
     if isinstance(got, OSError):
-        return [finding("unreadable", path, f"cannot re-read before pruning: {got.strerror or type(got).__name__}")]
+        return [finding("unreadable", path, f"cannot re-read: {got.strerror or type(got).__name__}")]
     moved = (
         got.changed_during_read
         or got.stat_size != was.size_bytes

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from ckpt_audit.layouts.hf_trainer import NAME as HF_TRAINER
 from ckpt_audit.layouts.torchtitan import NAME as TORCHTITAN
 from ckpt_audit.layouts.tracker import resume_step
-from ckpt_audit.layouts.verl_fsdp import step_of
+from ckpt_audit.layouts.verl_fsdp import NAME as VERL_FSDP
+from ckpt_audit.layouts.verl_fsdp import step_dir_name, step_of
 from ckpt_audit.lifecycle.latest import why_not
 from ckpt_audit.models import MAX_STEP, Run, Status
 
@@ -76,7 +77,7 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
     """What the tracker should say, and whether it may be rewritten now."""
     old_step = resume_step(tracker.content) if tracker.content is not None else None
     base = dict(run_path=run.path, tracker_path=tracker.path, old_content=tracker.content, old_step=old_step)
-    ckpts = sorted(run.checkpoints, key=lambda c: c.step)
+    ckpts = sorted((c for c in run.checkpoints if _resolves(run, c)), key=lambda c: c.step)
     named = next((c for c in ckpts if c.step == old_step), None)
     target = next((c for c in reversed(ckpts) if why_not(c, run) is None), None)
     if not tracker.exists:
@@ -103,15 +104,29 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         new_step=target.step,
         new_path=target.path,
         refused=refused,
-        detail=f"{_what(problem, old_step)}: point it at step {target.step}",
+        detail=f"{_what(problem, old_step)}{_aside(run, old_step, problem)}: point it at step {target.step}",
     )
+
+
+def _resolves(run: Run, ckpt) -> bool:
+    """Whether verl finds `ckpt` from a tracker naming its step: it opens exactly `<run>/global_step_<N>`, so a
+    `global_step_06` is never what a tracker saying 6 loads (nor a target it may be pointed at)."""
+    return run.layout != VERL_FSDP or os.path.basename(ckpt.path) == step_dir_name(ckpt.step)
+
+
+def _aside(run: Run, step: int | None, problem: str) -> str:
+    """For a dangling tracker: the step directory verl cannot open that holds its step (`global_step_06`)."""
+    if problem != "dangling":
+        return ""
+    names = [os.path.basename(c.path) for c in run.checkpoints if c.step == step and not _resolves(run, c)]
+    return f" ({names[0]} is, but verl never resolves that name: rename it to resume from it)" if names else ""
 
 
 def _what(problem: str, old: int | None) -> str:
     return {
         "missing": "no tracker (resume_mode=auto would train from step 0)",
         "garbage": "the tracker is not a step number (resume raises ValueError)",
-        "dangling": f"the tracker names step {old}, which is not there (verl would train from step 0)",
+        "dangling": f"the tracker names step {old}; global_step_{old} is not there (verl would train from step 0)",
         "behind": f"the tracker names step {old} but newer checkpoints are whole",
     }.get(problem, f"the tracker names step {old}, which is {problem.removeprefix('names-')}")
 
