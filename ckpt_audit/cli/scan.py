@@ -20,6 +20,7 @@ from ckpt_audit.cli.common import (
     session,
     write_metrics_file,
 )
+from ckpt_audit.cli.junit import check_writable, junit_option, write
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -55,6 +56,7 @@ def scan_options(f):
                 help="An uncommitted checkpoint written this recently is in-progress, not broken.",
             ),
             catalog_option,
+            junit_option,
         ]
     ):
         f = option(f)
@@ -159,6 +161,7 @@ def scan_command(
         ckpt-audit scan --scrub-budget 200GiB /ckpts                 # cap the nightly re-read
         ckpt-audit scan -q --metrics-file /var/lib/node_exporter/textfile/ckpt_audit.prom /ckpts  # + Prometheus
         ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
+        ckpt-audit scan --junit-xml scan.xml /ckpts                  # CI: one test case per checkpoint
     """
     from ckpt_audit.scrub import ScrubPolicy
 
@@ -212,6 +215,7 @@ def run_scan(
     metrics_file: str | None = None,
     reader=None,
     extra=None,
+    junit_xml: str | None = None,
 ) -> None:
     """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`.
     `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead).
@@ -220,6 +224,7 @@ def run_scan(
 
     if deep:
         require_torch(f"{ctx.info_name} --deep" if ctx.info_name == "scan" else ctx.info_name)
+    check_writable(junit_xml)
     # a scan keeps the cyclic GC paused while its result is recorded and rendered too: each collection would walk
     # the whole result again (an object per file), and the process ends right after. verify loads tensors: not it
     with many_objects() if not deep else contextlib.nullcontext():
@@ -238,6 +243,8 @@ def run_scan(
         if metrics_file is not None:
             write_metrics_file(metrics_file, result, scrub)
         code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
+        if junit_xml is not None:
+            write_scan_junit(junit_xml, result, threshold, command=ctx.info_name)
         if as_json:
             doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
             emit_json({**doc, "command": ctx.info_name, "deep": deep, **(extra() if extra else {})})
@@ -245,6 +252,13 @@ def run_scan(
             for line in report.render_text(result, quiet=quiet, fail_on=threshold):
                 click.echo(line)
         ctx.exit(int(code))
+
+
+def write_scan_junit(path: str, result, threshold, *, command: str) -> None:
+    """scan/verify --junit-xml: one test case per checkpoint (report_junit.scan_suite)."""
+    from ckpt_audit.report_junit import scan_suite
+
+    write(path, [scan_suite(result, threshold, name=command, seconds=(result.finished_ns - result.started_ns) / 1e9)])
 
 
 class _progress:
