@@ -61,7 +61,7 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def finding_cases(findings: Sequence[Finding], fail_on: Severity, *, classname: str, name: str) -> Case:
+def finding_case(findings: Sequence[Finding], fail_on: Severity, *, classname: str, name: str) -> Case:
     """One case for one judged thing (a checkpoint, a run, a resume point) and its findings: it fails on the first
     finding at or above `fail_on`, as the exit code does; every finding is listed in its text."""
     failing = [f for f in findings if f.severity >= fail_on]
@@ -84,7 +84,7 @@ def _finding_line(f: Finding) -> str:
     return f"{f.severity.label} {f.code} {f.path}{rank}: {f.message}"
 
 
-def scan_suite(result, fail_on: Severity, *, name: str, seconds: float) -> Suite:
+def scan_suite(result, fail_on: Severity, *, name: str) -> Suite:
     """scan/verify: one case per checkpoint (named by its directory, filed under its run's name, or its path where
     two runs share a name), one per run with run-level findings (tracker, layout), and one per path with findings
     outside any run."""
@@ -92,14 +92,14 @@ def scan_suite(result, fail_on: Severity, *, name: str, seconds: float) -> Suite
     outside: dict[str, list[Finding]] = {}
     for f in result.findings:
         outside.setdefault(f.path, []).append(f)
-    cases += [finding_cases(fs, fail_on, classname=name, name=path) for path, fs in outside.items()]
+    cases += [finding_case(fs, fail_on, classname=name, name=path) for path, fs in outside.items()]
     names = [run.name for run in result.runs]
     for run in result.runs:
         group = run.name if names.count(run.name) == 1 else run.path  # two demo/exp runs: tell them apart
         if run.findings:
-            cases.append(finding_cases(run.findings, fail_on, classname=group, name="run"))
+            cases.append(finding_case(run.findings, fail_on, classname=group, name="run"))
         for c in run.checkpoints:
-            case = finding_cases(c.all_findings, fail_on, classname=group, name=os.path.basename(c.path))
+            case = finding_case(c.all_findings, fail_on, classname=group, name=os.path.basename(c.path))
             status = f"status {c.status.value}, {len(c.all_files)} files"
             cases.append(
                 Case(
@@ -110,6 +110,7 @@ def scan_suite(result, fail_on: Severity, *, name: str, seconds: float) -> Suite
                     detail="\n".join(filter(None, [status, case.detail])),
                 )
             )
+    seconds = (result.finished_ns - result.started_ns) / 1e9
     return Suite(name=name, cases=tuple(cases), properties=command_properties(), seconds=seconds)
 
 
@@ -122,7 +123,7 @@ def continuity_suite(result, fail_on: Severity) -> Suite:
         p, j = pr.point, pr.judgement
         at_points.update(id(f) for f in pr.findings)
         score = f"score {j.score:+.1f} / {result.threshold:g}" if j.sufficient else "no verdict (too few points)"
-        case = finding_cases(pr.findings, fail_on, classname=classname, name=f"resume from step {p.resume_step}")
+        case = finding_case(pr.findings, fail_on, classname=classname, name=f"resume from step {p.resume_step}")
         cases.append(
             Case(
                 classname=classname,
@@ -134,7 +135,7 @@ def continuity_suite(result, fail_on: Severity) -> Suite:
         )
     rest = [f for f in result.findings if id(f) not in at_points]
     if rest or not result.points:
-        cases.append(finding_cases(rest, fail_on, classname=classname, name="log"))
+        cases.append(finding_case(rest, fail_on, classname=classname, name="log"))
     return Suite(name="continuity", cases=tuple(cases), properties=command_properties())
 
 
@@ -144,11 +145,8 @@ def render(suites: Sequence[Suite], *, timestamp: float | None = None) -> bytes:
 
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() if timestamp is None else timestamp))
     root = ET.Element("testsuites", name="ckpt-audit")
-    totals = {"tests": 0, "failures": 0, "errors": 0}
     for suite in suites:
         failures = sum(c.failure is not None for c in suite.cases)
-        totals["tests"] += len(suite.cases)
-        totals["failures"] += failures
         el = ET.SubElement(
             root,
             "testsuite",
@@ -172,8 +170,8 @@ def render(suites: Sequence[Suite], *, timestamp: float | None = None) -> bytes:
                 fail.text = _clean(case.detail or case.failure)
             elif case.detail:
                 ET.SubElement(tc, "system-out").text = _clean(case.detail)
-    root.set("tests", str(totals["tests"]))
-    root.set("failures", str(totals["failures"]))
+    root.set("tests", str(sum(len(s.cases) for s in suites)))
+    root.set("failures", str(sum(c.failure is not None for s in suites for c in s.cases)))
     root.set("errors", "0")
     root.set("time", f"{sum(s.seconds for s in suites):.3f}")
     ET.indent(root)

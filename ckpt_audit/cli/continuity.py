@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, emit_json
-from ckpt_audit.cli.junit import check_writable, junit_option, write
+from ckpt_audit.cli.common import CommandError, check_junit_writable, emit_json, junit_option, write_junit_report
 from ckpt_audit.exitcodes import ExitCode
 
 FAIL_ON = ("info", "warning", "error")
@@ -139,7 +138,7 @@ def continuity_command(
     for p in metrics:
         if not (p.is_file() or p.is_dir()):
             raise CommandError(f"{p}: no such file or directory")
-    check_writable(junit_xml)
+    check_junit_writable(junit_xml)
     try:
         log = read_metrics(metrics)
         checkpoints = _catalog_checkpoints(catalog, run_path, metrics) if catalog is not None else ()
@@ -164,7 +163,7 @@ def continuity_command(
     if junit_xml is not None:
         from ckpt_audit.report_junit import continuity_suite
 
-        write(junit_xml, [continuity_suite(result, level)])
+        write_junit_report(junit_xml, [continuity_suite(result, level)])
     if as_json:
         emit_json(_document(result, exit_code=int(code), plot=plot_path))
     elif quiet:

@@ -6,8 +6,14 @@ import os
 
 import click
 
-from ckpt_audit.cli.common import CommandError, emit_json, session, write_metrics_file
-from ckpt_audit.cli.junit import check_writable
+from ckpt_audit.cli.common import (
+    CommandError,
+    check_junit_writable,
+    emit_json,
+    session,
+    write_junit_report,
+    write_metrics_file,
+)
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -43,7 +49,7 @@ def run_ray_scan(
     except ray_scan.RayUnavailable as exc:
         click.echo(f"ckpt-audit: {exc}", err=True)
         ctx.exit(int(ExitCode.USAGE))
-    check_writable(junit_xml)
+    check_junit_writable(junit_xml)
     threshold = report.FAIL_ON[fail_on]
     logical = [os.path.abspath(os.fspath(r)) for r in roots]
     options = ray_scan.NodeScanOptions(workers=workers, rehash=rehash, scrub=scrub)
@@ -62,9 +68,9 @@ def run_ray_scan(
         write_metrics_file(metrics_file, result, scrub)
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
     if junit_xml is not None:
-        from ckpt_audit.cli.scan import write_scan_junit
+        from ckpt_audit.report_junit import scan_suite
 
-        write_scan_junit(junit_xml, result, threshold, command=ctx.info_name)
+        write_junit_report(junit_xml, [scan_suite(result, threshold, name=ctx.info_name)])
     if as_json:
         doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(s.catalog_path), exit_code=int(code))
         emit_json({**doc, "command": ctx.info_name, "deep": False, "ray": True})

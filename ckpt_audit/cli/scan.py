@@ -14,13 +14,15 @@ from ckpt_audit.cli.common import (
     SIZE,
     CommandError,
     catalog_option,
+    check_junit_writable,
     emit_json,
+    junit_option,
     require_torch,
     resolve_catalog,
     session,
+    write_junit_report,
     write_metrics_file,
 )
-from ckpt_audit.cli.junit import check_writable, junit_option, write
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -224,7 +226,7 @@ def run_scan(
 
     if deep:
         require_torch(f"{ctx.info_name} --deep" if ctx.info_name == "scan" else ctx.info_name)
-    check_writable(junit_xml)
+    check_junit_writable(junit_xml)
     # a scan keeps the cyclic GC paused while its result is recorded and rendered too: each collection would walk
     # the whole result again (an object per file), and the process ends right after. verify loads tensors: not it
     with many_objects() if not deep else contextlib.nullcontext():
@@ -244,7 +246,9 @@ def run_scan(
             write_metrics_file(metrics_file, result, scrub)
         code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
         if junit_xml is not None:
-            write_scan_junit(junit_xml, result, threshold, command=ctx.info_name)
+            from ckpt_audit.report_junit import scan_suite
+
+            write_junit_report(junit_xml, [scan_suite(result, threshold, name=ctx.info_name)])
         if as_json:
             doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
             emit_json({**doc, "command": ctx.info_name, "deep": deep, **(extra() if extra else {})})
@@ -252,13 +256,6 @@ def run_scan(
             for line in report.render_text(result, quiet=quiet, fail_on=threshold):
                 click.echo(line)
         ctx.exit(int(code))
-
-
-def write_scan_junit(path: str, result, threshold, *, command: str) -> None:
-    """scan/verify --junit-xml: one test case per checkpoint (report_junit.scan_suite)."""
-    from ckpt_audit.report_junit import scan_suite
-
-    write(path, [scan_suite(result, threshold, name=command, seconds=(result.finished_ns - result.started_ns) / 1e9)])
 
 
 class _progress:

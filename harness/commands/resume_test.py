@@ -8,8 +8,14 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, emit_json, require_torch
-from ckpt_audit.cli.junit import check_writable, junit_option, write
+from ckpt_audit.cli.common import (
+    CommandError,
+    check_junit_writable,
+    emit_json,
+    junit_option,
+    require_torch,
+    write_junit_report,
+)
 from ckpt_audit.exitcodes import ExitCode
 from harness.commands import TRAINER_MODULES
 from harness.commands.model_source import shrink_line
@@ -156,7 +162,7 @@ def resume_test_command(
         raise click.UsageError("--plot needs --resume-world-size (a same-size resume is compared bit for bit)")
     if plot_path is not None and not os.access(plot_path.parent, os.W_OK):  # fail before minutes of training
         raise CommandError(f"cannot write {plot_path}: {plot_path.parent} is not a writable directory")
-    check_writable(junit_xml)
+    check_junit_writable(junit_xml)
     model = _model(model_config, layers=layers, hidden=hidden) if model_config else None
     steps = steps or default_steps(world_size, resume_world_size)
     spec = ResumeTestSpec(
@@ -187,7 +193,7 @@ def resume_test_command(
     if junit_xml is not None:
         from harness.commands.resume_junit import resume_suite
 
-        write(junit_xml, [resume_suite(report, cuda=_on_cuda(world_size), model=model)])
+        write_junit_report(junit_xml, [resume_suite(report, cuda=_on_cuda(world_size), model=model)])
     if as_json:
         emit_json({**report.to_json(), "model": model})
     else:
