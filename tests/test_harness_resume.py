@@ -120,3 +120,40 @@ def test_report_json_names_culprit(reports):
     assert doc["equivalent"] is False and doc["culprit"] == "rng" and doc["first_divergent_step"] == 6
     assert doc["restore_differences"][0]["component"] == "rng"
     assert len(doc["losses"]["straight"]) == 8
+
+
+def test_junit_report_of_every_resume_names_what_failed_and_where(reports, tmp_path):
+    """resume-test --junit-xml's cases for each of this module's runs, written and read back with junitparser: the
+    verdict fails exactly when the test does, each sabotage fails its own restore case naming the first divergent
+    step, W->W' adds the continuity judgement's cases."""
+    from junit_read import assert_schema_valid, failed, read_junit
+
+    from ckpt_audit.report_junit import write_junit
+    from harness.commands.resume_junit import resume_suite
+
+    for name, r in reports.items():
+        out = tmp_path / f"{name.replace('>', '')}.xml"
+        write_junit(str(out), [resume_suite(r, cuda=False)])
+        cases, props, suites = read_junit(out)
+        bad = failed(cases)
+        assert cases[("resume-test", "equivalent")].passed == r.equivalent == (not bad), (name, list(bad))
+        assert props["mode"] == r.mode and suites[0].failures == len(bad)
+        if r.mode == "continuity":
+            assert {k[1] for k in cases if k[0] == "resume-test.continuity"} == set(METRIC_FIELDS)
+            assert ("resume-test.steps", f"step {r.spec.k + 1} lr") not in cases  # judged by continuity instead
+        if name.startswith("w2-drop-"):
+            piece = name.removeprefix("w2-drop-")
+            went_off = f"first divergent step {r.first_divergent_step} ({r.first_divergent_metric})"
+            item = "rng.cpu" if piece == "rng" else piece
+            assert bad[("resume-test.restore", item)].message.endswith(went_off), name
+            assert bad[("resume-test", "equivalent")].message == f"DIVERGED (culprit: {piece}): {went_off}"
+            restored = {k[1] for k, c in cases.items() if k[0] == "resume-test.restore" and c.passed}
+            assert restored == {"model", "optimizer", "scheduler", "rng.cpu", "rng.numpy", "rng.random", "data"} - {
+                item,
+                *(["rng.numpy", "rng.random"] if piece == "rng" else []),
+            }
+    jump = failed(read_junit(tmp_path / "w2-3-drop-scheduler.xml")[0])
+    assert jump[("resume-test.continuity", "lr")].message.startswith("continuity: metric-jump: resume from step 13")
+    warmup = failed(read_junit(tmp_path / "w2-3-in-warmup.xml")[0])
+    assert warmup[("resume-test", "equivalent")].message.startswith("INCONCLUSIVE")
+    assert_schema_valid(tmp_path / "w2-3.xml")

@@ -4,6 +4,7 @@ FSDPCheckpointManager (W=2, gloo), through the real CLI; a defect planted in wha
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -35,10 +36,14 @@ def test_verl_manager_resumes_bit_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_verl_data_position_withheld_is_caught_and_named():
+def test_verl_data_position_withheld_is_caught_and_named(tmp_path):
     pytest.importorskip("verl.utils.checkpoint.fsdp_checkpoint_manager")
+    from junit_read import failed, read_junit
+
+    report = tmp_path / "resume-test.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "resume-test", *SHORT, "--checkpointer", "verl", "--drop", "data"],
+        [sys.executable, "-m", "ckpt_audit", "resume-test", *SHORT, "--checkpointer", "verl", "--drop", "data"]
+        + ["--junit-xml", str(report)],
         capture_output=True,
         text=True,
         timeout=900,
@@ -48,6 +53,15 @@ def test_verl_data_position_withheld_is_caught_and_named():
     assert "through verl" in lines[0] and lines[1] == "DIVERGED (culprit: data)"
     assert any(line.strip().startswith("data: _snapshot.") and "samples_yielded: 24 vs 0" in line for line in lines)
     assert "Traceback" not in proc.stderr
+    # the same verdict in the JUnit report (the text output above is what it is without one)
+    step = re.search(r"first divergent step: (\d+) \((\w+):", proc.stdout)
+    cases, props, _ = read_junit(report)
+    bad = failed(cases)
+    data = bad[("resume-test.restore", "data")]
+    assert "samples_yielded: 24 vs 0" in data.message
+    assert data.message.endswith(f"first divergent step {step[1]} ({step[2]})")
+    assert all(cases[("resume-test.restore", i)].passed for i in ("model", "optimizer", "scheduler", "rng.cpu"))
+    assert props["checkpointer"] == f"verl {version('verl')} FSDPCheckpointManager"
 
 
 def test_verl_refuses_another_world_size_before_training():

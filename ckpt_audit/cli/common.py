@@ -133,3 +133,43 @@ def write_metrics_file(path: str, result, scrub) -> None:
         write_metrics(path, result, now_ns=time.time_ns(), scrub_period_ns=None if scrub is None else scrub.period_ns)
     except OSError as exc:
         raise CommandError(f"cannot write metrics file {path}: {exc.strerror or exc}") from None
+
+
+# --junit-xml FILE, the same for scan, verify, continuity and resume-test (ckpt_audit/report_junit.py writes it)
+junit_option = click.option(
+    "--junit-xml",
+    "junit_xml",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="FILE",
+    help="Also write a JUnit XML report here (one test case per compared item) for a CI system's test report; "
+    "output and exit code are unchanged.",
+)
+
+
+def check_junit_writable(path: str | None) -> None:
+    """Refuse before minutes of work, not after (exit 3): the report's directory must be writable, and a file already
+    there is replaced only if it is an XML document (a report from an earlier run), never a shard named by a typo."""
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
+        raise CommandError(f"cannot write --junit-xml {path}: {directory} is not a writable directory")
+    if os.path.lexists(path):
+        try:
+            with open(path, "rb") as f:
+                xml = f.read(5) == b"<?xml"
+        except OSError:
+            xml = False
+        if not xml or os.path.islink(path):
+            raise CommandError(f"--junit-xml {path} exists and is not an XML report: refusing to replace it")
+
+
+def write_junit_report(path: str, suites) -> None:
+    """Written atomically after the work; a failure is a one-line error (exit 3), which outranks findings."""
+    from ckpt_audit.report_junit import write_junit
+
+    try:
+        write_junit(path, suites)
+    except OSError as exc:
+        raise CommandError(f"cannot write --junit-xml {path}: {exc.strerror or exc}") from None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, emit_json
+from ckpt_audit.cli.common import CommandError, check_junit_writable, emit_json, junit_option, write_junit_report
 from ckpt_audit.exitcodes import ExitCode
 
 FAIL_ON = ("info", "warning", "error")
@@ -92,6 +92,7 @@ FAIL_ON = ("info", "warning", "error")
     show_default=True,
     help="Exit 1 when a finding at or above this severity is present.",
 )
+@junit_option
 @click.pass_context
 def continuity_command(
     ctx: click.Context,
@@ -109,6 +110,7 @@ def continuity_command(
     as_json,
     quiet,
     fail_on,
+    junit_xml,
 ) -> None:
     """Judge the watched metric at every resume in METRICS... (JSON lines, CSV, TensorBoard events).
 
@@ -127,6 +129,7 @@ def continuity_command(
         ckpt-audit continuity attempt1.jsonl attempt2.jsonl --metric critic/score/mean --plot resume.svg
         ckpt-audit continuity metrics.jsonl --catalog catalog.db --json | jq '.findings[].code'
         ckpt-audit continuity tensorboard_log/my_project/my_exp --metric actor/pg_loss
+        ckpt-audit continuity metrics.jsonl --junit-xml continuity.xml   # a CI test report per resume
     """
     from ckpt_audit.continuity.audit import audit_log
     from ckpt_audit.continuity.metrics import MetricsError, read_metrics
@@ -135,6 +138,7 @@ def continuity_command(
     for p in metrics:
         if not (p.is_file() or p.is_dir()):
             raise CommandError(f"{p}: no such file or directory")
+    check_junit_writable(junit_xml)
     try:
         log = read_metrics(metrics)
         checkpoints = _catalog_checkpoints(catalog, run_path, metrics) if catalog is not None else ()
@@ -156,6 +160,10 @@ def continuity_command(
     level = Severity[fail_on.upper()]
     failing = [f for f in result.findings if f.severity >= level]
     code = ExitCode.FINDINGS if failing else ExitCode.OK
+    if junit_xml is not None:
+        from ckpt_audit.report_junit import continuity_suite
+
+        write_junit_report(junit_xml, [continuity_suite(result, level)])
     if as_json:
         emit_json(_document(result, exit_code=int(code), plot=plot_path))
     elif quiet:

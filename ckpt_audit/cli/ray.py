@@ -6,7 +6,14 @@ import os
 
 import click
 
-from ckpt_audit.cli.common import CommandError, emit_json, session, write_metrics_file
+from ckpt_audit.cli.common import (
+    CommandError,
+    check_junit_writable,
+    emit_json,
+    session,
+    write_junit_report,
+    write_metrics_file,
+)
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -26,6 +33,7 @@ def run_ray_scan(
     scrub=None,
     metrics_file=None,
     gone_after_ns: int | None = None,
+    junit_xml: str | None = None,
     **_ignored,
 ) -> None:
     """Map on every alive node (each reusing the catalog's facts about its own copies), reduce here, judge over
@@ -41,6 +49,7 @@ def run_ray_scan(
     except ray_scan.RayUnavailable as exc:
         click.echo(f"ckpt-audit: {exc}", err=True)
         ctx.exit(int(ExitCode.USAGE))
+    check_junit_writable(junit_xml)
     threshold = report.FAIL_ON[fail_on]
     logical = [os.path.abspath(os.fspath(r)) for r in roots]
     options = ray_scan.NodeScanOptions(workers=workers, rehash=rehash, scrub=scrub)
@@ -59,6 +68,10 @@ def run_ray_scan(
     if metrics_file is not None:
         write_metrics_file(metrics_file, result, scrub)
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
+    if junit_xml is not None:
+        from ckpt_audit.report_junit import scan_suite
+
+        write_junit_report(junit_xml, [scan_suite(result, threshold, name=ctx.info_name)])
     if as_json:
         doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(s.catalog_path), exit_code=int(code))
         emit_json({**doc, "command": ctx.info_name, "deep": False, "ray": True})

@@ -14,10 +14,13 @@ from ckpt_audit.cli.common import (
     SIZE,
     CommandError,
     catalog_option,
+    check_junit_writable,
     emit_json,
+    junit_option,
     require_torch,
     resolve_catalog,
     session,
+    write_junit_report,
     write_metrics_file,
 )
 from ckpt_audit.exitcodes import ExitCode
@@ -55,6 +58,7 @@ def scan_options(f):
                 help="An uncommitted checkpoint written this recently is in-progress, not broken.",
             ),
             catalog_option,
+            junit_option,
         ]
     ):
         f = option(f)
@@ -159,6 +163,7 @@ def scan_command(
         ckpt-audit scan --scrub-budget 200GiB /ckpts                 # cap the nightly re-read
         ckpt-audit scan -q --metrics-file /var/lib/node_exporter/textfile/ckpt_audit.prom /ckpts  # + Prometheus
         ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
+        ckpt-audit scan --junit-xml scan.xml /ckpts                  # CI: one test case per checkpoint
     """
     from ckpt_audit.scrub import ScrubPolicy
 
@@ -212,6 +217,7 @@ def run_scan(
     metrics_file: str | None = None,
     reader=None,
     extra=None,
+    junit_xml: str | None = None,
 ) -> None:
     """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`.
     `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead).
@@ -220,6 +226,7 @@ def run_scan(
 
     if deep:
         require_torch(f"{ctx.info_name} --deep" if ctx.info_name == "scan" else ctx.info_name)
+    check_junit_writable(junit_xml)
     # a scan keeps the cyclic GC paused while its result is recorded and rendered too: each collection would walk
     # the whole result again (an object per file), and the process ends right after. verify loads tensors: not it
     with many_objects() if not deep else contextlib.nullcontext():
@@ -238,6 +245,10 @@ def run_scan(
         if metrics_file is not None:
             write_metrics_file(metrics_file, result, scrub)
         code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
+        if junit_xml is not None:
+            from ckpt_audit.report_junit import scan_suite
+
+            write_junit_report(junit_xml, [scan_suite(result, threshold, name=ctx.info_name)])
         if as_json:
             doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
             emit_json({**doc, "command": ctx.info_name, "deep": deep, **(extra() if extra else {})})

@@ -44,6 +44,7 @@ def verify_command(ctx: click.Context, paths, trust_cache, rehash, **options) ->
         ckpt-audit verify --json /ckpts/proj/exp | jq '.runs[].checkpoints[].findings'
         ckpt-audit verify -q --fail-on warning /ckpts      # cron: mail only when something is wrong
         ckpt-audit verify --trust-cache /ckpts/proj/exp    # deep checks only; reuse the cached hashes
+        ckpt-audit verify --junit-xml verify.xml /ckpts/proj/exp   # CI: one test case per checkpoint
     """
     if trust_cache and rehash:
         raise click.UsageError("--trust-cache and --rehash contradict each other: pick one")

@@ -8,9 +8,17 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, emit_json, require_torch
+from ckpt_audit.cli.common import (
+    CommandError,
+    check_junit_writable,
+    emit_json,
+    junit_option,
+    require_torch,
+    write_junit_report,
+)
 from ckpt_audit.exitcodes import ExitCode
 from harness.commands import TRAINER_MODULES
+from harness.commands.model_source import shrink_line
 
 
 @click.command("resume-test")
@@ -44,9 +52,11 @@ from harness.commands import TRAINER_MODULES
 @click.option("--hsdp", is_flag=True, help='2-replica HSDP ("ddp", "fsdp") mesh; world sizes must be even.')
 @click.option(
     "--model-config",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="A local transformers config.json of any causal-LM architecture (default: a tiny Qwen2).",
+    metavar="CONFIG|DIR|HUB_ID",
+    help="Your model: a transformers config.json of any causal-LM architecture, a model directory holding one, or "
+    "a Hub id (org/name) already in the local Hugging Face cache (nothing is downloaded); shrunk to --layers and "
+    "--hidden, its parameter names, tied embeddings and special modules kept (default: a tiny Qwen2).",
 )
 @click.option("--layers", type=click.IntRange(1, 64), default=2, show_default=True, help="Decoder layers.")
 @click.option("--hidden", type=click.IntRange(8, 4096), default=32, show_default=True, help="Hidden size.")
@@ -96,6 +106,7 @@ from harness.commands import TRAINER_MODULES
     "continuity judgement's window and threshold drawn), e.g. as a CI artefact.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@junit_option
 def resume_test_command(
     world_size,
     steps,
@@ -113,6 +124,7 @@ def resume_test_command(
     drop,
     plot_path,
     as_json,
+    junit_xml,
 ) -> None:
     """Run S steps straight, then k steps + save + full restart + S-k steps, and compare everything.
 
@@ -130,7 +142,9 @@ def resume_test_command(
         ckpt-audit resume-test -w 3 --steps 12 --resume-step 7 --json
         ckpt-audit resume-test -w 2 --resume-world-size 3 --plot resume.svg
         ckpt-audit resume-test --model-config ./my-model/config.json --layers 2 --hidden 64
+        ckpt-audit resume-test --model-config Qwen/Qwen2.5-7B   # its config.json from the local HF cache
         ckpt-audit resume-test --checkpointer verl      # through the installed verl's own manager
+        ckpt-audit resume-test --checkpointer verl --json --junit-xml resume-test.xml > resume-test.json  # CI
     """
     require_torch("resume-test", TRAINER_MODULES)
     from harness.checkpointers import refuse
@@ -148,6 +162,8 @@ def resume_test_command(
         raise click.UsageError("--plot needs --resume-world-size (a same-size resume is compared bit for bit)")
     if plot_path is not None and not os.access(plot_path.parent, os.W_OK):  # fail before minutes of training
         raise CommandError(f"cannot write {plot_path}: {plot_path.parent} is not a writable directory")
+    check_junit_writable(junit_xml)
+    model = _model(model_config, layers=layers, hidden=hidden) if model_config else None
     steps = steps or default_steps(world_size, resume_world_size)
     spec = ResumeTestSpec(
         world_size=world_size,
@@ -156,7 +172,7 @@ def resume_test_command(
         resume_world_size=resume_world_size,
         hsdp=hsdp,
         drop=tuple(drop),
-        model_config=str(model_config) if model_config else None,
+        model_config=model["config"] if model else None,
         layers=layers,
         hidden=hidden,
         seed=seed,
@@ -174,11 +190,40 @@ def resume_test_command(
         from ckpt_audit.cli.continuity import write_plot
 
         write_plot(plot_path, loss)
+    if junit_xml is not None:
+        from harness.commands.resume_junit import resume_suite
+
+        write_junit_report(junit_xml, [resume_suite(report, cuda=_on_cuda(world_size), model=model)])
     if as_json:
-        emit_json(report.to_json())
+        emit_json({**report.to_json(), "model": model})
     else:
-        click.echo(report.summary())
+        lines = report.summary().splitlines()
+        if model:  # after the head line, which names the architecture
+            lines.insert(1, shrink_line(model, report.architecture))
+        click.echo("\n".join(lines))
     raise click.exceptions.Exit(int(ExitCode.OK if report.equivalent else ExitCode.FINDINGS))
+
+
+def _model(value: str, *, layers: int, hidden: int) -> dict:
+    """--model-config resolved (a usage error if it names nothing) and described before any training."""
+    from harness.commands.model_source import ModelSourceError, describe_shrink, resolve
+
+    try:
+        source = resolve(value)
+    except ModelSourceError as exc:
+        raise click.BadParameter(str(exc), param_hint="--model-config") from None
+    try:
+        return describe_shrink(source, layers=layers, hidden=hidden)
+    except ModelSourceError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _on_cuda(world_size: int) -> bool:
+    """Whether the ranks ran on CUDA (the trainer's own rule), so a `cuda` RNG stream was compared."""
+    from harness.config import TrainConfig
+    from harness.trainer import pick_device
+
+    return pick_device(TrainConfig(run_dir="", world_size=world_size)) == "cuda"
 
 
 def _one_line(exc: Exception) -> str:
