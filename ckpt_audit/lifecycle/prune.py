@@ -9,8 +9,9 @@ earlier, killed one left marked (`reclaim_trash`).
 
 Before marking, each checkpoint is re-checked against the plan by stat: still a real directory, every
 planned file unchanged (size, mtime, inode), nothing inside (file or directory) written after the scan, and the
-tracker not pointing at it now, and no kept checkpoint reaching into it through a symbolic link (its bytes are
-that one's). Anything else is skipped, never deleted. Then it must be removable in full:
+tracker not pointing at it now, and no symbolic link outside it leading into it (under the plan's roots, walked
+again before the first deletion, each link looked at again as it acts: another run warm-started from it, or a
+kept checkpoint whose bytes it holds). Anything else is skipped, never deleted. Then it must be removable in full:
 every directory listed and writable. One that is not fails before the rename and is left intact, never
 half-deleted under its trash name. Nothing outside the plan is touched.
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 from ckpt_audit.durable import fsync_dir
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts.tracker import resume_step, tracker_path
+from ckpt_audit.lifecycle.links import Links, find_links
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.tree import TRASH_PREFIX
 
@@ -130,7 +132,7 @@ def execute(
     dirs = {os.path.dirname(i.path) for i in (*plan.delete, *plan.keep)} | {i.run_path for i in plan.delete}
     for trash in find_trash(sorted(dirs | set(reclaim_dirs))):
         log.done(_reclaim(trash, ops))
-    links = links_into(i.path for i in plan.keep)
+    links = links_now(plan)
     for item in plan.delete:
         log.done(_delete(item, log.exec_id, ops, links))
     return log.finish()
@@ -201,16 +203,15 @@ def find_trash(dirs: Iterable[str]) -> list[TrashDir]:
 # ---------------------------------------------------------------------------------------------------- steps
 
 
-def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: dict[str, str]) -> Outcome:
+def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: Links) -> Outcome:
     base = {
         "path": item.path,
         "step": item.step,
         "run_path": item.run_path,
         "reasons": tuple(str(r) for r in item.reasons),
     }
-    inside = item.path.rstrip("/") + "/"
-    if link := next((ln for target, ln in links.items() if target == item.path or target.startswith(inside)), None):
-        return Outcome(action=Action.SKIPPED, detail=f"a kept checkpoint links into it: {link}", **base)
+    if link := linked_now(item.path, links):
+        return Outcome(action=Action.SKIPPED, detail=f"a link leads into it: {link}", **base)
     # first: a tree we cannot list would also look "changed" (its files cannot be stat'ed), but it is a failure
     if _is_real_dir(item.path) and (why := cannot_remove(item.path)):
         return Outcome(action=Action.FAILED, detail=f"left intact: {why}", **base)
@@ -283,17 +284,15 @@ def changed_since_plan(item: PlanItem) -> str | None:
     return None
 
 
-def links_into(kept: Iterable[str]) -> dict[str, str]:
-    """Where each symbolic link below the `kept` checkpoints leads (real path -> the link): deleting a target
-    would break a checkpoint the plan keeps (the scan read a file link's target as that checkpoint's own)."""
-    out: dict[str, str] = {}
-    for top in kept:
-        for dirpath, dirs, files in os.walk(top, followlinks=False):
-            for name in (*dirs, *files):
-                p = os.path.join(dirpath, name)
-                if os.path.islink(p):
-                    out[os.path.realpath(p)] = p
-    return out
+def links_now(plan: PrunePlan) -> Links:
+    """The links under the plan's roots (and inside the checkpoints it keeps), walked again now: one made since
+    the plan protects its target as the plan's own would."""
+    return find_links([*plan.links.roots, *(i.path for i in plan.keep)])
+
+
+def linked_now(path: str, links: Links) -> str | None:
+    """A link that still exists and leads into `path` from outside it (each one is looked at again as we act)."""
+    return next((ln for ln in links.into(path) if os.path.lexists(ln)), None)
 
 
 def _is_real_dir(path: str) -> bool:
