@@ -1,19 +1,29 @@
-"""Prune's blast radius past one run, through the real CLI (a subprocess) on trainer-written trees.
+"""Prune's blast radius and the filesystem's refusals, through the real CLI (a subprocess) on trainer-written trees.
 
-A run warm-started from another run's step through a link (`B/global_step_4 -> ../exp/global_step_4`, which verl
-follows) loads that step: it is kept while the link exists, the plan says so, and a link made after the plan is
-found by the execution's own walk.
+1. A run warm-started from another run's step through a link (`B/global_step_4 -> ../exp/global_step_4`, which verl
+   follows) loads that step: it is kept while the link exists, the plan says so, and a link made after the plan is
+   found by the execution's own walk.
+2. Every refusal the filesystem can give (immutable and append-only flags, mount points, read-only mounts) is found
+   before the rename to trash, as root too; one found only after it renames the tree back; a half-done trash is
+   finished when it can be, else left marked and reported without failing every later prune.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_prune_attacks import HOUR_NS, planned, prune, steps_left
+from test_prune_attacks import EXECUTE, HOUR_NS, needs_setpriv, planned, prune, steps_left
+from test_scan import _unprivileged
+
+from ckpt_audit.lifecycle.prune import TRASH_RE
 
 pytestmark = pytest.mark.slow
 
@@ -98,3 +108,159 @@ def test_a_link_made_after_the_plan_is_found_before_the_rename(run, tmp_path):
     got = {o.step: (o.action, o.detail) for o in result.outcomes}
     assert got[4] == (Action.SKIPPED, f"a link leads into it: {link}")
     assert got[2][0] is Action.DELETED and steps_left(run) == [4, 6]
+
+
+# ------------------------------------------------------------------------------------- 2. filesystem refusals
+
+
+def _chattr(flag: str, *paths: Path) -> None:
+    subprocess.run(["chattr", flag, *map(str, paths)], check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def _mounted(*args: str, below: Path):
+    """`mount args...` for the body (skip where mounting is not allowed); then every mount below `below` is undone,
+    wherever a prune moved it."""
+    try:
+        subprocess.run(["mount", *args], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot bind-mount here: {exc}")
+    try:
+        yield
+    finally:
+        from ckpt_audit.lifecycle.removable import mount_points
+
+        for m in reversed(mount_points()):
+            if m.startswith(f"{below}/"):
+                subprocess.run(["umount", m], check=True)
+
+
+def _chattr_works(tmp: Path) -> str | None:
+    """Why chattr +i cannot be tried here (no chattr, a filesystem without inode flags, no CAP_LINUX_IMMUTABLE)."""
+    probe = tmp / "chattr-probe"
+    probe.write_text("x")
+    try:
+        _chattr("+i", probe)
+        _chattr("-i", probe)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return f"chattr +i refused here: {exc}"
+    return None
+
+
+@pytest.fixture
+def flags_ok(tmp_path):
+    if why := _chattr_works(tmp_path):
+        pytest.skip(why)
+
+
+def _tree(step: Path) -> dict[str, int]:
+    return {str(p.relative_to(step)): p.lstat().st_size for p in sorted(step.rglob("*"))}
+
+
+def _outcomes(doc: dict) -> dict:
+    return {
+        o["step"] if o["step"] is not None else o["path"]: (o["action"], o["detail"]) for o in doc["result"]["outcomes"]
+    }
+
+
+SHARD = "actor/model_world_size_2_rank_0.pt"
+
+
+@pytest.mark.parametrize(
+    ("flag", "where", "said"),
+    [
+        ("+i", SHARD, f"immutable (chattr +i): global_step_2/{SHARD}"),
+        ("+a", SHARD, f"append-only (chattr +a): global_step_2/{SHARD}"),
+        ("+a", "actor", "append-only (chattr +a): global_step_2/actor"),
+        ("+i", ".", "immutable (chattr +i): global_step_2"),
+    ],
+    ids=["immutable-shard", "append-only-shard", "append-only-dir", "immutable-step"],
+)
+def test_an_inode_flag_is_found_before_the_rename_even_as_root(run, tmp_path, flags_ok, flag, where, said):
+    step = run / "global_step_2"
+    before = _tree(step)
+    _chattr(flag, step / where)
+    try:
+        proc = prune(run, "--keep-last", "1", "--yes", "--json", catalog=tmp_path / "c.db")
+        assert proc.returncode == 3, proc.stdout + proc.stderr  # a deletion failed
+        got = _outcomes(json.loads(proc.stdout))
+        assert got[2] == ("failed", f"left intact: {said}")
+        assert got[4][0] == "deleted"
+        assert _tree(step) == before and not [p for p in run.iterdir() if TRASH_RE.match(p.name)]
+    finally:
+        _chattr(flag.replace("+", "-"), step / where)
+    proc = prune(run, "--keep-last", "1", "--yes", "--json", catalog=tmp_path / "c.db")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert steps_left(run) == [6]
+
+
+def test_a_mount_point_inside_is_found_before_the_rename(run, tmp_path):
+    hf = run / "global_step_2" / "actor" / "huggingface"
+    with _mounted("--bind", str(hf), str(hf), below=tmp_path):  # same device: stat alone cannot tell
+        proc = prune(run, "--keep-last", "1", "--yes", "--json", catalog=tmp_path / "c.db")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    got = _outcomes(json.loads(proc.stdout))
+    assert got[2] == ("failed", "left intact: a mount point (rmdir says EBUSY): global_step_2/actor/huggingface")
+    assert steps_left(run) == [2, 6] and (hf / "config.json").is_file()
+
+
+def test_a_read_only_mount_is_named(run, tmp_path):
+    with _mounted("--bind", "-o", "ro", str(run), str(run), below=tmp_path):
+        proc = prune(run, "--keep-last", "1", "--yes", "--json", catalog=tmp_path / "c.db")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    got = _outcomes(json.loads(proc.stdout))
+    assert got[2] == ("failed", f"left intact: read-only filesystem at {run / 'global_step_2'}")
+    assert steps_left(run) == [2, 4, 6]
+
+
+def test_a_half_done_trash_is_left_marked_without_failing_later_prunes_then_finished(run, tmp_path, flags_ok):
+    # what the old prune left: step 2 renamed to trash, then removed up to an immutable shard
+    trash = run / ".ckpt-audit-trash-global_step_2-0123456789ab"
+    (run / "global_step_2").rename(trash)
+    (trash / "data.pt").unlink()
+    _chattr("+i", trash / SHARD)
+    try:
+        proc = prune(run, "--keep-last", "1", "--yes", "--json", catalog=tmp_path / "c.db")
+        assert proc.returncode == 0, proc.stdout + proc.stderr  # the leftover no longer fails every prune
+        got = _outcomes(json.loads(proc.stdout))
+        assert got[str(trash)] == (
+            "skipped",
+            "marked by execution 0123456789ab (global_step_2); cannot finish, left marked: "
+            f"immutable (chattr +i): {trash.name}/{SHARD}",
+        )
+        assert got[4][0] == "deleted" and (trash / SHARD).is_file()  # nothing of the trash was touched
+    finally:
+        _chattr("-i", trash / SHARD)
+    proc = prune(run, "--keep-last", "1", "--yes", "--json", catalog=tmp_path / "c.db")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _outcomes(json.loads(proc.stdout))[str(trash)][0] == "reclaimed"
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["global_step_6"]
+
+
+@needs_setpriv
+def test_a_refusal_found_only_after_the_rename_renames_the_tree_back(run, tmp_path, flags_ok):
+    from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
+    from ckpt_audit.scanner import scan
+
+    plan = plan_prune(scan([str(run)]).runs, Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
+    (tmp_path / "plan.pkl").write_bytes(pickle.dumps(plan))
+    step = run / "global_step_2"
+    before = _tree(step)
+    hf = sorted((step / "actor" / "huggingface").iterdir())  # removed first (the deepest directory)
+    for f in hf:  # a file we may not open shows no flags: its refusal comes only at unlink, after the rename
+        f.chmod(0)
+    _chattr("+i", *hf)
+    try:
+        proc = subprocess.run(
+            [*_unprivileged(), sys.executable, "-c", EXECUTE, str(tmp_path / "plan.pkl")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        _chattr("-i", *(f for f in hf if f.exists()))
+    assert proc.returncode == 0, proc.stderr
+    outcomes = {s: (action, detail) for s, action, detail in json.loads(proc.stdout)}
+    assert outcomes[2][0] == "failed" and outcomes[2][1].startswith("left intact (renamed back): PermissionError")
+    assert _tree(step) == before and not [p for p in run.iterdir() if TRASH_RE.match(p.name)]
+    assert outcomes[4][0] == "deleted"

@@ -33,13 +33,13 @@ from ckpt_audit.lifecycle.prune import (
     PruneLog,
     PruneResult,
     TrashDir,
-    cannot_remove,
     changed_since_plan,
     execute,
     find_trash,
     linked_now,
     links_now,
 )
+from ckpt_audit.lifecycle.removable import cannot_remove
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.lifecycle.survivors import Reread, reread
 from ckpt_audit.models import Checkpoint, ScanResult, Status
@@ -398,7 +398,7 @@ class Cluster:
         self.last = replace(ran, silent=quiet)
         for node in ran.reports:
             for o in node.result.outcomes if node.result else ():
-                if o.action is Action.RECLAIMED:
+                if o.step is None:  # earlier trash: reclaimed, or left marked and why
                     done(replace(o, detail=f"on node {node.node_id}: {o.detail}"))
         for item in go:
             done(_merged(item, ran, self.holders(item)))

@@ -32,6 +32,7 @@ from ckpt_audit.durable import fsync_dir
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts.tracker import resume_step, tracker_path
 from ckpt_audit.lifecycle.links import Links, find_links
+from ckpt_audit.lifecycle.removable import cannot_remove
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.tree import TRASH_PREFIX
 
@@ -223,24 +224,46 @@ def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: Links) -> Outco
         os.rename(item.path, trash)  # the one step that takes it out of the trainer's sight
         ops.tick()
         fsync_dir(parent)  # the mark is durable before the first file goes
-        _remove_tree(trash, ops)
     except OSError as exc:
-        return Outcome(action=Action.FAILED, detail=f"{type(exc).__name__}: {exc.strerror or exc}", **base)
+        return Outcome(action=Action.FAILED, detail=f"left intact: {_why(exc)}", **base)
+    before = ops.n
+    try:
+        _remove_tree(trash, ops)
+    except OSError as exc:  # a refusal the pre-check could not see (a file we may not open, a race)
+        if ops.n == before and _restore(trash, item.path):
+            return Outcome(action=Action.FAILED, detail=f"left intact (renamed back): {_why(exc)}", **base)
+        return Outcome(action=Action.FAILED, detail=f"left marked as {trash}: {_why(exc)}", **base)
     return Outcome(action=Action.DELETED, size_bytes=item.size_bytes, **base)
 
 
+def _restore(trash: str, original: str) -> bool:
+    """Rename a tree nothing was removed from back to its name, unless that name is taken again."""
+    if os.path.lexists(original):
+        return False
+    try:
+        os.rename(trash, original)
+        fsync_dir(os.path.dirname(original))
+    except OSError:
+        return False
+    return True
+
+
 def _reclaim(trash: TrashDir, ops: OpCounter) -> Outcome:
+    """Finish what an earlier execution marked, if it can be removed in full now; else leave it marked and say why
+    (a later prune finishes it once the refusal is lifted: it does not fail every prune after it)."""
+    marked = f"marked by execution {trash.exec_id} ({trash.original_name})"
+    if _is_real_dir(trash.path) and (why := cannot_remove(trash.path)):
+        return Outcome(path=trash.path, action=Action.SKIPPED, detail=f"{marked}; cannot finish, left marked: {why}")
     size = _tree_size(trash.path)
     try:
         _remove_tree(trash.path, ops)
     except OSError as exc:
-        return Outcome(path=trash.path, action=Action.FAILED, detail=f"{type(exc).__name__}: {exc.strerror or exc}")
-    return Outcome(
-        path=trash.path,
-        action=Action.RECLAIMED,
-        size_bytes=size,
-        detail=f"marked by execution {trash.exec_id} ({trash.original_name})",
-    )
+        return Outcome(path=trash.path, action=Action.FAILED, detail=f"{marked}; {_why(exc)}")
+    return Outcome(path=trash.path, action=Action.RECLAIMED, size_bytes=size, detail=marked)
+
+
+def _why(exc: OSError) -> str:
+    return f"{type(exc).__name__}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
 
 
 def changed_since_plan(item: PlanItem) -> str | None:
@@ -300,26 +323,6 @@ def _is_real_dir(path: str) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
-
-
-def cannot_remove(top: str) -> str | None:
-    """Why `top` cannot be removed in full, found before anything is touched, else None.
-
-    Removal needs every directory listed and writable (and its parent, for the rename). Found only after the
-    rename, an unreadable or read-only subdirectory would leave a half-deleted tree under its trash name.
-    """
-    parent = os.path.dirname(top)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"no write permission on {parent}"
-    problem: list[str] = []
-
-    def unlisted(exc: OSError) -> None:
-        problem.append(f"cannot read {os.path.relpath(exc.filename or top, top)}: {exc.strerror or exc}")
-
-    for dirpath, _dirs, _files in os.walk(top, onerror=unlisted, followlinks=False):
-        if not os.access(dirpath, os.W_OK | os.X_OK):
-            return f"no write permission on {os.path.relpath(dirpath, top)}"
-    return problem[0] if problem else None
 
 
 def _tracker_step(run_path: str) -> int | None:
