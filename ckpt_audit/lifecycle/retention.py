@@ -44,6 +44,7 @@ class Reason(StrEnum):
     UNREAD = "unread"  # something inside could not be read: no evidence it is disposable
     AHEAD_OF_TRACKER = "ahead-of-tracker"  # whole, but newer than the tracker: the tracker lags, not the save
     LINKED = "linked"  # a symbolic link elsewhere under the roots leads into it (another run's warm start)
+    REPLICA_CONFLICT = "replica-conflict"  # its copies (or the tracker's) differ between nodes: a conflict to settle
     # kept by a rule
     KEEP_LAST = "keep-last"
     KEEP_EVERY = "keep-every"
@@ -79,6 +80,7 @@ PROTECTED = frozenset(
         Reason.UNREAD,
         Reason.AHEAD_OF_TRACKER,
         Reason.LINKED,
+        Reason.REPLICA_CONFLICT,
     }
 )
 
@@ -92,6 +94,8 @@ EXPLAIN: dict[Reason, str] = {
     Reason.UNREAD: "could not be read in full: no evidence it is disposable (never deleted)",
     Reason.AHEAD_OF_TRACKER: "whole but newer than the tracker (tracker-behind): never deleted as abandoned",
     Reason.LINKED: "a symbolic link outside it leads into it: deleting it breaks that path (kept while it exists)",
+    Reason.REPLICA_CONFLICT: "copies on different nodes differ (replica-differs): a conflict for a person to settle, "
+    "not corruption; every copy kept (never deleted)",
     Reason.KEEP_LAST: "among the last N complete",
     Reason.KEEP_EVERY: "step is a multiple of K",
     Reason.KEEP_WITHIN: "newer than the keep-within duration",
@@ -420,6 +424,8 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
             reasons.append(Reason.UNREAD)
         if c.status is Status.UNSAFE:
             reasons.append(Reason.UNSAFE)
+        if any(f.code == "replica-differs" for f in c.all_findings):
+            reasons.append(Reason.REPLICA_CONFLICT)
         if c.status is Status.COMPLETE:
             reasons.extend(kept_by.get(c.path, ()))
             if not policy.rules:
