@@ -191,7 +191,8 @@ class Session:
         if unknown := sorted(pin_paths - known):
             raise PlanError(f"--pin {unknown[0]} matches no scanned checkpoint")
         policy = dataclasses.replace(policy, rules=tuple(rules))
-        plan = plan_prune(runs, policy, now_ns=now_ns, pins=pin_paths, links=find_links(self.roots))
+        links = find_links(self.roots, near={os.path.dirname(r.path) for r in runs})
+        plan = plan_prune(runs, policy, now_ns=now_ns, pins=pin_paths, links=links)
         # the plan shown (and asked about) is the one whose survivors were re-read
         check = self.check_survivors(plan, runs, reread=reread)
         reclaim = tuple(sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints}))

@@ -68,6 +68,21 @@ def test_a_step_another_run_links_to_is_kept_while_the_link_exists(run, tmp_path
     assert steps_left(run) == [6]
 
 
+def test_a_sibling_run_outside_the_root_still_keeps_the_step_it_links_to(run, tmp_path):
+    link = warm_start(run, "global_step_4")  # demo/B, beside demo/exp; prune is given demo/exp alone
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", "prune", str(run), "--keep-last", "1", "--yes", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _item(json.loads(proc.stdout), run / "global_step_4")["linked_from"] == [str(link)]
+    assert steps_left(run) == [4, 6]
+
+
 def test_a_link_to_one_shard_keeps_the_step_it_lies_in(run, tmp_path):
     b = run.parent / "B" / "global_step_4" / "actor"
     b.mkdir(parents=True)
@@ -264,3 +279,30 @@ def test_a_refusal_found_only_after_the_rename_renames_the_tree_back(run, tmp_pa
     assert outcomes[2][0] == "failed" and outcomes[2][1].startswith("left intact (renamed back): PermissionError")
     assert _tree(step) == before and not [p for p in run.iterdir() if TRASH_RE.match(p.name)]
     assert outcomes[4][0] == "deleted"
+
+
+def test_the_tui_plan_keeps_a_linked_step_and_its_prune_deletes_only_the_rest(run, tmp_path):
+    from tui_pilot import drive, open_run, settle
+
+    from ckpt_audit.lifecycle.retention import KeepLast, Policy, Reason
+    from tui.app import AuditApp
+
+    link = warm_start(run, "global_step_4")
+    app = AuditApp(catalog_path=tmp_path / "c.db", roots=[str(run.parent.parent)])
+    seen = {}
+
+    async def script(pilot) -> None:
+        await pilot.press("down")  # runs: demo/B (its tracker and the link), then demo/exp
+        screen = await open_run(pilot)
+        assert screen.run_path == str(run)
+        screen.set_policy(Policy(rules=(KeepLast(n=1),)))
+        seen["plan"] = screen.plan
+        assert app.prune(screen.plan)
+        await settle(pilot)
+
+    drive(app, script)
+    plan = seen["plan"]
+    assert [i.step for i in plan.delete] == [2]
+    [kept] = [i for i in plan.keep if i.step == 4]
+    assert kept.reasons == (Reason.LINKED,) and kept.linked_from == (str(link),)
+    assert steps_left(run) == [4, 6] and app.last_prune is not None and app.last_prune.ok

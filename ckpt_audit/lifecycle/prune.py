@@ -310,7 +310,7 @@ def changed_since_plan(item: PlanItem) -> str | None:
 def links_now(plan: PrunePlan) -> Links:
     """The links under the plan's roots (and inside the checkpoints it keeps), walked again now: one made since
     the plan protects its target as the plan's own would."""
-    return find_links([*plan.links.roots, *(i.path for i in plan.keep)])
+    return find_links([*plan.links.roots, *(i.path for i in plan.keep)], near=plan.links.near)
 
 
 def linked_now(path: str, links: Links) -> str | None:
