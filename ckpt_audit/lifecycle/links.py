@@ -14,9 +14,10 @@ its first deletion and re-checks each link it found at the moment it acts.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckpt_audit.tree import TRASH_PREFIX
 
@@ -29,16 +30,21 @@ class Links:
     roots: tuple[str, ...] = ()
     near: tuple[str, ...] = ()
     found: tuple[tuple[str, str], ...] = ()
+    _by_target: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
 
-    def into(self, path: str, *, besides: Iterable[str] = ()) -> tuple[str, ...]:
-        """The links that lead to `path` or below it from outside it (and outside every path in `besides`)."""
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_target", tuple(sorted((t, ln) for ln, t in self.found)))
+
+    def into(self, path: str) -> tuple[str, ...]:
+        """The links that lead to `path` or below it from outside it."""
         inside = path.rstrip("/") + "/"
-        outside = [p.rstrip("/") + "/" for p in (path, *besides)]
-        return tuple(
-            link
-            for link, target in self.found
-            if (target == path or target.startswith(inside)) and not any(link.startswith(o) for o in outside)
-        )
+        out = []
+        for target, link in self._by_target[bisect.bisect_left(self._by_target, (path,)) :]:
+            if target != path and not target.startswith(inside):
+                break
+            if not link.startswith(inside):
+                out.append(link)
+        return tuple(sorted(out))
 
 
 def find_links(roots: Iterable[str], *, near: Iterable[str] = ()) -> Links:

@@ -16,6 +16,7 @@ would rank nothing). `ckpt_audit.lifecycle.survivors` re-reads what a plan count
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -346,28 +347,50 @@ def plan_prune(
 
 def _keep_linked(delete: list[PlanItem], links: Links) -> tuple[list[PlanItem], list[PlanItem]]:
     """Split `delete` (in order) into what still goes and what a link keeps. A link inside another checkpoint that
-    goes keeps nothing; a link anywhere else does, and what it keeps may hold links that keep more in turn."""
-    going = {i.path: i for i in delete}
-    kept: list[PlanItem] = []
-    changed = True
-    while changed:
-        changed = False
-        for item in list(going.values()):
-            if found := links.into(item.path, besides=going):
-                del going[item.path]
-                reasons = (*(r for r in item.reasons if r not in (Reason.NOT_KEPT, Reason.SELECTED)), Reason.LINKED)
-                kept.append(replace(item, reasons=_ordered(reasons), linked_from=found))
-                changed = True
+    goes keeps nothing (that one goes first); a link anywhere else does, and what it keeps may hold links that keep
+    more in turn."""
+    if not links.found:
+        return delete, []
+    paths = {i.path: i for i in delete}
+    # each link into a planned checkpoint, with the planned checkpoint it lies in (None: outside them all)
+    into = {p: [(ln, _holder(ln, paths)) for ln in links.into(p)] for p in paths}
+    waiting_on: dict[str, list[str]] = {}  # checkpoint -> those its links lead into
+    for p, found in into.items():
+        for _ln, h in found:
+            if h is not None:
+                waiting_on.setdefault(h, []).append(p)
+    stack = [p for p, found in into.items() if any(h is None for _ln, h in found)]
+    linked = set(stack)
+    while stack:  # a kept checkpoint's links keep what they lead into
+        for p in waiting_on.get(stack.pop(), ()):
+            if p not in linked:
+                linked.add(p)
+                stack.append(p)
+    kept = []
+    for p in (i.path for i in delete if i.path in linked):
+        item = paths[p]
+        reasons = (*(r for r in item.reasons if r not in (Reason.NOT_KEPT, Reason.SELECTED)), Reason.LINKED)
+        found = tuple(ln for ln, h in into[p] if h is None or h in linked)
+        kept.append(replace(item, reasons=_ordered(reasons), linked_from=found))
     # a checkpoint that others going link into goes after them (the executor skips one a link still leads into)
     order: list[PlanItem] = []
-    left = [i for i in delete if i.path in going]
+    left = [i for i in delete if i.path not in linked]
     while left:
-        others = {i.path: [o.path for o in left if o is not i] for i in left}
-        held = {i.path for i in left if links.into(i.path) != links.into(i.path, besides=others[i.path])}
-        ready = [i for i in left if i.path not in held] or left  # a cycle of links: the executor skips them
+        waiting = {i.path for i in left}
+        ready = [i for i in left if not any(h in waiting for _ln, h in into[i.path])] or left  # a cycle: skipped
         order.extend(ready)
         left = [i for i in left if i not in ready]
     return order, kept
+
+
+def _holder(link: str, checkpoints: Mapping[str, object]) -> str | None:
+    """The checkpoint among `checkpoints` (paths) that `link` lies in, if any."""
+    d = os.path.dirname(link)
+    while d and d != "/":
+        if d in checkpoints:
+            return d
+        d = os.path.dirname(d)
+    return None
 
 
 _DELETE_FIRST = frozenset({Reason.INCOMPLETE, Reason.CORRUPT, Reason.HUSK, Reason.UNCOMMITTED_STALE})
