@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -306,3 +307,33 @@ def test_the_tui_plan_keeps_a_linked_step_and_its_prune_deletes_only_the_rest(ru
     [kept] = [i for i in plan.keep if i.step == 4]
     assert kept.reasons == (Reason.LINKED,) and kept.linked_from == (str(link),)
     assert steps_left(run) == [4, 6] and app.last_prune is not None and app.last_prune.ok
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop FOWNER")
+def test_a_sticky_directory_holding_someone_elses_file_is_found_before_the_rename(run, tmp_path):
+    from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
+    from ckpt_audit.scanner import scan
+
+    plan = plan_prune(scan([str(run)]).runs, Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
+    (tmp_path / "plan.pkl").write_bytes(pickle.dumps(plan))
+    step = run / "global_step_2"
+    before = _tree(step)
+    actor = step / "actor"
+    os.chown(actor, 65534, 65534)
+    actor.chmod(0o1777)  # like /tmp: anyone may write, only an entry's owner (or the directory's) may unlink it
+    os.chown(actor / "model_world_size_2_rank_0.pt", 65533, 65533)
+    no_fowner = [shutil.which("setpriv"), "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    proc = subprocess.run(
+        [*no_fowner, sys.executable, "-c", EXECUTE, str(tmp_path / "plan.pkl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    outcomes = {s: (action, detail) for s, action, detail in json.loads(proc.stdout)}
+    assert outcomes[2] == (
+        "failed",
+        "left intact: sticky directory global_step_2/actor: "
+        "global_step_2/actor/model_world_size_2_rank_0.pt belongs to uid 65533",
+    )
+    assert _tree(step) == before and outcomes[4][0] == "deleted"
