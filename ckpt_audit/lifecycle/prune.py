@@ -11,9 +11,11 @@ Before marking, each checkpoint is re-checked against the plan by stat: still a 
 planned file unchanged (size, mtime, inode), nothing inside (file or directory) written after the scan, and the
 tracker not pointing at it now, and no symbolic link outside it leading into it (under the plan's roots, walked
 again before the first deletion, each link looked at again as it acts: another run warm-started from it, or a
-kept checkpoint whose bytes it holds). Anything else is skipped, never deleted. Then it must be removable in full:
-every directory listed and writable. One that is not fails before the rename and is left intact, never
-half-deleted under its trash name. Nothing outside the plan is touched.
+kept checkpoint whose bytes it holds). Anything else is skipped, never deleted. Then it must be removable in full,
+by us, now (`removable.cannot_remove`: permissions, inode flags, mounts). One that is not fails before the rename and
+is left intact, never half-deleted under its trash name; a refusal seen only after the rename renames it back while
+nothing of it is removed. Trash that cannot be finished is left marked and reported, not failed every time.
+Nothing outside the plan is touched.
 """
 
 from __future__ import annotations
