@@ -717,8 +717,9 @@ _TABLE: tuple[Code, ...] = (
     Code(
         code="replica-differs",
         severity=E,
-        corrupts=True,
-        explanation="the same file is on several nodes with different content: which one a resume loads is chance",
+        explanation="the same file (or tracker) is on several nodes with different content: which one a resume loads "
+        "is chance; a conflict, not corruption: the checkpoint is unknown when every file is whole on some node, and "
+        "prune keeps it",
     ),
     Code(
         code="node-silent",

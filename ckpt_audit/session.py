@@ -178,6 +178,7 @@ class Session:
         import dataclasses
 
         from ckpt_audit.answers import PrunePreview
+        from ckpt_audit.lifecycle.links import find_links
         from ckpt_audit.lifecycle.prune import find_trash
         from ckpt_audit.lifecycle.retention import KeepBest, metric_problem, plan_prune, read_metric
         from ckpt_audit.lifecycle.survivors import SurvivorCheck
@@ -197,7 +198,9 @@ class Session:
         pin_paths = frozenset(os.path.realpath(p) for p in pins)
         if unknown := sorted(pin_paths - known):
             raise PlanError(f"--pin {unknown[0]} matches no scanned checkpoint")
-        plan = plan_prune(runs, dataclasses.replace(policy, rules=tuple(rules)), now_ns=now_ns, pins=pin_paths)
+        policy = dataclasses.replace(policy, rules=tuple(rules))
+        links = find_links(self.roots, near={os.path.dirname(r.path) for r in runs})
+        plan = plan_prune(runs, policy, now_ns=now_ns, pins=pin_paths, links=links)
         # the plan shown (and asked about) is the one whose survivors were re-read
         survivors = self.check_survivors(plan, runs, reread=reread) if check else SurvivorCheck(plan=plan, runs=runs)
         reclaim = tuple(sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints}))

@@ -320,3 +320,47 @@ def test_durations(text, ns):
 def test_bad_duration_is_a_value_error():
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration("soon")
+
+
+# ---------------------------------------------------------------------------------------------------- links
+
+
+def test_links_keep_what_they_lead_into_unless_they_go_too():
+    from ckpt_audit.lifecycle.links import Links
+
+    a, b, c, d = ck(1), ck(2), ck(3), ck(4)
+    b_shard, c_shard = (f"{x.path}/actor/model_world_size_1_rank_0.pt" for x in (b, c))
+    warm = ("/ck/proj/B/global_step_1", a.path)  # another run's warm start: keeps step 1
+    above = ("/ck/proj/all", "/ck")  # a link to a directory above checkpoints pins none
+    policy = Policy(rules=(KeepLast(n=1),))
+    links = Links(found=(warm, above, (f"{c.path}/actor/shared.pt", b_shard)))  # inside step 3, which goes too
+    plan = plan_prune([run_of(a, b, c, d, tracker=4)], policy, now_ns=NOW, links=links)
+    assert [(i.step, i.reasons) for i in plan.delete] == [(3, (R.NOT_KEPT,)), (2, (R.NOT_KEPT,))]  # 3 first
+    assert [(i.step, i.reasons, i.linked_from) for i in plan.keep if i.step == 1] == [(1, (R.LINKED,), (warm[0],))]
+
+    chain = (f"{a.path}/actor/x.pt", c_shard)  # inside step 1, which the warm start keeps: keeps step 3
+    links = Links(found=(warm, chain))
+    plan = plan_prune([run_of(a, b, c, d, tracker=4)], policy, now_ns=NOW, links=links)
+    assert [i.step for i in plan.delete] == [2]
+    assert [(i.step, i.linked_from) for i in plan.keep if R.LINKED in i.reasons] == [(1, (warm[0],)), (3, (chain[0],))]
+
+
+def test_a_checkpoint_goes_after_those_that_link_into_it():
+    from ckpt_audit.lifecycle.links import Links
+
+    a, b, c = ck(1), ck(2), ck(3)
+    links = Links(found=((f"{a.path}/actor/x.pt", f"{b.path}/actor/model_world_size_1_rank_0.pt"),))
+    plan = plan_prune([run_of(a, b, c)], Policy(rules=(KeepLast(n=1),)), now_ns=NOW, links=links, select=frozenset())
+    assert [i.step for i in plan.delete] == [1, 2]  # oldest first anyway
+    links = Links(found=((f"{b.path}/actor/x.pt", f"{a.path}/actor/model_world_size_1_rank_0.pt"),))
+    plan = plan_prune([run_of(a, b, c)], Policy(rules=(KeepLast(n=1),)), now_ns=NOW, links=links)
+    assert [i.step for i in plan.delete] == [2, 1]  # step 2 holds a link into step 1: it goes first
+
+
+def test_a_hand_selected_checkpoint_a_link_leads_into_is_refused():
+    from ckpt_audit.lifecycle.links import Links
+
+    a, b = ck(1), ck(2)
+    links = Links(found=(("/elsewhere/run/global_step_1", a.path),))
+    plan = plan_prune([run_of(a, b)], Policy(), now_ns=NOW, links=links, select=frozenset({a.path}))
+    assert plan.delete == () and plan.refused == (Refusal(path=a.path, reasons=(R.LINKED,)),)

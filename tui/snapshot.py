@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckpt_audit.lifecycle.links import Links, find_links
 from ckpt_audit.models import Run, ScanResult
 from ckpt_audit.session import browse
 
@@ -31,6 +32,7 @@ class Snapshot:
     unrecorded: str = ""  # why this scan is not in the catalog (busy with another run, no catalog); "" if it is
     verified_ns: dict[str, int | None] = field(default_factory=dict)  # file -> last read by content (None: never)
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # file -> Ray nodes holding it (scan --ray)
+    links: Links = field(default_factory=Links)  # the links under the scanned roots: prune keeps what they lead into
 
     def run(self, path: str) -> Run | None:
         return next((r for r in self.runs if r.path == path), None)
@@ -59,6 +61,7 @@ def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Pro
         unrecorded=unrecorded,
         verified_ns={p: f.verified_ns for p, f in result.file_facts.items()},
         nodes=catalog_nodes(catalog_path),
+        links=find_links(roots, near={os.path.dirname(r.path) for r in result.runs}),
     )
 
 

@@ -228,7 +228,7 @@ def _render_plan(plan, trash) -> None:
     rows.sort(key=lambda r: (r[1].run_path, r[1].step))
     for what, item in rows:
         name = "/".join(item.run_path.rstrip("/").split("/")[-2:])
-        why = ", ".join(str(r) for r in item.reasons)
+        why = ", ".join(str(r) for r in item.reasons) + "".join(f" <- {link}" for link in item.linked_from)
         click.echo(
             f"  {what:<6} {name:<32} step {item.step:>8}  {str(item.checkpoint.status):<11} "
             f"{format_size(item.size_bytes):>10}  {why}"

@@ -1,5 +1,12 @@
 """The multi-node judgement, on the driver after the reduce: which node holds what, replicas that differ, and
-nodes that did not answer. Pure: answers and the reduced result in, a new result out."""
+nodes that did not answer. Pure: answers and the reduced result in, a new result out.
+
+Copies of one logical file that differ between nodes (two jobs that wrote the same path on different node-local
+disks, or a rank's file left from an earlier placement) are a conflict, not evidence of corruption: which copy a
+rank loads depends on where it runs. Every such file is `replica-differs` (shards, `data.pt`, configs alike) and,
+when every file of the checkpoint is whole on some node, the checkpoint is `unknown`: prune keeps it, on every
+node, and the resume gate does not name it. Trackers that differ are reported on their run and on each step a
+node's copy names (prune keeps those)."""
 
 from __future__ import annotations
 
@@ -8,20 +15,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import Checkpoint, ScanResult, Status
+from ckpt_audit.layouts.tracker import resume_step, tracker_path
+from ckpt_audit.models import Checkpoint, FileFacts, Finding, Run, ScanResult, Severity, Status
 from ckpt_audit.units import format_age
 
 from .noderoots import NodePartials
 
 
-def holders(answers: Sequence[NodePartials]) -> dict[str, dict[str, str | None]]:
-    """logical path -> {node id: hash} over every node's partials."""
-    out: dict[str, dict[str, str | None]] = defaultdict(dict)
+def holders(answers: Sequence[NodePartials]) -> dict[str, dict[str, FileFacts]]:
+    """logical path -> {node id: that node's facts of its copy} over every node's partials."""
+    out: dict[str, dict[str, FileFacts]] = defaultdict(dict)
     for a in answers:
         for part in a.partials:
             for path, facts in part.facts.items():
-                out[path][a.node_id] = facts.hash
+                out[path][a.node_id] = facts
     return dict(out)
+
+
+def _whole(copy: FileFacts) -> bool:
+    """Read in full with nothing wrong found: a copy a rank could load."""
+    return (
+        copy.hash is not None
+        and copy.crc_ok is not False
+        and not any(f.severity is Severity.ERROR for f in copy.findings)
+    )
+
+
+def _differs(copies: Mapping[str, FileFacts]) -> bool:
+    return len({c.hash for c in copies.values()}) > 1
 
 
 def _ranges(ranks: Sequence[int]) -> str:
@@ -41,7 +62,7 @@ def _ranges(ranks: Sequence[int]) -> str:
 
 def _judge(
     ckpt: Checkpoint,
-    held: Mapping[str, dict[str, str | None]],
+    held: Mapping[str, dict[str, FileFacts]],
     silent: Sequence[str],
     recalled: Mapping[str, tuple[str, ...]],
     gone: Mapping[str, int],
@@ -57,18 +78,22 @@ def _judge(
                 continue
             for node in held.get(f.path, {}):
                 by_node[node].append(f.rank)
-            hashes = set(held.get(f.path, {}).values())
-            if len(hashes) > 1:
-                nodes = ", ".join(sorted(held[f.path]))
-                found.append(finding("replica-differs", f.path, f"different content on nodes {nodes}", rank=f.rank))
-                status = Status.CORRUPT
         if ranks and by_node and not any(set(r) >= ranks for r in by_node.values()):
             where = "; ".join(f"ranks {_ranges(r)} on node {n}" for n, r in sorted(by_node.items()))
             found.append(finding("ranks-spread-over-nodes", comp.path, where))
+    differ = [f for f in ckpt.all_files if _differs(held.get(f.path, {}))]
+    for f in differ:
+        copies = held[f.path]
+        whole = sorted(n for n, c in copies.items() if _whole(c))
+        why = f"different content on nodes {', '.join(sorted(copies))}: which one a rank loads depends on its node"
+        found.append(
+            finding("replica-differs", f.path, why + (f" (whole on {', '.join(whole)})" if whole else ""), rank=f.rank)
+        )
+    if differ and all(any(_whole(c) for c in held.get(f.path, {}).values()) for f in ckpt.all_files):
+        status = Status.UNKNOWN  # a conflict, not corruption: every file is whole somewhere; both copies stay
     known_only = {f.path: recalled[f.path] for f in ckpt.all_files if f.path in recalled}
     if known_only:  # some files are known only from the catalog: their only copies are on nodes that did not answer
-        if status is not Status.CORRUPT or ckpt.status is Status.CORRUPT:  # replicas that differ stay corrupt
-            status = Status.UNKNOWN
+        status = Status.UNKNOWN
         for node in sorted({n for ns in known_only.values() for n in ns}):
             files = sorted(p for p, ns in known_only.items() if node in ns)
             code, why = (
@@ -111,7 +136,9 @@ def judge_nodes(
     gone = gone or {}
     recalled = recalled or {}
     runs = tuple(
-        replace(r, checkpoints=tuple(_judge(c, held, silent, recalled, gone, now_ns) for c in r.checkpoints))
+        _trackers(
+            replace(r, checkpoints=tuple(_judge(c, held, silent, recalled, gone, now_ns) for c in r.checkpoints)), held
+        )
         for r in result.runs
     )
     extra = tuple(
@@ -124,3 +151,25 @@ def judge_nodes(
         for n in silent
     )
     return replace(result, runs=runs, findings=result.findings + extra)
+
+
+def _trackers(run: Run, held: Mapping[str, dict[str, FileFacts]]) -> Run:
+    """`run` with its tracker's copies that differ between nodes reported: on the run, and on each checkpoint some
+    node's copy names (each node's ranks resume from the step their own copy names)."""
+    path = tracker_path(run.path)
+    copies = held.get(path, {})
+    if not _differs(copies):
+        return run
+    named = {n: resume_step(c.text) if c.text is not None else None for n, c in sorted(copies.items())}
+    said = "; ".join(f"node {n}: {'unreadable' if s is None else f'step {s}'}" for n, s in named.items())
+
+    def told(message: str) -> Finding:
+        return finding("replica-differs", path, message)
+
+    ckpts = tuple(
+        replace(c, findings=(*c.findings, told(f"the tracker differs between nodes ({said}): some resume here")))
+        if c.step in named.values()
+        else c
+        for c in run.checkpoints
+    )
+    return replace(run, checkpoints=ckpts, findings=(*run.findings, told(f"the tracker differs between nodes: {said}")))

@@ -26,18 +26,20 @@ from dataclasses import dataclass, field, replace
 
 from ckpt_audit.codes import finding
 from ckpt_audit.killpoints import KILL_AFTER_ENV
+from ckpt_audit.lifecycle.links import Links
 from ckpt_audit.lifecycle.prune import (
     Action,
     Outcome,
     PruneLog,
     PruneResult,
     TrashDir,
-    cannot_remove,
     changed_since_plan,
     execute,
     find_trash,
-    links_into,
+    linked_now,
+    links_now,
 )
+from ckpt_audit.lifecycle.removable import cannot_remove
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.lifecycle.survivors import Reread, reread
 from ckpt_audit.models import Checkpoint, ScanResult, Status
@@ -174,7 +176,7 @@ def blast_radius(path: str, *, root: str, keep_out: Iterable[str] = ()) -> str |
     return None
 
 
-def _objection(item: PlanItem, paths: _Paths, keep_out: Sequence[str], links: Mapping[str, str]):
+def _objection(item: PlanItem, paths: _Paths, keep_out: Sequence[str], links: Links):
     """The local checks prune.execute makes, plus the blast radius, without touching anything."""
     path = item.path
     if not os.path.lexists(path):
@@ -182,9 +184,8 @@ def _objection(item: PlanItem, paths: _Paths, keep_out: Sequence[str], links: Ma
     pair = paths.root_of(path, local=True)
     if pair is None or (why := blast_radius(path, root=pair[1], keep_out=keep_out)):
         return Action.SKIPPED, why or "not under a scanned root"
-    inside = path.rstrip("/") + "/"
-    if link := next((ln for t, ln in links.items() if t == path or t.startswith(inside)), None):
-        return Action.SKIPPED, f"a kept checkpoint links into it: {link}"
+    if link := linked_now(path, links):
+        return Action.SKIPPED, f"a link leads into it: {link}"
     if os.path.isdir(path) and not os.path.islink(path) and (why := cannot_remove(path)):
         return Action.FAILED, f"left intact: {why}"
     if why := changed_since_plan(item):
@@ -204,10 +205,13 @@ def prune_on_this_node(
     `exec_id`, then execute what passed with the local prune (the same exec id on every node)."""
     paths = _Paths(roots, node_id)
     local = replace(
-        plan, delete=tuple(paths.item(i) for i in plan.delete), keep=tuple(paths.item(i) for i in plan.keep)
+        plan,
+        delete=tuple(paths.item(i) for i in plan.delete),
+        keep=tuple(paths.item(i) for i in plan.keep),
+        links=Links(roots=tuple(here for _logical, here in paths.pairs)),  # links on this node's disk
     )
     keep_out = [paths.local(k) for k in keep_out]
-    links = links_into(i.path for i in local.keep)
+    links = links_now(local)
     objections = {i.path: why for i in local.delete if (why := _objection(i, paths, keep_out, links))}
     dirs = sorted({paths.local(d) for d in reclaim})
     trash = tuple(replace(t, path=paths.logical(t.path)) for t in find_trash(dirs))
@@ -394,7 +398,7 @@ class Cluster:
         self.last = replace(ran, silent=quiet)
         for node in ran.reports:
             for o in node.result.outcomes if node.result else ():
-                if o.action is Action.RECLAIMED:
+                if o.step is None:  # earlier trash: reclaimed, or left marked and why
                     done(replace(o, detail=f"on node {node.node_id}: {o.detail}"))
         for item in go:
             done(_merged(item, ran, self.holders(item)))

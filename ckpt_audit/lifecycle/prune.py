@@ -9,10 +9,13 @@ earlier, killed one left marked (`reclaim_trash`).
 
 Before marking, each checkpoint is re-checked against the plan by stat: still a real directory, every
 planned file unchanged (size, mtime, inode), nothing inside (file or directory) written after the scan, and the
-tracker not pointing at it now, and no kept checkpoint reaching into it through a symbolic link (its bytes are
-that one's). Anything else is skipped, never deleted. Then it must be removable in full:
-every directory listed and writable. One that is not fails before the rename and is left intact, never
-half-deleted under its trash name. Nothing outside the plan is touched.
+tracker not pointing at it now, and no symbolic link outside it leading into it (under the plan's roots, walked
+again before the first deletion, each link looked at again as it acts: another run warm-started from it, or a
+kept checkpoint whose bytes it holds). Anything else is skipped, never deleted. Then it must be removable in full,
+by us, now (`removable.cannot_remove`: permissions, inode flags, mounts). One that is not fails before the rename and
+is left intact, never half-deleted under its trash name; a refusal seen only after the rename renames it back while
+nothing of it is removed. Trash that cannot be finished is left marked and reported, not failed every time.
+Nothing outside the plan is touched.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from pathlib import Path
 from ckpt_audit.durable import fsync_dir
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts.tracker import resume_step, tracker_path
+from ckpt_audit.lifecycle.links import Links, find_links
+from ckpt_audit.lifecycle.removable import cannot_remove
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.tree import TRASH_PREFIX
 
@@ -130,7 +135,7 @@ def execute(
     dirs = {os.path.dirname(i.path) for i in (*plan.delete, *plan.keep)} | {i.run_path for i in plan.delete}
     for trash in find_trash(sorted(dirs | set(reclaim_dirs))):
         log.done(_reclaim(trash, ops))
-    links = links_into(i.path for i in plan.keep)
+    links = links_now(plan)
     for item in plan.delete:
         log.done(_delete(item, log.exec_id, ops, links))
     return log.finish()
@@ -201,16 +206,15 @@ def find_trash(dirs: Iterable[str]) -> list[TrashDir]:
 # ---------------------------------------------------------------------------------------------------- steps
 
 
-def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: dict[str, str]) -> Outcome:
+def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: Links) -> Outcome:
     base = {
         "path": item.path,
         "step": item.step,
         "run_path": item.run_path,
         "reasons": tuple(str(r) for r in item.reasons),
     }
-    inside = item.path.rstrip("/") + "/"
-    if link := next((ln for target, ln in links.items() if target == item.path or target.startswith(inside)), None):
-        return Outcome(action=Action.SKIPPED, detail=f"a kept checkpoint links into it: {link}", **base)
+    if link := linked_now(item.path, links):
+        return Outcome(action=Action.SKIPPED, detail=f"a link leads into it: {link}", **base)
     # first: a tree we cannot list would also look "changed" (its files cannot be stat'ed), but it is a failure
     if _is_real_dir(item.path) and (why := cannot_remove(item.path)):
         return Outcome(action=Action.FAILED, detail=f"left intact: {why}", **base)
@@ -222,24 +226,46 @@ def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: dict[str, str])
         os.rename(item.path, trash)  # the one step that takes it out of the trainer's sight
         ops.tick()
         fsync_dir(parent)  # the mark is durable before the first file goes
-        _remove_tree(trash, ops)
     except OSError as exc:
-        return Outcome(action=Action.FAILED, detail=f"{type(exc).__name__}: {exc.strerror or exc}", **base)
+        return Outcome(action=Action.FAILED, detail=f"left intact: {_why(exc)}", **base)
+    before = ops.n
+    try:
+        _remove_tree(trash, ops)
+    except OSError as exc:  # a refusal the pre-check could not see (a file we may not open, a race)
+        if ops.n == before and _restore(trash, item.path):
+            return Outcome(action=Action.FAILED, detail=f"left intact (renamed back): {_why(exc)}", **base)
+        return Outcome(action=Action.FAILED, detail=f"left marked as {trash}: {_why(exc)}", **base)
     return Outcome(action=Action.DELETED, size_bytes=item.size_bytes, **base)
 
 
+def _restore(trash: str, original: str) -> bool:
+    """Rename a tree nothing was removed from back to its name, unless that name is taken again."""
+    if os.path.lexists(original):
+        return False
+    try:
+        os.rename(trash, original)
+        fsync_dir(os.path.dirname(original))
+    except OSError:
+        return False
+    return True
+
+
 def _reclaim(trash: TrashDir, ops: OpCounter) -> Outcome:
+    """Finish what an earlier execution marked, if it can be removed in full now; else leave it marked and say why
+    (a later prune finishes it once the refusal is lifted: it does not fail every prune after it)."""
+    marked = f"marked by execution {trash.exec_id} ({trash.original_name})"
+    if _is_real_dir(trash.path) and (why := cannot_remove(trash.path)):
+        return Outcome(path=trash.path, action=Action.SKIPPED, detail=f"{marked}; cannot finish, left marked: {why}")
     size = _tree_size(trash.path)
     try:
         _remove_tree(trash.path, ops)
     except OSError as exc:
-        return Outcome(path=trash.path, action=Action.FAILED, detail=f"{type(exc).__name__}: {exc.strerror or exc}")
-    return Outcome(
-        path=trash.path,
-        action=Action.RECLAIMED,
-        size_bytes=size,
-        detail=f"marked by execution {trash.exec_id} ({trash.original_name})",
-    )
+        return Outcome(path=trash.path, action=Action.FAILED, detail=f"{marked}; {_why(exc)}")
+    return Outcome(path=trash.path, action=Action.RECLAIMED, size_bytes=size, detail=marked)
+
+
+def _why(exc: OSError) -> str:
+    return f"{type(exc).__name__}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
 
 
 def changed_since_plan(item: PlanItem) -> str | None:
@@ -283,17 +309,15 @@ def changed_since_plan(item: PlanItem) -> str | None:
     return None
 
 
-def links_into(kept: Iterable[str]) -> dict[str, str]:
-    """Where each symbolic link below the `kept` checkpoints leads (real path -> the link): deleting a target
-    would break a checkpoint the plan keeps (the scan read a file link's target as that checkpoint's own)."""
-    out: dict[str, str] = {}
-    for top in kept:
-        for dirpath, dirs, files in os.walk(top, followlinks=False):
-            for name in (*dirs, *files):
-                p = os.path.join(dirpath, name)
-                if os.path.islink(p):
-                    out[os.path.realpath(p)] = p
-    return out
+def links_now(plan: PrunePlan) -> Links:
+    """The links under the plan's roots (and inside the checkpoints it keeps), walked again now: one made since
+    the plan protects its target as the plan's own would."""
+    return find_links([*plan.links.roots, *(i.path for i in plan.keep)], near=plan.links.near)
+
+
+def linked_now(path: str, links: Links) -> str | None:
+    """A link that still exists and leads into `path` from outside it (each one is looked at again as we act)."""
+    return next((ln for ln in links.into(path) if os.path.lexists(ln)), None)
 
 
 def _is_real_dir(path: str) -> bool:
@@ -301,26 +325,6 @@ def _is_real_dir(path: str) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
-
-
-def cannot_remove(top: str) -> str | None:
-    """Why `top` cannot be removed in full, found before anything is touched, else None.
-
-    Removal needs every directory listed and writable (and its parent, for the rename). Found only after the
-    rename, an unreadable or read-only subdirectory would leave a half-deleted tree under its trash name.
-    """
-    parent = os.path.dirname(top)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"no write permission on {parent}"
-    problem: list[str] = []
-
-    def unlisted(exc: OSError) -> None:
-        problem.append(f"cannot read {os.path.relpath(exc.filename or top, top)}: {exc.strerror or exc}")
-
-    for dirpath, _dirs, _files in os.walk(top, onerror=unlisted, followlinks=False):
-        if not os.access(dirpath, os.W_OK | os.X_OK):
-            return f"no write permission on {os.path.relpath(dirpath, top)}"
-    return problem[0] if problem else None
 
 
 def _tracker_step(run_path: str) -> int | None:

@@ -16,13 +16,15 @@ would rank nothing). `ckpt_audit.lifecycle.survivors` re-reads what a plan count
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Literal, Protocol
 
 from ckpt_audit.continuity.metrics import MetricLog, MetricsError, read_metrics
 from ckpt_audit.lifecycle.latest import is_model_only
+from ckpt_audit.lifecycle.links import Links
 from ckpt_audit.models import Checkpoint, Run, Status
 from ckpt_audit.rules.tracker import ahead_of_tracker
 from ckpt_audit.units import NS_PER_S, format_duration
@@ -42,6 +44,8 @@ class Reason(StrEnum):
     IN_PROGRESS = "in-progress"
     UNREAD = "unread"  # something inside could not be read: no evidence it is disposable
     AHEAD_OF_TRACKER = "ahead-of-tracker"  # whole, but newer than the tracker: the tracker lags, not the save
+    LINKED = "linked"  # a symbolic link elsewhere under the roots leads into it (another run's warm start)
+    REPLICA_CONFLICT = "replica-conflict"  # its copies (or the tracker's) differ between nodes: a conflict to settle
     # kept by a rule
     KEEP_LAST = "keep-last"
     KEEP_EVERY = "keep-every"
@@ -76,6 +80,8 @@ PROTECTED = frozenset(
         Reason.IN_PROGRESS,
         Reason.UNREAD,
         Reason.AHEAD_OF_TRACKER,
+        Reason.LINKED,
+        Reason.REPLICA_CONFLICT,
     }
 )
 
@@ -88,6 +94,9 @@ EXPLAIN: dict[Reason, str] = {
     Reason.IN_PROGRESS: "being written now (never deleted)",
     Reason.UNREAD: "could not be read in full: no evidence it is disposable (never deleted)",
     Reason.AHEAD_OF_TRACKER: "whole but newer than the tracker (tracker-behind): never deleted as abandoned",
+    Reason.LINKED: "a symbolic link outside it leads into it: deleting it breaks that path (kept while it exists)",
+    Reason.REPLICA_CONFLICT: "copies on different nodes differ (replica-differs): a conflict for a person to settle, "
+    "not corruption; every copy kept (never deleted)",
     Reason.KEEP_LAST: "among the last N complete",
     Reason.KEEP_EVERY: "step is a multiple of K",
     Reason.KEEP_WITHIN: "newer than the keep-within duration",
@@ -205,6 +214,7 @@ class PlanItem:
 
     checkpoint: Checkpoint
     reasons: tuple[Reason, ...]
+    linked_from: tuple[str, ...] = ()  # the links that keep it (Reason.LINKED)
 
     @property
     def path(self) -> str:
@@ -235,6 +245,7 @@ class PlanItem:
             "size_bytes": self.size_bytes,
             "reasons": [str(r) for r in self.reasons],
             "protected": self.protected,
+            **({"linked_from": list(self.linked_from)} if self.linked_from else {}),
         }
 
 
@@ -258,6 +269,7 @@ class PrunePlan:
     delete: tuple[PlanItem, ...] = ()
     keep: tuple[PlanItem, ...] = ()
     refused: tuple[Refusal, ...] = ()
+    links: Links = field(default_factory=Links)  # the links under the roots the plan was made with
 
     @property
     def bytes_freed(self) -> int:
@@ -290,11 +302,14 @@ def plan_prune(
     now_ns: int,
     pins: frozenset[str] = frozenset(),
     select: frozenset[str] = frozenset(),
+    links: Links | None = None,
 ) -> PrunePlan:
     """Decide every checkpoint of `runs`. Pure: same inputs, same plan.
 
     `pins` and `select` are checkpoint paths (as in `Checkpoint.path`). A selected checkpoint is deleted even
-    if a rule keeps it, unless an invariant protects it; then it is kept and listed in `refused`.
+    if a rule keeps it, unless an invariant protects it; then it is kept and listed in `refused`. `links`: the
+    symbolic links under the scanned roots (`links.find_links`); one that leads into a checkpoint from outside
+    every checkpoint this plan deletes keeps it.
     """
     known = {c.path for r in runs for c in r.checkpoints}
     delete: list[tuple[tuple, PlanItem]] = []
@@ -317,13 +332,65 @@ def plan_prune(
                 delete.append(((0 if broken else 1, ckpt.mtime_ns, ckpt.step, ckpt.path), item))
 
     delete.sort(key=lambda pair: pair[0])
+    links = links or Links()
+    going, linked = _keep_linked([item for _, item in delete], links)
+    refused += [Refusal(path=i.path, reasons=(Reason.LINKED,)) for i in linked if i.path in select]
     return PrunePlan(
         policy=policy,
         now_ns=now_ns,
-        delete=tuple(item for _, item in delete),
-        keep=tuple(keep),
+        delete=tuple(going),
+        keep=(*keep, *linked),
         refused=tuple(sorted(refused, key=lambda r: r.path)),
+        links=links,
     )
+
+
+def _keep_linked(delete: list[PlanItem], links: Links) -> tuple[list[PlanItem], list[PlanItem]]:
+    """Split `delete` (in order) into what still goes and what a link keeps. A link inside another checkpoint that
+    goes keeps nothing (that one goes first); a link anywhere else does, and what it keeps may hold links that keep
+    more in turn."""
+    if not links.found:
+        return delete, []
+    paths = {i.path: i for i in delete}
+    # each link into a planned checkpoint, with the planned checkpoint it lies in (None: outside them all)
+    into = {p: [(ln, _holder(ln, paths)) for ln in links.into(p)] for p in paths}
+    waiting_on: dict[str, list[str]] = {}  # checkpoint -> those its links lead into
+    for p, found in into.items():
+        for _ln, h in found:
+            if h is not None:
+                waiting_on.setdefault(h, []).append(p)
+    stack = [p for p, found in into.items() if any(h is None for _ln, h in found)]
+    linked = set(stack)
+    while stack:  # a kept checkpoint's links keep what they lead into
+        for p in waiting_on.get(stack.pop(), ()):
+            if p not in linked:
+                linked.add(p)
+                stack.append(p)
+    kept = []
+    for p in (i.path for i in delete if i.path in linked):
+        item = paths[p]
+        reasons = (*(r for r in item.reasons if r not in (Reason.NOT_KEPT, Reason.SELECTED)), Reason.LINKED)
+        found = tuple(ln for ln, h in into[p] if h is None or h in linked)
+        kept.append(replace(item, reasons=_ordered(reasons), linked_from=found))
+    # a checkpoint that others going link into goes after them (the executor skips one a link still leads into)
+    order: list[PlanItem] = []
+    left = [i for i in delete if i.path not in linked]
+    while left:
+        waiting = {i.path for i in left}
+        ready = [i for i in left if not any(h in waiting for _ln, h in into[i.path])] or left  # a cycle: skipped
+        order.extend(ready)
+        left = [i for i in left if i not in ready]
+    return order, kept
+
+
+def _holder(link: str, checkpoints: Mapping[str, object]) -> str | None:
+    """The checkpoint among `checkpoints` (paths) that `link` lies in, if any."""
+    d = os.path.dirname(link)
+    while d and d != "/":
+        if d in checkpoints:
+            return d
+        d = os.path.dirname(d)
+    return None
 
 
 _DELETE_FIRST = frozenset({Reason.INCOMPLETE, Reason.CORRUPT, Reason.HUSK, Reason.UNCOMMITTED_STALE})
@@ -380,6 +447,8 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
             reasons.append(Reason.UNREAD)
         if c.status is Status.UNSAFE:
             reasons.append(Reason.UNSAFE)
+        if any(f.code == "replica-differs" for f in c.all_findings):
+            reasons.append(Reason.REPLICA_CONFLICT)
         if c.status is Status.COMPLETE:
             reasons.extend(kept_by.get(c.path, ()))
             if not policy.rules:

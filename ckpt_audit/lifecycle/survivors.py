@@ -141,7 +141,7 @@ def verify_plan(
         done.update(fresh)
         if failed := {p: r for p, r in fresh.items() if not r.ok}:
             runs = tuple(_rejudged(run, failed) for run in runs)
-            plan = plan_prune(runs, plan.policy, now_ns=plan.now_ns, pins=pins, select=select)
+            plan = plan_prune(runs, plan.policy, now_ns=plan.now_ns, pins=pins, select=select, links=plan.links)
 
 
 def counted_on(plan: PrunePlan, runs: Iterable[Run]) -> list[Checkpoint]:

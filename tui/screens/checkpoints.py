@@ -95,6 +95,7 @@ class CheckpointsScreen(Screen):
             now_ns=time.time_ns(),
             pins=frozenset(self.pins if pins is None else pins),
             select=frozenset(self.select if select is None else select),
+            links=self.app.snapshot.links,
         )
 
     def refresh_from(self, snap: Snapshot) -> None:
