@@ -22,6 +22,7 @@ from scan_trees import flip_payload_byte, shard, steps_of
 from test_scan import _unprivileged
 
 from ckpt_audit import lock
+from ckpt_audit.killpoints import KILL_AFTER_ENV
 
 HOUR_NS = 3600 * 10**9
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -260,3 +261,32 @@ def test_nothing_to_point_at(run, tmp_path):
     age(run)  # removing files made the directories young: not a save in progress
     out = cli("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
     assert out.returncode == 1 and "no complete checkpoint" in out.stderr and not (run / TRACKER).exists()
+
+
+# ------------------------------------------------------------------------------------------ kill -9
+
+
+@pytest.mark.parametrize("kill_after", [1, 2, 3, 4])
+def test_fix_tracker_killed_at_any_point_leaves_a_whole_tracker_and_the_next_run_finishes(run, tmp_path, kill_after):
+    """SIGKILL after each counted step of the write (backup, temporary file, rename, directory fsync): the tracker
+    holds the old or the new content, whole, and a second fix-tracker --yes ends with the tracker on the target."""
+    db = tmp_path / "c.db"
+    set_tracker(run, "4")
+    killed = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit", "fix-tracker", "--yes", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "CKPT_AUDIT_CATALOG": str(db), KILL_AFTER_ENV: str(kill_after)},
+    )
+    assert killed.returncode == -9, (killed.returncode, killed.stderr)
+    assert (run / TRACKER).read_bytes() in (b"4", b"6")  # never empty, never half written
+    age(run / TRACKER)  # the killed write is not a trainer that is alive
+    again = cli("fix-tracker", "--yes", run, catalog=db)
+    assert again.returncode == 0, again.stderr
+    assert (run / TRACKER).read_bytes() == b"6"
+    assert not list(run.glob(f".{TRACKER}.ckpt-audit-tmp-*"))  # a killed write's temporary is gone
+    assert cli("latest", run, catalog=db).stdout.strip() == str(run / "global_step_6")
+    scan = cli("scan", "--json", run, catalog=db)
+    assert scan.returncode == 0, (scan.stdout[-2000:], scan.stderr)  # what the kill left is no finding

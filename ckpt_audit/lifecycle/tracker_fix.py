@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts.hf_trainer import NAME as HF_TRAINER
 from ckpt_audit.layouts.torchtitan import NAME as TORCHTITAN
 from ckpt_audit.layouts.tracker import resume_step
@@ -173,7 +174,9 @@ def apply_fix(fix: TrackerFix, *, step_names: frozenset[str] | None = None) -> s
 
     Re-checks that the tracker still holds what the plan read (and, given `step_names`, that the run holds the same
     step directories: a save that began since the scan wins); writes the old bytes beside it first, then the new
-    content to a temporary file in the same directory, fsync, rename over the tracker, fsync the directory.
+    content to a temporary file in the same directory, fsync, rename over the tracker, fsync the directory. Each of
+    those four steps is a kill point (ckpt_audit.killpoints): killed after any of them, the tracker holds the old or
+    the new content, whole.
     """
     assert fix.needed and not fix.refused
     path = fix.tracker_path
@@ -189,19 +192,38 @@ def apply_fix(fix: TrackerFix, *, step_names: frozenset[str] | None = None) -> s
     stamp = time.time_ns()
     backup = None
     tmp = f"{directory}/.{os.path.basename(path)}{TMP_INFIX}{os.getpid()}"
+    ops = OpCounter.from_env()
     try:
         if fix.old_content is not None:
             backup = f"{path}{BACKUP_INFIX}{stamp}"
             _write_new(backup, fix.old_content)
+        ops.tick()
         _write_new(tmp, content_for(fix.new_step))
+        ops.tick()
         os.replace(tmp, path)
+        ops.tick()
         _fsync_dir(directory)
+        ops.tick()
+        _remove_killed_temporaries(directory, os.path.basename(path))
     except OSError as exc:
         _unlink_quietly(tmp)
         if backup is not None and _unchanged(path, fix.old_content):
             _unlink_quietly(backup)  # nothing changed: leave no litter
         raise FixError(f"cannot write the tracker in {directory}: {exc.strerror or exc}") from None
     return backup
+
+
+def _remove_killed_temporaries(directory: str, name: str) -> None:
+    """Temporary files an earlier fix left when it was killed before its rename: only ours, by their name; the
+    tracker now holds what they would have become or older content a fix has just replaced."""
+    prefix = f".{name}{TMP_INFIX}"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for n in names:
+        if n.startswith(prefix) and n[len(prefix) :].isdigit():
+            _unlink_quietly(os.path.join(directory, n))
 
 
 def _step_names(run_path: str) -> frozenset[str]:
