@@ -258,7 +258,7 @@ _TABLE: tuple[Code, ...] = (
         explanation="only data.pt (or nothing resumable) is left: the usual remains of retention",
     ),
     Code(code="no-complete-checkpoint", severity=E, explanation="the run has checkpoints but none is complete"),
-    # verify (deep checks: ckpt_audit/deep/rules.py, dcp_check.py, safetensors_check.py, safe_load.py)
+    # verify (deep checks: ckpt_audit/deep/rules.py, dcp_check.py, safe_load.py)
     Code(
         code="not-loadable",
         severity=E,

@@ -23,9 +23,8 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, file_kind, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import DcpFacts, FileKind, Finding, format_size, many_objects
-from ckpt_audit.readers import hashing
+from ckpt_audit.readers import hashing, safetensors_header
 from ckpt_audit.readers.pool import map_unordered
-from ckpt_audit.readers.safetensors_header import check_extent
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.scrub import Cached, ScrubPlan, ScrubPolicy, plan_scrub
@@ -538,7 +537,7 @@ def read_file(
     dcp, more = _dcp_facts(path) if kind is FileKind.DCP_METADATA else (None, ())
     found.extend(more)
     if path.endswith(".safetensors") and d.size_bytes > 0 and not changed:
-        found.extend(_safetensors_extent(path))
+        found.extend(safetensors_findings(path))
     return replace(
         base,
         size_bytes=d.size_bytes,
@@ -580,13 +579,13 @@ def _drift(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, ne
     return tuple(f for f in getattr(prev, "findings", ()) if f.code == "hash-drift")
 
 
-def _safetensors_extent(path: str) -> tuple[Finding, ...]:
-    """A .safetensors file shorter than its header says (one small read): truncated is corrupt, found by the scan."""
+def safetensors_findings(path: str) -> tuple[Finding, ...]:
+    """What safetensors would refuse in the file's header against its length (one small read): corrupt."""
     try:
-        problem = check_extent(path)
+        header = safetensors_header.read(path)
     except OSError as exc:
         return (finding("unreadable", path, f"cannot read the safetensors header: {exc.strerror or exc}"),)
-    return () if problem is None else (file_rules.zip_finding(path, problem),)
+    return tuple(finding(p.code, path, p.message, tensor=p.tensor) for p in header.problems)
 
 
 def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:

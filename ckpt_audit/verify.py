@@ -395,6 +395,4 @@ def _dataloader(path: str) -> tuple[Finding, ...]:
 
 
 def _safetensors(path: str) -> tuple[Finding, ...]:
-    from ckpt_audit.deep.safetensors_check import check_safetensors
-
-    return check_safetensors(path)
+    return scanner.safetensors_findings(path)

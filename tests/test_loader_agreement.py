@@ -1,0 +1,90 @@
+"""The scan's verdict is what the framework's load does: safetensors headers against their files, a sharded index
+against its shards, torchtitan steps without a model, and hostile JSON that must cost one finding, not the command.
+
+Every attack is one change on a copy of a tree written by the library itself (transformers' Trainer, torchtitan's
+checkpointer), judged through the real CLI; where the library can be asked, the test asks it what its load does.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
+from test_hf_trainer import hf_run  # noqa: F401 - the session fixture: a real Trainer run, cached
+
+SHARD = "model-00001-of-00003.safetensors"
+
+
+@pytest.fixture
+def out(hf_run, tmp_path) -> Path:  # noqa: F811 - hf_run is the imported session fixture
+    dst = tmp_path / "runs" / "out"
+    shutil.copytree(hf_run, dst)
+    age(dst)
+    return dst
+
+
+def split(path: Path) -> tuple[bytes, bytes]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return raw[8 : 8 + n], raw[8 + n :]
+
+
+def write(path: Path, header: bytes, data: bytes) -> None:
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    age(path.parent.parent)
+
+
+def safetensors_loads(path: Path) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            for k in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                f.get_tensor(k)
+    except Exception:  # noqa: BLE001 - whatever safetensors raises, it did not load
+        return False
+    return True
+
+
+def assert_latest_passes_over_6(out: Path, catalog: Path) -> None:
+    res = invoke("latest", str(out), catalog=catalog)
+    assert res.exit_code == 0 and res.stdout.strip() == str(out / "checkpoint-4"), res.output
+
+
+# -- safetensors headers against the file ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_one_offset_digit_flipped_is_corrupt_as_safetensors_refuses_it(out, tmp_path):
+    shard = out / "checkpoint-6" / SHARD
+    header, data = split(shard)
+    doc = json.loads(header)
+    name = sorted(k for k in doc if k != "__metadata__")[1]
+    b, e = doc[name]["data_offsets"]
+    flipped = header.replace(f"[{b},{e}]".encode(), f"[{b},{e + 1}]".encode(), 1)  # one digit, still JSON
+    assert flipped != header
+    write(shard, flipped, data)
+    assert not safetensors_loads(shard)  # the library's own verdict
+    doc = scan_json(out.parent, tmp_path / "c.db")
+    assert statuses(doc)[6] == "corrupt"
+    assert "safetensors-offsets" in codes_of(doc, 6)
+    assert_latest_passes_over_6(out, tmp_path / "c.db")
+
+
+@pytest.mark.slow
+def test_header_nested_100k_deep_is_one_finding_for_scan_latest_and_prune(out, tmp_path):
+    shard = out / "checkpoint-6" / SHARD
+    _, data = split(shard)
+    write(shard, b"[" * 100_000 + b"]" * 100_000, data)
+    assert not safetensors_loads(shard)
+    doc = scan_json(out.parent, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "corrupt"}
+    [bad] = [f for f in findings_of(doc, 6) if f["code"] == "safetensors-header-invalid"]
+    assert "nested" in bad["message"]
+    assert_latest_passes_over_6(out, tmp_path / "c.db")
+    res = invoke("prune", "--keep-last", "1", "--dry-run", str(out.parent), catalog=tmp_path / "c.db")
+    assert res.exit_code in (0, 1) and "Traceback" not in res.output, res.output
