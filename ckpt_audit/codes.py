@@ -548,6 +548,13 @@ _TABLE: tuple[Code, ...] = (
         corrupts=True,
     ),
     Code(
+        code="hf-index-mismatch",
+        severity=E,
+        explanation="model.safetensors.index.json disagrees with the shards' headers: a shard it does not name, or "
+        "a tensor it names that no shard holds; transformers loads the rest and trains those weights from random init",
+        corrupts=True,
+    ),
+    Code(
         code="hf-model-only",
         severity=W,
         explanation="a committed checkpoint-N with weights but no optimizer, scheduler or RNG state (save_only_model, "

@@ -88,3 +88,47 @@ def test_header_nested_100k_deep_is_one_finding_for_scan_latest_and_prune(out, t
     assert_latest_passes_over_6(out, tmp_path / "c.db")
     res = invoke("prune", "--keep-last", "1", "--dry-run", str(out.parent), catalog=tmp_path / "c.db")
     assert res.exit_code in (0, 1) and "Traceback" not in res.output, res.output
+
+
+# -- a sharded index against its shards ------------------------------------------------------------------------
+
+
+def transformers_missing_keys(folder: Path) -> list[str]:
+    """What transformers' own load of `folder` leaves at random init (its loading info's missing keys)."""
+    from transformers import GPT2LMHeadModel
+
+    _, info = GPT2LMHeadModel.from_pretrained(str(folder), output_loading_info=True)
+    return info["missing_keys"]
+
+
+@pytest.mark.slow
+def test_an_index_that_no_longer_names_a_shard_is_corrupt_after_a_clean_scan(out, tmp_path):
+    assert statuses(scan_json(out.parent, tmp_path / "c.db")) == {2: "complete", 4: "complete", 6: "complete"}
+    index = out / "checkpoint-6" / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    dropped = "model-00002-of-00003.safetensors"
+    doc["weight_map"] = {k: v for k, v in doc["weight_map"].items() if v != dropped}
+    index.write_text(json.dumps(doc, indent=2))
+    age(out)
+    assert transformers_missing_keys(out / "checkpoint-6")  # it loads the rest: those weights are random
+    doc = scan_json(out.parent, tmp_path / "c.db")  # the shards' rows reused from the catalog, their headers re-read
+    assert statuses(doc)[6] == "corrupt"
+    [bad] = [f for f in findings_of(doc, 6) if f["code"] == "hf-index-mismatch"]
+    assert bad["path"].endswith(dropped)
+    assert_latest_passes_over_6(out, tmp_path / "c.db")
+
+
+@pytest.mark.slow
+def test_a_shard_rewritten_without_a_tensor_the_index_names_is_corrupt(out, tmp_path):
+    shard = out / "checkpoint-6" / "model-00003-of-00003.safetensors"
+    header, data = split(shard)
+    doc = json.loads(header)
+    last = max((k for k in doc if k != "__metadata__"), key=lambda k: doc[k]["data_offsets"][1])
+    cut = doc.pop(last)["data_offsets"][0]
+    write(shard, json.dumps(doc, separators=(",", ":")).encode(), data[:cut])  # a valid file, one tensor short
+    assert safetensors_loads(shard)
+    assert last in transformers_missing_keys(out / "checkpoint-6")
+    doc = scan_json(out.parent, tmp_path / "c.db")
+    assert statuses(doc)[6] == "corrupt"
+    [bad] = [f for f in findings_of(doc, 6) if f["code"] == "hf-index-mismatch"]
+    assert bad["path"].endswith("model.safetensors.index.json") and last in bad["message"]
