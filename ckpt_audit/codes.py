@@ -385,6 +385,12 @@ _TABLE: tuple[Code, ...] = (
         explanation="data.pt does not hold a StatefulDataLoader state_dict: a resume restarts the epoch",
     ),
     Code(
+        code="dcp-no-model",
+        severity=E,
+        explanation="a DCP save (torchtitan step-N, plain DCP) whose .metadata names no model key, only optimizer, "
+        "lr_scheduler, dataloader or train_state: loading the model fails (Missing key in checkpoint state_dict)",
+    ),
+    Code(
         code="dcp-metadata-missing",
         severity=E,
         explanation="a DCP directory without .metadata: torch.distributed.checkpoint cannot load it",

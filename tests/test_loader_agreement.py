@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
 from test_hf_trainer import hf_run  # noqa: F401 - the session fixture: a real Trainer run, cached
+from test_torchtitan import titan_dump  # noqa: F401 - the session fixture: torchtitan's checkpointer, cached
 
 SHARD = "model-00001-of-00003.safetensors"
 
@@ -132,3 +133,34 @@ def test_a_shard_rewritten_without_a_tensor_the_index_names_is_corrupt(out, tmp_
     assert statuses(doc)[6] == "corrupt"
     [bad] = [f for f in findings_of(doc, 6) if f["code"] == "hf-index-mismatch"]
     assert bad["path"].endswith("model.safetensors.index.json") and last in bad["message"]
+
+
+# -- a torchtitan step without the model -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_torchtitan_step_saved_without_model_keys_is_incomplete(titan_dump, tmp_path):  # noqa: F811
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    dump = tmp_path / "runs" / "dump"
+    shutil.copytree(titan_dump, dump)
+    ckpts = dump / "checkpoint"
+    # step-4: everything torchtitan saves but the model, written by DCP itself from step-2's own state
+    rest = _load_state_dict_from_keys(
+        keys={"optimizer", "lr_scheduler", "dataloader", "train_state"}, checkpoint_id=str(ckpts / "step-2")
+    )
+    dcp.save(rest, checkpoint_id=str(ckpts / "step-4"))
+    model = _load_state_dict_from_keys(keys={"tok_embeddings.weight"}, checkpoint_id=str(ckpts / "step-2"))
+    with pytest.raises(CheckpointException) as failed:  # what torchtitan's restart does with step-4
+        dcp.load(model, checkpoint_id=str(ckpts / "step-4"))
+    assert "Missing key" in repr(failed.value.failures)
+    age(dump)
+    doc = scan_json(ckpts, tmp_path / "c.db")
+    assert statuses(doc)[4] == "incomplete"
+    assert "dcp-no-model" in codes_of(doc, 4)
+    [run] = doc["runs"]
+    assert "torchtitan-resume-broken" in {f["code"] for f in run["findings"]}
+    res = invoke("latest", str(ckpts), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(ckpts / "step-2"), res.output

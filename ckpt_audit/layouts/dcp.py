@@ -89,6 +89,27 @@ def check_dcp_dir(dcp_dir: str, tree: Tree) -> tuple[int | None, tuple[Finding, 
     return (max(ranks) + 1 if ranks else None), tuple(out)
 
 
+# state-dict keys that are no model's: torchtitan's CheckpointManager saves these beside the model's own keys, which
+# it flattens into the top level (tok_embeddings.weight, layers.0...; _flattened_model_states_sd)
+NON_MODEL_ROOTS = frozenset({"optimizer", "lr_scheduler", "dataloader", "train_state"})
+
+
+def check_model_keys(dcp_dir: str, facts: Mapping[str, FileFacts]) -> tuple[Finding, ...]:
+    """A save whose `.metadata` names no model key: loading the model from it fails (DCP's default load planner
+    raises "Missing key in checkpoint state_dict" for each model key the caller asks for; torchtitan asks for all)."""
+    meta = facts.get(f"{dcp_dir}/{METADATA}")
+    if meta is None or meta.dcp is None or set(meta.dcp.key_roots) - NON_MODEL_ROOTS:
+        return ()
+    saved = ", ".join(meta.dcp.key_roots) or "nothing"
+    return (
+        finding(
+            "dcp-no-model",
+            f"{dcp_dir}/{METADATA}",
+            f".metadata names no model key (only {saved}): loading the model from it fails (Missing key)",
+        ),
+    )
+
+
 def check_byte_ranges(dcp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[Finding, ...]:
     """Every data file `.metadata` points into exists and is as long as its byte ranges need (the scan's part of
     verify's dcp_check: what the file names and sizes show, from the reader's DcpFacts; no .metadata, no check)."""
@@ -190,6 +211,7 @@ class DcpLayout:
         files, found = dcp_files(ckpt_dir, tree, facts)
         ws, more = check_dcp_dir(ckpt_dir, tree)
         more += check_byte_ranges(ckpt_dir, tree, facts)
+        more += check_model_keys(ckpt_dir, facts)
         return models.Component(
             role=role, path=ckpt_dir, layout=DCP, world_size=ws, files=tuple(files), findings=tuple(found) + more
         )
