@@ -164,3 +164,30 @@ def test_a_torchtitan_step_saved_without_model_keys_is_incomplete(titan_dump, tm
     assert "torchtitan-resume-broken" in {f["code"] for f in run["findings"]}
     res = invoke("latest", str(ckpts), catalog=tmp_path / "c.db")
     assert res.exit_code == 0 and res.stdout.strip() == str(ckpts / "step-2"), res.output
+
+
+# -- hostile JSON is one finding on its file -------------------------------------------------------------------
+
+DEEP = "[" * 30_000 + "]" * 30_000  # 60 KB: within the scan's 64 KiB text read; RecursionError in json.loads
+
+
+@pytest.mark.slow
+def test_a_deeply_nested_fsdp_config_is_one_finding_not_the_end_of_the_scan(verl_run, copy_run, tmp_path):
+    run = copy_run(verl_run)
+    (run / "global_step_4" / "actor" / "fsdp_config.json").write_text(DEEP)
+    doc = scan_json(run.parent.parent, tmp_path / "c.db")
+    [bad] = [f for f in findings_of(doc, 4) if f["code"] == "fsdp-config-invalid"]
+    assert "nested" in bad["message"]
+    assert statuses(doc)[6] == "complete"  # the rest of the root judged as before
+    res = invoke("latest", str(run), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(run / "global_step_6"), res.output
+
+
+@pytest.mark.slow
+def test_a_deeply_nested_trainer_state_is_invalid_not_the_end_of_the_scan(out, tmp_path):
+    (out / "checkpoint-6" / "trainer_state.json").write_text(DEEP)
+    age(out)
+    doc = scan_json(out.parent, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "corrupt"}
+    assert "hf-trainer-state-invalid" in codes_of(doc, 6)
+    assert_latest_passes_over_6(out, tmp_path / "c.db")

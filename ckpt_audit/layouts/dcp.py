@@ -13,7 +13,6 @@ file `.metadata` points into is there and long enough (the reader's DcpFacts). C
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import shard_file
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
 from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
+from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules import status
 from ckpt_audit.tree import FileFacts, Tree
 
@@ -154,9 +154,9 @@ def check_megatron_metadata(path: str, text: str | None, present: bool) -> tuple
             ),
         )
     try:
-        doc = json.loads(text or "")
-    except ValueError:
-        return (finding("megatron-backend-unknown", path, "metadata.json is not JSON"),)
+        doc = bounded_json.loads(text or "", max_bytes=bounded_json.MAX_FILE)
+    except ValueError as exc:
+        return (finding("megatron-backend-unknown", path, f"metadata.json is not JSON ({exc})"),)
     if not isinstance(doc, dict):
         return (finding("megatron-backend-unknown", path, "metadata.json is not a JSON object"),)
     sharded, common = doc.get("sharded_backend"), doc.get("common_backend", "torch")

@@ -16,6 +16,7 @@ from typing import Any
 
 MAX_DEPTH = 64  # nesting levels; the deepest JSON a trainer writes (a config, trainer_state.json) is under 10
 MAX_CONTAINERS = 2_000_000  # arrays + objects: a 100k-tensor safetensors header holds ~300k
+MAX_FILE = 16 << 20  # a config or marker file: HF config.json, fsdp_config.json, integrity.json are kilobytes
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # brackets inside strings do not nest
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
@@ -44,6 +45,13 @@ def loads(data: str | bytes, *, max_bytes: int, max_depth: int | None = MAX_DEPT
         return json.loads(text)
     except RecursionError:
         raise JsonLimitError("JSON nested deeper than the parser's recursion limit") from None
+
+
+def load_file(path: str, *, max_bytes: int = MAX_FILE, max_depth: int | None = MAX_DEPTH) -> Any:
+    """`loads` of a file's content, reading at most `max_bytes` + 1 bytes; OSError when it cannot be read."""
+    with open(path, "rb") as f:
+        raw = f.read(max_bytes + 1)
+    return loads(raw, max_bytes=max_bytes, max_depth=max_depth)
 
 
 def depth(text: str) -> int:
