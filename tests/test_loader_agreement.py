@@ -8,8 +8,11 @@ checkpointer), judged through the real CLI; where the library can be asked, the 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from test_hf_trainer import hf_run  # noqa: F401 - the session fixture: a real T
 from test_torchtitan import titan_dump  # noqa: F401 - the session fixture: torchtitan's checkpointer, cached
 
 SHARD = "model-00001-of-00003.safetensors"
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -191,3 +195,40 @@ def test_a_deeply_nested_trainer_state_is_invalid_not_the_end_of_the_scan(out, t
     assert statuses(doc) == {2: "complete", 4: "complete", 6: "corrupt"}
     assert "hf-trainer-state-invalid" in codes_of(doc, 6)
     assert_latest_passes_over_6(out, tmp_path / "c.db")
+
+
+# -- a non-ASCII root in the C locale --------------------------------------------------------------------------
+
+
+def cli_c_locale(*args: str, catalog: Path) -> subprocess.CompletedProcess:
+    """The real CLI in a child whose locale is C and whose Python is told not to use UTF-8 mode (an ASCII file
+    system encoding: every non-ASCII byte of a name decodes to an escape)."""
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "ckpt_audit", *args, "--catalog", str(catalog)]
+    return subprocess.run(cmd, capture_output=True, env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_scan_ls_latest_and_prune_work_under_a_non_ascii_root_in_the_c_locale(hf_run, tmp_path):  # noqa: F811
+    root = tmp_path / "läufe"
+    shutil.copytree(hf_run, root / "out")
+    age(root)
+    cat = tmp_path / "c.db"
+    for args in (("scan", str(root)), ("ls", str(root / "out")), ("prune", "--keep-last", "1", "--dry-run", str(root))):
+        res = cli_c_locale(*args, catalog=cat)
+        assert res.returncode == 0, res.stderr.decode(errors="replace")
+        assert b"Traceback" not in res.stderr
+    res = cli_c_locale("latest", str(root / "out"), catalog=cat)
+    assert res.returncode == 0 and res.stdout.decode().strip() == str(root / "out" / "checkpoint-6")
+
+
+@pytest.mark.slow
+def test_a_root_whose_name_is_not_utf8_is_a_one_line_usage_error(hf_run, tmp_path):  # noqa: F811
+    root = os.path.join(os.fsencode(tmp_path), b"r\xfcns")  # Latin-1 bytes: no UTF-8 text names it
+    shutil.copytree(os.fsencode(hf_run), os.path.join(root, b"out"))
+    cat = tmp_path / "c.db"
+    for args in (("scan",), ("latest",), ("prune", "--keep-last", "1", "--dry-run")):
+        res = cli_c_locale(*args, os.fsdecode(root), catalog=cat)
+        assert res.returncode == 2 and b"Traceback" not in res.stderr
+        assert b"r\\xfcns is not valid UTF-8" in res.stderr
+    assert not cat.exists()
