@@ -14,6 +14,7 @@ import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from math import prod
 from typing import Any
 
 from ckpt_audit.readers import bounded_json
@@ -75,9 +76,9 @@ def read(path: str) -> Header:
         return _bad(f"header is not JSON: {exc}")
     if not isinstance(header, dict):
         return _bad("header is not a JSON object")
-    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
     problems = check_header(header, data_size=size - 8 - n)
-    return Header(length=n, tensors=tensors, problems=problems)
+    header.pop("__metadata__", None)  # what is left is the tensors (no copy: a MoE shard has tens of thousands)
+    return Header(length=n, tensors=header, problems=problems)
 
 
 def check_header(header: Mapping[str, Any], *, data_size: int) -> tuple[Problem, ...]:
@@ -89,27 +90,24 @@ def check_header(header: Mapping[str, Any], *, data_size: int) -> tuple[Problem,
     if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
         out.append(bad("__metadata__ is not an object of strings"))
     spans = []
-    for name, info in header.items():
+    for name, info in header.items():  # once per tensor: kept to plain checks (a MoE shard has tens of thousands)
         if name == "__metadata__":
             continue
-        if not isinstance(info, dict):
+        if type(info) is not dict:
             out.append(bad(f"{name}: entry is not an object", name))
             continue
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in DTYPE_BITS:
+        bits = DTYPE_BITS.get(dtype) if type(dtype) is str else None
+        if bits is None:
             out.append(bad(f"{name}: unknown dtype {dtype!r}", name))
             continue
-        if not (isinstance(shape, list) and all(_count(d) for d in shape)):
+        if type(shape) is not list or not all(map(_count, shape)):
             out.append(bad(f"{name}: malformed shape {shape!r}", name))
             continue
-        pair = isinstance(offsets, list) and len(offsets) == 2 and all(map(_count, offsets))
-        if not pair or offsets[0] > offsets[1]:
+        if type(offsets) is not list or len(offsets) != 2 or not all(map(_count, offsets)) or offsets[0] > offsets[1]:
             out.append(bad(f"{name}: malformed data_offsets {offsets!r}", name))
             continue
-        numel = 1
-        for d in shape:
-            numel *= d
-        want = (numel * DTYPE_BITS[dtype] + 7) // 8
+        want = (prod(shape) * bits + 7) // 8
         if offsets[1] - offsets[0] != want:
             span = offsets[1] - offsets[0]
             out.append(off(f"{name}: {dtype} x {shape} needs {want} bytes, data_offsets {offsets} span {span}", name))
@@ -128,7 +126,7 @@ def check_header(header: Mapping[str, Any], *, data_size: int) -> tuple[Problem,
 
 
 def _count(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return type(v) is int and v >= 0  # not a bool, not a float
 
 
 def _bad(message: str) -> Header:
