@@ -119,7 +119,10 @@ def _utf8_mode() -> None:
     enables the mode itself for LC_ALL=C unless told not to; this re-runs the command once, before it does anything."""
     if sys.flags.utf8_mode or codecs.lookup(sys.getfilesystemencoding()).name != "ascii":
         return
-    os.execv(sys.executable, [sys.executable, "-X", "utf8", *sys.orig_argv[1:]])
+    try:
+        os.execv(sys.executable, [sys.executable, "-X", "utf8", *sys.orig_argv[1:]])
+    except OSError:
+        pass  # cannot re-run: go on in this mode (arguments that are not UTF-8 are refused below)
 
 
 def _utf8_arguments() -> None:
