@@ -188,12 +188,16 @@ def test_a_deeply_nested_fsdp_config_is_one_finding_not_the_end_of_the_scan(verl
 
 
 @pytest.mark.slow
-def test_a_deeply_nested_trainer_state_is_invalid_not_the_end_of_the_scan(out, tmp_path):
-    (out / "checkpoint-6" / "trainer_state.json").write_text(DEEP)
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [("trainer_state.json", "hf-trainer-state-invalid"), ("model.safetensors.index.json", "hf-index-invalid")],
+)
+def test_a_deeply_nested_trainer_json_is_invalid_not_the_end_of_the_scan(out, tmp_path, name, code):
+    (out / "checkpoint-6" / name).write_text(DEEP)
     age(out)
     doc = scan_json(out.parent, tmp_path / "c.db")
     assert statuses(doc) == {2: "complete", 4: "complete", 6: "corrupt"}
-    assert "hf-trainer-state-invalid" in codes_of(doc, 6)
+    assert code in codes_of(doc, 6)
     assert_latest_passes_over_6(out, tmp_path / "c.db")
 
 
