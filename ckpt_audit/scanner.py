@@ -247,7 +247,7 @@ def scan_partial(
         if p in plan.paths:
             todo.append(p)
         else:
-            facts[p] = _reused(p, prev, stats[p], tree)
+            facts[p] = _reused(p, prev, stats[p])
     scrubbed_rowed = sorted(p for p in plan.paths if p in cand.rowed)
     scrubbed_set = frozenset(scrubbed_rowed)
     # the catalog's facts of the candidates' files read now (hash-drift compares them), looked up by path: the
@@ -289,7 +289,7 @@ def scan_partial(
             kinds[p] = file_kind(p, layouts)
             prev = previous.get(p)
             if _vouched(prev, stats[p], kinds[p]):
-                facts[p] = _reused(p, prev, stats[p], tree)
+                facts[p] = _reused(p, prev, stats[p])
             else:
                 again.append(p)
     if again:  # rows the stat cache cannot vouch for after all (a row from an older release): read them now
@@ -467,15 +467,23 @@ def _read_text(path: str, st: os.stat_result) -> str | None:
         return None
 
 
-def _reused(path: str, prev: FileFacts, st: os.stat_result, tree: Tree) -> FileFacts:
-    """The catalog's row of `path` with what the catalog does not keep read again: a small JSON file's text, and the
-    tensor names of a .safetensors file beside a weights index (one header read; the index is checked against them)."""
+def _reused(path: str, prev: FileFacts, st: os.stat_result) -> FileFacts:
+    """The catalog's row of `path` with what the catalog does not keep read again: a small JSON file's text, and a
+    .safetensors file's header (_header_again)."""
     if _wants_text(path):
         return replace(prev, reused=True, text=_read_text(path, st))
-    parent, _, name = path.rpartition("/")
-    if name.endswith(".safetensors") and hf_rules.INDEX_FILES.intersection(tree.file_names(parent)):
-        return replace(prev, reused=True, tensors=_tensor_names(path))
+    if path.endswith(".safetensors") and prev.size_bytes > 0:
+        return replace(_header_again(prev), reused=True)
     return prev
+
+
+def _header_again(prev: FileFacts) -> FileFacts:
+    """`prev` with its safetensors header read and checked now (one small read): its tensor names (the index is
+    checked against them; the catalog does not keep them), and the header judged by today's rules, not by the ones
+    in force when the row was recorded."""
+    found, names = _safetensors(prev.path)
+    kept = tuple(f for f in prev.findings if not f.code.startswith("safetensors-"))
+    return replace(prev, tensors=names, findings=kept + found)
 
 
 def read_all(
@@ -528,10 +536,9 @@ def read_file(
     changed = d.changed_during_read or d.stat_size != st.st_size or d.mtime_ns != st.st_mtime_ns
     if not reparse and not changed and _same_bytes(prev, st, d, kind):
         return replace(
-            prev,
+            _header_again(prev) if path.endswith(".safetensors") and prev.size_bytes > 0 else prev,
             reused=False,
             text=_read_text(path, st) if _wants_text(path) else None,
-            tensors=_tensor_names(path) if path.endswith(".safetensors") else None,
             verified_ns=(now_ns if now_ns is not None else time.time_ns()),
         )
     found = list(
@@ -611,10 +618,6 @@ def _safetensors(path: str) -> tuple[tuple[Finding, ...], tuple[str, ...] | None
         return (finding("unreadable", path, f"cannot read the safetensors header: {exc.strerror or exc}"),), None
     found = tuple(finding(p.code, path, p.message, tensor=p.tensor) for p in header.problems)
     return found, None if header.problems else header.names
-
-
-def _tensor_names(path: str) -> tuple[str, ...] | None:
-    return _safetensors(path)[1]
 
 
 def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:

@@ -236,3 +236,22 @@ def test_a_root_whose_name_is_not_utf8_is_a_one_line_usage_error(hf_run, tmp_pat
         assert res.returncode == 2 and b"Traceback" not in res.stderr
         assert b"r\\xfcns is not valid UTF-8" in res.stderr
     assert not cat.exists()
+
+
+@pytest.mark.slow
+def test_a_header_row_the_catalog_vouches_for_is_judged_by_todays_header_rules(out, tmp_path):
+    """A shard catalogued clean (as under a release whose scan checked only the header's end) keeps its stat; the
+    next scan that reuses its row reads and checks its header again, so the digit flipped in it is found."""
+    cat = tmp_path / "c.db"
+    assert statuses(scan_json(out.parent, cat))[6] == "complete"
+    shard = out / "checkpoint-6" / SHARD
+    st = shard.stat()
+    header, data = split(shard)
+    b, e = json.loads(header)[sorted(json.loads(header))[1]]["data_offsets"]
+    flipped = header.replace(f"[{b},{e}]".encode(), f"[{b},{e + 1}]".encode(), 1)
+    assert len(flipped) == len(header)
+    with open(shard, "r+b") as f:  # in place: same inode, same size; the mtime put back
+        f.write(struct.pack("<Q", len(flipped)) + flipped)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert not safetensors_loads(shard)
+    assert_latest_passes_over_6(out, cat)  # latest's scan reuses every row by stat
