@@ -272,7 +272,7 @@ _TABLE: tuple[Code, ...] = (
         severity=INFO,
         explanation="a file an earlier verify read has changed (or was added or removed): its findings no longer bind",
     ),
-    # verify (deep checks: ckpt_audit/deep/rules.py, dcp_check.py, safetensors_check.py, safe_load.py)
+    # verify (deep checks: ckpt_audit/deep/rules.py, dcp_check.py, safe_load.py)
     Code(
         code="not-loadable",
         severity=E,
@@ -397,6 +397,12 @@ _TABLE: tuple[Code, ...] = (
         code="dataloader-state-invalid",
         severity=E,
         explanation="data.pt does not hold a StatefulDataLoader state_dict: a resume restarts the epoch",
+    ),
+    Code(
+        code="dcp-no-model",
+        severity=E,
+        explanation="a DCP save (torchtitan step-N, plain DCP) whose .metadata names no model key, only optimizer, "
+        "lr_scheduler, dataloader or train_state: loading the model fails (Missing key in checkpoint state_dict)",
     ),
     Code(
         code="dcp-metadata-missing",
@@ -559,6 +565,13 @@ _TABLE: tuple[Code, ...] = (
         code="hf-index-invalid",
         severity=E,
         explanation="the weights' .index.json is not the JSON object with a weight_map that transformers writes",
+        corrupts=True,
+    ),
+    Code(
+        code="hf-index-mismatch",
+        severity=E,
+        explanation="model.safetensors.index.json disagrees with the shards' headers: a shard it does not name, or "
+        "a tensor it names that no shard holds; transformers loads the rest and trains those weights from random init",
         corrupts=True,
     ),
     Code(

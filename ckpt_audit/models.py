@@ -341,6 +341,9 @@ class FileFacts:
     reused: bool = False  # hash (and structure) taken from the previous scan because the stat matched
     verified_ns: int | None = None  # when the content was last read in full (hash + CRC); None: never, or not cleanly
     dcp: DcpFacts | None = None  # a DCP .metadata's parsed facts (the catalog keeps them: files.dcp_facts)
+    # a .safetensors file's tensor names, from its header (None: not read, or unusable); not catalogued: a reused
+    # row's header is read and checked again (scanner._header_again), and a weights index is checked against them
+    tensors: tuple[str, ...] | None = None
 
     __reduce__ = reduce_as_tuple
 

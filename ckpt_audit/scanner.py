@@ -23,10 +23,10 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, file_kind, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import DcpFacts, FileKind, Finding, format_size, many_objects
-from ckpt_audit.readers import hashing
+from ckpt_audit.readers import hashing, safetensors_header
 from ckpt_audit.readers.pool import map_unordered
-from ckpt_audit.readers.safetensors_header import check_extent
 from ckpt_audit.rules import files as file_rules
+from ckpt_audit.rules import hf_trainer as hf_rules
 from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.scrub import Cached, ScrubPlan, ScrubPolicy, plan_scrub
 from ckpt_audit.tree import TRASH_PREFIX, FileFacts, PtFacts, Tree, trash_entry
@@ -41,8 +41,9 @@ if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on
 
 TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json", "config.yaml"})
 # HF Trainer's JSON grows with the run (log_history, weight_map): the first TEXT_LIMIT bytes are read, and the HF
-# rules read what they need from a prefix (trainer_state.json is dumped with sorted keys: global_step comes first)
-PREFIX_TEXT_NAMES = frozenset({"trainer_state.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"})
+# rules read what they need from a prefix (trainer_state.json is dumped with sorted keys: global_step comes first);
+# a weights index is read whole up to INDEX_TEXT_LIMIT (its weight_map is checked against the shards' headers)
+PREFIX_TEXT_NAMES = frozenset({"trainer_state.json", *hf_rules.INDEX_FILES})
 TEXT_LIMIT = 64 * 1024
 DEFAULT_IN_PROGRESS_WINDOW_S = 300.0
 
@@ -254,7 +255,7 @@ def scan_partial(
         if p in plan.paths:
             todo.append(p)
         else:
-            facts[p] = replace(prev, reused=True, text=_read_text(p, stats[p])) if _wants_text(p) else prev
+            facts[p] = _reused(p, prev, stats[p])
     scrubbed_rowed = sorted(p for p in plan.paths if p in cand.rowed)
     scrubbed_set = frozenset(scrubbed_rowed)
     # the catalog's facts of the candidates' files read now (hash-drift compares them), looked up by path: the
@@ -297,7 +298,7 @@ def scan_partial(
             kinds[p] = file_kind(p, layouts)
             prev = previous.get(p)
             if _vouched(prev, stats[p], kinds[p]):
-                facts[p] = replace(prev, reused=True, text=_read_text(p, stats[p])) if _wants_text(p) else prev
+                facts[p] = _reused(p, prev, stats[p])
             else:
                 again.append(p)
     if again:  # rows the stat cache cannot vouch for after all (a row from an older release): read them now
@@ -464,13 +465,34 @@ def _wants_text(path: str) -> bool:
 
 
 def _read_text(path: str, st: os.stat_result) -> str | None:
-    if st.st_size > TEXT_LIMIT and os.path.basename(path) not in PREFIX_TEXT_NAMES:
+    name = os.path.basename(path)
+    limit = hf_rules.INDEX_TEXT_LIMIT if name in hf_rules.INDEX_FILES else TEXT_LIMIT
+    if st.st_size > limit and name not in PREFIX_TEXT_NAMES:
         return None
     try:
         with open(path, "rb") as f:
-            return f.read(TEXT_LIMIT).decode("utf-8", errors="replace")
+            return f.read(limit).decode("utf-8", errors="replace")
     except OSError:
         return None
+
+
+def _reused(path: str, prev: FileFacts, st: os.stat_result) -> FileFacts:
+    """The catalog's row of `path` with what the catalog does not keep read again: a small JSON file's text, and a
+    .safetensors file's header (_header_again)."""
+    if _wants_text(path):
+        return replace(prev, reused=True, text=_read_text(path, st))
+    if path.endswith(".safetensors") and prev.size_bytes > 0:
+        return replace(_header_again(prev), reused=True)
+    return prev
+
+
+def _header_again(prev: FileFacts) -> FileFacts:
+    """`prev` with its safetensors header read and checked now (one small read): its tensor names (the index is
+    checked against them; the catalog does not keep them), and the header judged by today's rules, not by the ones
+    in force when the row was recorded."""
+    found, names = _safetensors(prev.path)
+    kept = tuple(f for f in prev.findings if not f.code.startswith("safetensors-"))
+    return replace(prev, tensors=names, findings=kept + found)
 
 
 def read_all(
@@ -523,7 +545,7 @@ def read_file(
     changed = d.changed_during_read or d.stat_size != st.st_size or d.mtime_ns != st.st_mtime_ns
     if not reparse and not changed and _same_bytes(prev, st, d, kind):
         return replace(
-            prev,
+            _header_again(prev) if path.endswith(".safetensors") and prev.size_bytes > 0 else prev,
             reused=False,
             text=_read_text(path, st) if _wants_text(path) else None,
             verified_ns=(now_ns if now_ns is not None else time.time_ns()),
@@ -546,8 +568,10 @@ def read_file(
         found.extend(more)
     dcp, more = _dcp_facts(path) if kind is FileKind.DCP_METADATA else (None, ())
     found.extend(more)
+    tensors = None
     if path.endswith(".safetensors") and d.size_bytes > 0 and not changed:
-        found.extend(_safetensors_extent(path))
+        more, tensors = _safetensors(path)
+        found.extend(more)
     return replace(
         base,
         size_bytes=d.size_bytes,
@@ -558,6 +582,7 @@ def read_file(
         pt=pt,
         text=_read_text(path, st) if _wants_text(path) else None,
         dcp=dcp,
+        tensors=tensors,
         findings=tuple(found),
         verified_ns=None if changed else (now_ns if now_ns is not None else time.time_ns()),
     )
@@ -589,13 +614,19 @@ def _drift(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, ne
     return tuple(f for f in getattr(prev, "findings", ()) if f.code == "hash-drift")
 
 
-def _safetensors_extent(path: str) -> tuple[Finding, ...]:
-    """A .safetensors file shorter than its header says (one small read): truncated is corrupt, found by the scan."""
+def safetensors_findings(path: str) -> tuple[Finding, ...]:
+    """What safetensors would refuse in the file's header against its length (one small read): corrupt."""
+    return _safetensors(path)[0]
+
+
+def _safetensors(path: str) -> tuple[tuple[Finding, ...], tuple[str, ...] | None]:
+    """(findings, tensor names: None unless the header is one safetensors loads) of a .safetensors file."""
     try:
-        problem = check_extent(path)
+        header = safetensors_header.read(path)
     except OSError as exc:
-        return (finding("unreadable", path, f"cannot read the safetensors header: {exc.strerror or exc}"),)
-    return () if problem is None else (file_rules.zip_finding(path, problem),)
+        return (finding("unreadable", path, f"cannot read the safetensors header: {exc.strerror or exc}"),), None
+    found = tuple(finding(p.code, path, p.message, tensor=p.tensor) for p in header.problems)
+    return found, None if header.problems else header.names
 
 
 def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:

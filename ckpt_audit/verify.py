@@ -9,7 +9,6 @@ back up here); torch is imported only below this module.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -21,6 +20,7 @@ from ckpt_audit.codes import CODES, finding
 from ckpt_audit.deep import dcp_check, hf_check, megatron_check, safe_load
 from ckpt_audit.deep import rules as deep
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
+from ckpt_audit.readers import bounded_json
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.rules import status as status_rules
 from ckpt_audit.scrub import ScrubPolicy
@@ -382,8 +382,7 @@ def _plain(v: Any) -> Any:
 
 def _json(path: str) -> Any:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return bounded_json.load_file(path)
     except (OSError, ValueError):
         return None
 
@@ -408,6 +407,4 @@ def _dataloader(path: str) -> tuple[Finding, ...]:
 
 
 def _safetensors(path: str) -> tuple[Finding, ...]:
-    from ckpt_audit.deep.safetensors_check import check_safetensors
-
-    return check_safetensors(path)
+    return scanner.safetensors_findings(path)

@@ -189,9 +189,8 @@ def test_trainer_state_of_another_step_and_a_fresh_uncommitted_save(out, tmp_pat
 @pytest.mark.slow
 def test_a_long_trainer_state_is_judged_from_its_first_64_kib(out, tmp_path):
     from ckpt_audit import scanner
-    from ckpt_audit.layouts import hf_trainer
 
-    assert hf_trainer.TEXT_LIMIT == scanner.TEXT_LIMIT  # the layout knows how much of a file the scan read
+    assert rules.TEXT_LIMIT == scanner.TEXT_LIMIT  # the layout knows how much of a file the scan read
     for step, written in ((4, 4), (6, 5)):
         path = out / f"checkpoint-{step}" / "trainer_state.json"
         doc = json.loads(path.read_text())

@@ -138,3 +138,25 @@ def test_records_the_old_prune_reader_misread_are_read_as_continuity_reads_them(
     runs = [Run(path=str(tmp_path), layout="verl-fsdp", metrics_path=str(log))]
     assert read_metric(runs, "loss") == {str(tmp_path): {4: 2.0, 5: 0.5}}
     assert [why for _p, _line, why in read_metrics([log]).bad_lines] == ["step 2.5 is not an integer"]
+
+
+def test_a_hostile_metrics_line_is_one_bad_line_for_continuity_and_prune(template, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(template, root)
+    log = root / "demo" / "exp" / "metrics.jsonl"
+    deep = '{"step": 3, "data": ' + "[" * 100_000 + "]" * 100_000 + "}"  # RecursionError in json.loads
+    long = '{"step": 5, "pad": "' + "x" * 3_000_000 + '"}'  # past the line bound: never held whole
+    lines = [verl_file_logger(s, v) for s, v in FIRST[:2]] + [deep, long] + [verl_file_logger(s, v) for s, v in SECOND]
+    log.write_text("\n".join(lines) + "\n")
+    runner = CliRunner()
+    cont = runner.invoke(cli, ["continuity", str(log), "--metric", METRIC, "--json"])
+    assert cont.exit_code in (0, 1), cont.output
+    bad = [f for f in json.loads(cont.stdout)["findings"] if f["code"] == "metrics-bad-line"]
+    assert len(bad) == 2
+    res = runner.invoke(
+        cli,
+        ["prune", str(root), "--keep-best", "1", "--metric", METRIC, "--mode", "max", "--dry-run", "--json"]
+        + ["--catalog", str(tmp_path / "c.db")],
+    )
+    assert res.exit_code == 0, res.output
+    assert {d["step"] for d in json.loads(res.stdout)["plan"]["keep"]} == {6, 8}  # 0.35, the best by max

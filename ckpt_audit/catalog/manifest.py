@@ -124,12 +124,13 @@ def facts_of_rows(rows: Iterable[tuple]) -> dict[str, FileFacts]:
             parsed = pts[pt_doc] = pt_from_json(pt_doc)
         pt, pt_whole = parsed
         # slot order (FileFacts: path, size, mtime, inode, hash, crc_ok, pt, text, findings, reused, verified_ns,
-        # dcp): one per catalogued file, so built without the frozen __init__ (models.from_slots). A row missing a
-        # fact the readers now record cannot vouch for the file: no verified_ns, so it is read again
+        # dcp, tensors): one per catalogued file, so built without the frozen __init__ (models.from_slots). A row
+        # missing a fact the readers now record cannot vouch for the file: no verified_ns, so it is read again
         crc_ok = None if crc is None else bool(crc)
         again = verified if pt_whole else None
         out[path] = from_slots(
-            FileFacts, (path, size, mtime, inode, h, crc_ok, pt, None, found, False, again, dcp_from_json(dcp_doc))
+            FileFacts,
+            (path, size, mtime, inode, h, crc_ok, pt, None, found, False, again, dcp_from_json(dcp_doc), None),
         )
     return out
 

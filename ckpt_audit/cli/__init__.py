@@ -8,7 +8,9 @@ only when that subcommand runs. The core's commands live under `ckpt_audit/cli/`
 
 from __future__ import annotations
 
+import codecs
 import importlib
+import os
 import sys
 
 import click
@@ -87,7 +89,9 @@ def cli() -> None:
 
 def main() -> None:
     """Entry point: map every outcome onto a documented exit code; never exit 1 on a crash."""
+    _utf8_mode()
     try:
+        _utf8_arguments()
         code = cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:
         code = exc.exit_code
@@ -107,3 +111,26 @@ def main() -> None:
         click.echo(f"ckpt-audit: error: {type(exc).__name__}: {exc}", err=True)
         code = ExitCode.ERROR
     sys.exit(int(code or 0))
+
+
+def _utf8_mode() -> None:
+    """Run under Python's UTF-8 mode when the locale's encoding is ASCII (PYTHONUTF8=0 with LC_ALL=C, LANG=en_US):
+    there every non-ASCII byte of a file name decodes to an escape the catalog (UTF-8 text) cannot store. Python
+    enables the mode itself for LC_ALL=C unless told not to; this re-runs the command once, before it does anything."""
+    if sys.flags.utf8_mode or codecs.lookup(sys.getfilesystemencoding()).name != "ascii":
+        return
+    try:
+        os.execv(sys.executable, [sys.executable, "-X", "utf8", *sys.orig_argv[1:]])
+    except OSError:
+        pass  # cannot re-run: go on in this mode (arguments that are not UTF-8 are refused below)
+
+
+def _utf8_arguments() -> None:
+    """Paths are UTF-8 text in the catalog: an argument that is not (a name in Latin-1 bytes) is a usage error naming
+    it escaped, never an encoding crash halfway through a scan. Names below a root are reported (non-utf8-name)."""
+    for arg in sys.argv[1:]:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+            raise click.UsageError(f"{shown} is not valid UTF-8: ckpt-audit catalogues paths as UTF-8 text") from None

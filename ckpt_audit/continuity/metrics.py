@@ -9,17 +9,20 @@ Order is kept as written: repeated or reset step counters are evidence of a resu
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TextIO
+
+from ckpt_audit.readers import bounded_json
 
 STEP_KEYS = ("step", "global_step", "training/global_step", "_step", "iteration", "iter", "Step")
 TIME_KEYS = ("time", "timestamp", "_timestamp", "wall_time", "Wall time")
 DEFAULT_METRICS = ("loss", "train/loss", "actor/loss", "actor/pg_loss", "critic/vf_loss", "train_loss")
 _CONSOLE = re.compile(r"(?:^|\s-\s|\s)step:(\d+)\s+-\s+(.*)$")
+MAX_LINE = 1 << 20  # characters: a record is a few hundred; a longer line is skipped as bad, never held whole
 
 
 class MetricsError(Exception):
@@ -174,11 +177,22 @@ def _read_one(path: str) -> tuple[list[Record], list[tuple[str, int, str]]]:
             with open(path, newline="", encoding="utf-8") as fh:
                 return _read_csv(fh, path)
         with open(path, encoding="utf-8", errors="replace") as fh:
-            return _read_lines(fh, path)
+            return _read_lines(_lines(fh), path)
     except OSError as exc:
         raise MetricsError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except csv.Error as exc:
+    except (csv.Error, UnicodeDecodeError) as exc:
         raise MetricsError(f"{path} is not a readable CSV: {exc}") from None
+
+
+def _lines(fh: TextIO) -> Iterator[str | None]:
+    """The file's lines, None for one longer than MAX_LINE (read past in pieces)."""
+    while line := fh.readline(MAX_LINE):
+        if len(line) == MAX_LINE and not line.endswith("\n"):
+            while (rest := fh.readline(MAX_LINE)) and not rest.endswith("\n"):
+                pass
+            yield None
+        else:
+            yield line
 
 
 def _number(v) -> float | None:
@@ -231,18 +245,21 @@ def _record(flat: dict[str, object], path: str, line: int) -> Record | str:
     return Record(step=step, values=values, time=t, source=path, line=line)
 
 
-def _read_lines(lines: Iterable[str], path: str) -> tuple[list[Record], list[tuple[str, int, str]]]:
+def _read_lines(lines: Iterable[str | None], path: str) -> tuple[list[Record], list[tuple[str, int, str]]]:
     records: list[Record] = []
     bad: list[tuple[str, int, str]] = []
     for i, text in enumerate(lines, 1):
+        if text is None:
+            bad.append((path, i, f"longer than {MAX_LINE} characters"))
+            continue
         text = text.strip()
         if not text:
             continue
         if text.startswith("{"):
             try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                bad.append((path, i, f"not JSON: {exc.msg}"))  # e.g. the last line cut by a crash
+                obj = bounded_json.loads(text, max_bytes=MAX_LINE)
+            except ValueError as exc:  # e.g. the last line cut by a crash, or nested past the bound
+                bad.append((path, i, f"not JSON: {getattr(exc, 'msg', exc)}"))
                 continue
             if not isinstance(obj, dict):
                 bad.append((path, i, "not a JSON object"))

@@ -11,14 +11,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterable, Mapping
 
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts.dcp import DISTCP_RE
 from ckpt_audit.models import Finding
-from ckpt_audit.readers import distcp_items
+from ckpt_audit.readers import bounded_json, distcp_items
 from ckpt_audit.readers.dcp_metadata import DcpMetadata
 
 INTEGRITY = "integrity.json"
@@ -68,9 +67,9 @@ def check_item_crcs(dcp_dir: str, meta: DcpMetadata, skip: Iterable[str] = ()) -
 def read_integrity(text: str) -> Mapping[str, str]:
     """{file name: sha256 hex} from integrity.json; raises ValueError (one line) for anything else."""
     try:
-        doc = json.loads(text)
-    except ValueError:
-        raise ValueError("not JSON") from None
+        doc = bounded_json.loads(text, max_bytes=bounded_json.MAX_FILE)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
         raise ValueError("no 'files' object")
     algorithm = doc.get("algorithm", "sha256")

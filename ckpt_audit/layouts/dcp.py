@@ -13,7 +13,6 @@ file `.metadata` points into is there and long enough (the reader's DcpFacts). C
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import shard_file
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
 from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
+from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules import status
 from ckpt_audit.tree import FileFacts, Tree
 
@@ -89,6 +89,27 @@ def check_dcp_dir(dcp_dir: str, tree: Tree) -> tuple[int | None, tuple[Finding, 
     return (max(ranks) + 1 if ranks else None), tuple(out)
 
 
+# state-dict keys that are no model's: torchtitan's CheckpointManager saves these beside the model's own keys, which
+# it flattens into the top level (tok_embeddings.weight, layers.0...; _flattened_model_states_sd)
+NON_MODEL_ROOTS = frozenset({"optimizer", "lr_scheduler", "dataloader", "train_state"})
+
+
+def check_model_keys(dcp_dir: str, facts: Mapping[str, FileFacts]) -> tuple[Finding, ...]:
+    """A save whose `.metadata` names no model key: loading the model from it fails (DCP's default load planner
+    raises "Missing key in checkpoint state_dict" for each model key the caller asks for; torchtitan asks for all)."""
+    meta = facts.get(f"{dcp_dir}/{METADATA}")
+    if meta is None or meta.dcp is None or set(meta.dcp.key_roots) - NON_MODEL_ROOTS:
+        return ()
+    saved = ", ".join(meta.dcp.key_roots) or "nothing"
+    return (
+        finding(
+            "dcp-no-model",
+            f"{dcp_dir}/{METADATA}",
+            f".metadata names no model key (only {saved}): loading the model from it fails (Missing key)",
+        ),
+    )
+
+
 def check_byte_ranges(dcp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[Finding, ...]:
     """Every data file `.metadata` points into exists and is as long as its byte ranges need (the scan's part of
     verify's dcp_check: what the file names and sizes show, from the reader's DcpFacts; no .metadata, no check)."""
@@ -133,9 +154,9 @@ def check_megatron_metadata(path: str, text: str | None, present: bool) -> tuple
             ),
         )
     try:
-        doc = json.loads(text or "")
-    except ValueError:
-        return (finding("megatron-backend-unknown", path, "metadata.json is not JSON"),)
+        doc = bounded_json.loads(text or "", max_bytes=bounded_json.MAX_FILE)
+    except ValueError as exc:
+        return (finding("megatron-backend-unknown", path, f"metadata.json is not JSON ({exc})"),)
     if not isinstance(doc, dict):
         return (finding("megatron-backend-unknown", path, "metadata.json is not a JSON object"),)
     sharded, common = doc.get("sharded_backend"), doc.get("common_backend", "torch")
@@ -190,6 +211,7 @@ class DcpLayout:
         files, found = dcp_files(ckpt_dir, tree, facts)
         ws, more = check_dcp_dir(ckpt_dir, tree)
         more += check_byte_ranges(ckpt_dir, tree, facts)
+        more += check_model_keys(ckpt_dir, facts)
         return models.Component(
             role=role, path=ckpt_dir, layout=DCP, world_size=ws, files=tuple(files), findings=tuple(found) + more
         )

@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # the judged model is made on first use, after the scan's rea
 
 NAME = "hf-trainer"
 CHECKPOINT_RE = re.compile(r"checkpoint-(\d{1,19})")  # transformers' _re_checkpoint, with a bound on the digits
-TEXT_LIMIT = 64 * 1024  # what the scanner reads of a JSON file (scanner.TEXT_LIMIT): larger files come as a prefix
 # names only Trainer writes together: one of them in a checkpoint-N/ makes its parent an HF output directory
 SIGNS = frozenset({rules.TRAINER_STATE, rules.TRAINING_ARGS, rules.SCHEDULER, "rng_state.pth", *rules.OPTIMIZER_FILES})
 ADAPTER_NAMES = frozenset({"adapter_model.safetensors", "adapter_model.bin"})
@@ -133,9 +132,14 @@ class HfTrainer:
         names = frozenset(tree.file_names(step_dir))
         subdirs = frozenset(tree.subdirs(step_dir))
         texts = {
-            n: (fact.text, fact.size_bytes <= TEXT_LIMIT)
+            n: (fact.text, fact.size_bytes <= (rules.INDEX_TEXT_LIMIT if n in rules.INDEX_FILES else rules.TEXT_LIMIT))
             for n in names & {rules.TRAINER_STATE, *rules.INDEX_FILES}
             if (fact := facts.get(f"{step_dir}/{n}")) is not None
+        }
+        headers = {
+            n: fact.tensors
+            for n in names
+            if n.endswith(".safetensors") and n not in ADAPTER_NAMES and (fact := facts.get(f"{step_dir}/{n}"))
         }
         below = any(
             s.startswith((rules.FSDP_MODEL_PREFIX, rules.FSDP_OPTIM_PREFIX))
@@ -159,7 +163,9 @@ class HfTrainer:
             path=step_dir,
             status=Status.INCOMPLETE,  # placeholder; status.judge decides
             components=(comp,),
-            findings=rules.check_checkpoint(step_dir, step, names, subdirs, texts, weights_below=below),
+            findings=rules.check_checkpoint(
+                step_dir, step, names, subdirs, texts, weights_below=below, headers=headers
+            ),
             mtime_ns=mtime,
         )
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import shard_file
-from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA, check_byte_ranges, check_dcp_dir
+from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA, check_byte_ranges, check_dcp_dir, check_model_keys
 from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
 from ckpt_audit.rules import status
 from ckpt_audit.tree import FileFacts, Tree
@@ -135,6 +135,7 @@ class Torchtitan:
             ws, more = check_dcp_dir(step_dir, tree)
             found.extend(_with_tmp_note(more, names))
             found.extend(check_byte_ranges(step_dir, tree, facts))
+            found.extend(check_model_keys(step_dir, facts))
         found.extend(_model_only(step_dir, step, facts, hf_only=hf_only))
         comp = models.Component(
             role="", path=step_dir, layout=NAME, world_size=ws, files=tuple(files), findings=tuple(found)

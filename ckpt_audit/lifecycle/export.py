@@ -70,6 +70,7 @@ from ckpt_audit.lifecycle.export_guard import (
 )
 from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, StreamUnsupported
 from ckpt_audit.models import FileKind, Finding
+from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules.shards import current_world_size, parse_fsdp_config
 
 __all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "export_checkpoint"]
@@ -813,7 +814,7 @@ def _dominant_float(tensors: list[_Tensor], torch):
 
 def _read_config(hf: Path) -> dict:
     try:
-        return json.loads((hf / "config.json").read_text())
+        return bounded_json.load_file(str(hf / "config.json"))
     except (OSError, ValueError):
         return {}
 

@@ -13,7 +13,6 @@ on its own thread beside the copy pass; export joins it before the rename into p
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Iterable
@@ -24,6 +23,7 @@ from ckpt_audit.layouts.dcp import DISTCP_RE
 from ckpt_audit.layouts.tracker import TRACKER
 from ckpt_audit.layouts.verl_fsdp import SHARD_RE, STEP_RE, enclosing_step_dir
 from ckpt_audit.models import Finding, Severity
+from ckpt_audit.readers import bounded_json
 from ckpt_audit.readers.hashing import digest_files
 from ckpt_audit.rules.files import zip_finding
 
@@ -177,8 +177,7 @@ def _not_an_export(top: str) -> str | None:
 
 def read_marker(top: str) -> dict | None:
     try:
-        with open(os.path.join(top, MARKER), encoding="utf-8") as fh:
-            doc = json.load(fh)
+        doc = bounded_json.load_file(os.path.join(top, MARKER))
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("kind") == MARKER_KIND else None

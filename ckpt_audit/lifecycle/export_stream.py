@@ -31,6 +31,7 @@ from pathlib import Path
 
 import xxhash
 
+from ckpt_audit.readers import safetensors_header
 from ckpt_audit.readers.pt_structure import PtStructure, TensorInfo, read_pt_structure
 from ckpt_audit.readers.ptzip import ZipEntry, ZipFormatError, payload_offset
 
@@ -219,21 +220,19 @@ def plan_hf(paths: list[Path]) -> Plan:
     out: list[Planned] = []
     for p in paths:
         try:
-            with open(p, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError) as exc:
-            raise StreamError(f"{p}: not a readable safetensors file ({exc})") from None
-        for key in sorted(k for k in header if k != "__metadata__"):
-            v = header[key]
-            dtype = _FROM_SAFETENSORS.get(v.get("dtype"))
+            header = safetensors_header.read(str(p))
+        except OSError as exc:
+            raise StreamError(f"{p}: not a readable safetensors file ({exc.strerror or exc})") from None
+        if header.problems:  # what safetensors itself refuses to load
+            raise StreamError(f"{p}: not a readable safetensors file ({header.problems[0]})")
+        for key in sorted(header.tensors):
+            v = header.tensors[key]
+            dtype = _FROM_SAFETENSORS.get(v["dtype"])
             if dtype is None:
-                raise StreamUnsupported(f"{p}: {key} has dtype {v.get('dtype')}")
-            shape = tuple(int(s) for s in v["shape"])
-            start, end = (int(x) for x in v["data_offsets"])
-            if end - start != _numel(shape) * ITEMSIZE[dtype]:
-                raise StreamError(f"{p}: {key}: data_offsets do not match its shape and dtype")
-            piece = Piece(path=str(p), offset=8 + n + start, shape=shape, strides=_c_strides(shape))
+                raise StreamUnsupported(f"{p}: {key} has dtype {v['dtype']}")
+            shape = tuple(v["shape"])
+            start = v["data_offsets"][0]
+            piece = Piece(path=str(p), offset=8 + header.length + start, shape=shape, strides=_c_strides(shape))
             out.append(Planned(name=key, shape=shape, dtype=dtype, pieces=(piece,)))
     return Plan(kind="hf-weights", world_size=None, tensors=tuple(out))
 

@@ -17,6 +17,7 @@ class Problem:
 
     code: str  # a finding code of ckpt_audit.codes (its severity comes from the registry)
     message: str  # one line, shown to the user as the finding's message
+    tensor: str | None = None  # the tensor it concerns, when one
 
     def __post_init__(self) -> None:
         if self.code not in CODES:

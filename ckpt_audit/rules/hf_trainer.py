@@ -10,15 +10,18 @@ differs from the run it continues. Here each missing piece is an error.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
+from ckpt_audit.readers import bounded_json
 
 WEIGHT_FILES = frozenset({"model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin"})
 INDEX_FILES = frozenset({"model.safetensors.index.json", "pytorch_model.bin.index.json"})
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+INDEX_TEXT_LIMIT = 16 * 1024 * 1024  # an index is read whole up to this (a 1T-parameter model's is a few MB)
+TEXT_LIMIT = 64 * 1024  # any other JSON file: larger ones are read as a prefix (scanner.TEXT_LIMIT)
 WEIGHT_SHARD_RE = re.compile(r"(model|pytorch_model)-(\d{1,6})-of-(\d{1,6})\.(safetensors|bin)")
 OPTIMIZER_FILES = frozenset({"optimizer.pt", "optimizer.bin"})
 SCHEDULER = "scheduler.pt"
@@ -56,9 +59,9 @@ def trainer_step(text: str | None, *, whole: bool) -> int | None | str:
         return None
     if whole:
         try:
-            doc = json.loads(text)
-        except ValueError:
-            return "not JSON"
+            doc = bounded_json.loads(text, max_bytes=TEXT_LIMIT)
+        except ValueError as exc:
+            return f"not JSON ({exc})"
         if not isinstance(doc, dict):
             return "not a JSON object"
         step = doc.get("global_step")
@@ -76,14 +79,64 @@ def index_shards(text: str | None, *, whole: bool) -> frozenset[str] | str | Non
         return None
     if not whole:
         return frozenset(_SHARD_NAME_RE.findall(text))
+    wm = weight_map(text)
+    return wm if isinstance(wm, str) else frozenset(wm.values())
+
+
+def weight_map(text: str) -> dict[str, str] | str:
+    """An index's weight_map (tensor name -> shard file name), or why it is unusable (a str)."""
     try:
-        doc = json.loads(text)
-    except ValueError:
-        return "not JSON"
+        doc = bounded_json.loads(text, max_bytes=INDEX_TEXT_LIMIT)
+    except ValueError as exc:
+        return f"not JSON ({exc})"
     wm = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wm, dict):
         return "no weight_map object"
-    return frozenset(v for v in wm.values() if isinstance(v, str))
+    return {k: v for k, v in wm.items() if isinstance(v, str)}
+
+
+def index_against_headers(
+    at, index: str, text: str, names: frozenset[str], headers: Mapping[str, tuple[str, ...] | None]
+) -> list[Finding]:
+    """What transformers will load from a sharded safetensors folder, against its index.
+
+    transformers opens exactly the files the weight_map names and loads every tensor in them (whatever file the map
+    says a tensor is in); a model weight in no opened file keeps its random init, with a warning at most. So a
+    shard the index no longer names, or an index entry no opened shard holds, is a model that trains from random
+    weights. `headers`: each .safetensors file of the folder -> its tensor names (None: its header is unusable,
+    which its own finding reports; the comparison is then skipped). Absent shards are hf-shard-missing already."""
+    wm = weight_map(text)
+    if isinstance(wm, str):
+        return []
+    opened = set(wm.values()) & names
+    if set(wm.values()) - names or any(headers.get(f) is None for f in opened):
+        return []
+    held = {t for f in opened for t in headers[f]}
+    out: list[Finding] = []
+    lost: set[str] = set()
+    for f in sorted(set(headers) - opened):
+        mine = sorted(set(headers[f] or ()) - held)
+        if mine:
+            lost.update(mine)
+            out.append(
+                finding(
+                    "hf-index-mismatch",
+                    at(f),
+                    f"{index} does not name {f}: transformers never opens it, so its {len(mine)} tensor(s) "
+                    f"({mine[0]}{', ...' if len(mine) > 1 else ''}) start from random weights",
+                )
+            )
+    unheld = sorted(set(wm) - held - lost)
+    if unheld:
+        out.append(
+            finding(
+                "hf-index-mismatch",
+                at(index),
+                f"{index} names {len(unheld)} tensor(s) ({unheld[0]}{', ...' if len(unheld) > 1 else ''}) that no "
+                "shard holds: transformers leaves them at random weights",
+            )
+        )
+    return out
 
 
 def check_checkpoint(
@@ -94,14 +147,16 @@ def check_checkpoint(
     texts: Mapping[str, tuple[str | None, bool]],
     *,
     weights_below: bool = False,
+    headers: Mapping[str, tuple[str, ...] | None] | None = None,
 ) -> tuple[Finding, ...]:
     """Findings for checkpoint-`step` at `step_dir` holding files `names` and sub-directories `subdirs`.
 
     `texts`: file name -> (text read by the scan, whether it is the whole file) for the JSON files present.
-    `weights_below`: a sub-directory holds weights Trainer loads (PEFT adapters, FSDP or DeepSpeed states)."""
+    `weights_below`: a sub-directory holds weights Trainer loads (PEFT adapters, FSDP or DeepSpeed states).
+    `headers`: the tensor names of the folder's .safetensors files (index_against_headers)."""
     out: list[Finding] = []
     at = lambda n: f"{step_dir}/{n}"  # noqa: E731
-    out += _weights(names, texts, at, step_dir, weights_below)
+    out += _weights(names, texts, at, step_dir, weights_below, headers or {})
     deepspeed = any(DEEPSPEED_STEP_RE.fullmatch(s) for s in subdirs)  # optimizer and model states live there
     fsdp_optim = any(s.startswith(FSDP_OPTIM_PREFIX) for s in subdirs)
     resume_state = names & OPTIMIZER_FILES or SCHEDULER in names or any(RNG_RE.fullmatch(n) for n in names)
@@ -132,7 +187,7 @@ def check_checkpoint(
     return tuple(out)
 
 
-def _weights(names, texts, at, step_dir, weights_below: bool) -> list[Finding]:
+def _weights(names, texts, at, step_dir, weights_below: bool, headers) -> list[Finding]:
     shards: dict[str, set[int]] = {}  # "model-*-of-N.safetensors" family -> shard numbers present
     totals: dict[str, int] = {}
     for n in names:
@@ -163,6 +218,10 @@ def _weights(names, texts, at, step_dir, weights_below: bool) -> list[Finding]:
             for name in sorted(listed - names):
                 if at(name) not in reported:
                     out.append(finding("hf-shard-missing", at(name), f"{index} names {name}, which is absent"))
+    if SAFETENSORS_INDEX in names and "model.safetensors" not in names:  # else transformers loads that one file
+        text, whole = texts.get(SAFETENSORS_INDEX, (None, False))
+        if text is not None and whole:
+            out += index_against_headers(at, SAFETENSORS_INDEX, text, names, headers)
     return out
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import finding
 from ckpt_audit.models import FileKind, Finding
+from ckpt_audit.readers import bounded_json
 
 if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
     from ckpt_audit.models import Checkpoint, Component, ShardFile
@@ -38,7 +38,7 @@ def parse_fsdp_config(path: str, text: str | None) -> tuple[int | None, tuple[Fi
     if text is None:
         return None, ()
     try:
-        doc = json.loads(text)
+        doc = bounded_json.loads(text, max_bytes=bounded_json.MAX_FILE)
     except ValueError as exc:
         return None, (finding("fsdp-config-invalid", path, f"not JSON: {exc}"),)
     ws = doc.get("world_size") if isinstance(doc, dict) else None
