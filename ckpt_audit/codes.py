@@ -436,7 +436,7 @@ _TABLE: tuple[Code, ...] = (
         severity=E,
         explanation=(
             "Adam's exp_avg_sq is all zero after optimizer steps (alone, or with every moment of the shard): the "
-            "first updates after a resume divide by sqrt(0) + eps"
+            "state is lost and the first update after a resume is about 3x a full step in every coordinate"
         ),
     ),
     Code(

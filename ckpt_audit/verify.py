@@ -414,8 +414,8 @@ def tensor_view(v: Any, info: Any, crcs: Mapping[str, int]) -> deep.TensorView:
 
 
 def _writer_rank(mesh: Any) -> int | None:
-    """The global rank that pickled this DeviceMesh: its coordinate on the mesh (`_coordinate_on_dim`, pickled by
-    every torch with DTensor), else `_rank` (torch >= 2.9). Private fields: anything unexpected is "not recorded"."""
+    """The global rank that pickled this DeviceMesh: its coordinate on the mesh (`_coordinate_on_dim`), else its
+    `_rank`. Private fields of the pickled state: anything missing or unexpected is "not recorded" (None)."""
     state = getattr(mesh, "__dict__", {})
     try:
         coord = state.get("_coordinate_on_dim")

@@ -3,9 +3,10 @@
 verl's load opens `model_world_size_W_rank_{r}.pt` on rank r by name and copies each local tensor into rank r's
 DTensor parameter; nothing checks whose piece it was. A shard saved by another rank (copied or renamed, archive
 folder and all) therefore resumes silently wrong: rank r trains on that rank's slice of every parameter. The
-content says who wrote it: each DTensor pickles its DeviceMesh, and torch's DeviceMesh pickles the saving rank's
-coordinate (`_coordinate_on_dim`, and `_rank` since torch 2.9). Where the mesh did not record one, two ranks whose
-sharded pieces are bit-identical (zip CRC-32 of every non-empty Shard piece) are the same file twice.
+content says who wrote it: each DTensor pickles its DeviceMesh, whose state includes the saving rank's coordinate
+(`_coordinate_on_dim`) and, in recent torch (2.13 here), its global `_rank`. Where the mesh records neither, two
+ranks whose sharded pieces are bit-identical (zip CRC-32 of every non-empty piece that should differ) are the same
+file twice.
 
 Only a difference on a Shard mesh dimension is a wrong piece: HSDP replicas (Replicate over `ddp`) hold the same
 bytes by design, so rank r+F loading rank r's file resumes right. Pure over `rules.TensorView`s.

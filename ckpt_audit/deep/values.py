@@ -5,8 +5,9 @@ must have changed that are bit-identical to the previous checkpoint's.
 local chunk at a time, so memory stays small). The rules are pure over `rules.TensorView`s. verl loads all of these
 without complaint, so each is a silent wrong resume and an error:
 - NaN/Inf in a weight or a moment: training goes on from (or immediately produces) NaN;
-- exp_avg_sq all zero while exp_avg is not, or every moment of a shard zero, at optimizer step > 0: Adam divides
-  by sqrt(0) + eps, the first steps after the resume are about 3x a normal update in every coordinate;
+- exp_avg_sq all zero while exp_avg is not, or every moment of a shard zero, at optimizer step > 0: Adam's state
+  is lost, and the first update after the resume is m/sqrt(v) = 0.1/sqrt(0.001), about 3x a full-size step in
+  every coordinate (more where exp_avg survived);
 - a weight or moment identical to the previous checkpoint's although the optimizer stepped (with lr > 0) between
   them: the newer checkpoint holds the older state under a newer step (a stale or copied save), and a resume from it
   silently drops the training in between. Compared by the zip CRC-32 of each storage (recorded by torch.save, read
@@ -127,8 +128,8 @@ def _zero_moments(r: RankView) -> list[Finding]:
         finding(
             "optimizer-moments-zero",
             r.optim_path or "",
-            f"{why} ({count} parameter(s), first: {first}) after optimizer step > 0: the first steps after a "
-            "resume divide by sqrt(0) + eps",
+            f"{why} ({count} parameter(s), first: {first}) after optimizer step > 0: Adam's state is lost and the "
+            "first update after a resume is about 3x a full step in every coordinate",
             rank=r.rank,
             tensor=first,
         )
