@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -70,7 +71,9 @@ def deepen(result: ScanResult, *, workers: int = 2, progress: Progress | None = 
     done = 0
     runs = [list(r.checkpoints) for r in result.runs]
     ready: dict[tuple[int, int], dict[str, deep.ComponentView]] = {}
-    order = {ri: [j for j in jobs if j[0] == ri] for ri in range(len(runs))}
+    order: dict[int, deque[tuple[int, int]]] = {ri: deque() for ri in range(len(runs))}
+    for j in jobs:
+        order[j[0]].append(j)
     last: dict[int, dict[str, tuple[str, deep.ComponentView]]] = {ri: {} for ri in range(len(runs))}
     for (ri, ci), (ckpt, views) in map_unordered(
         lambda j: _deepen(result.runs[j[0]].checkpoints[j[1]]), jobs, workers=workers, name="ckpt-verify"
@@ -78,7 +81,7 @@ def deepen(result: ScanResult, *, workers: int = 2, progress: Progress | None = 
         runs[ri][ci] = ckpt
         ready[(ri, ci)] = views
         while order[ri] and order[ri][0] in ready:  # the next checkpoint in step order is done: compare it
-            _, cj = order[ri].pop(0)
+            _, cj = order[ri].popleft()
             runs[ri][cj] = _against_previous(runs[ri][cj], ready.pop((ri, cj)), last[ri])
         done += 1
         if progress is not None:
@@ -106,10 +109,6 @@ def _against_previous(
         comps.append(replace(comp, findings=comp.findings + _new(comp.findings, found)))
     out = replace(ckpt, components=tuple(comps))
     return rejudge(out, before=ckpt) if out != ckpt else ckpt
-
-
-def deepen_checkpoint(ckpt: Checkpoint) -> Checkpoint:
-    return _deepen(ckpt)[0]
 
 
 def _deepen(ckpt: Checkpoint) -> tuple[Checkpoint, dict[str, deep.ComponentView]]:
@@ -334,6 +333,7 @@ def _optimizer_shaped(value: Any) -> bool:
         isinstance(value.get("state"), Mapping)
         and isinstance(groups, (list, tuple))
         and all(isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in groups)
+        and all(isinstance(i, int) for g in groups for i in g["params"])
     )
 
 

@@ -29,14 +29,15 @@ IsTensor = Callable[[Any], bool]
 
 
 def _kind(value: Any) -> str:
-    return type(value).__name__
+    name = type(value).__name__
+    return ("an " if name[:1] in "aeiou" else "a ") + name
 
 
 def check_model(path: str, rank: int | None, value: Any, is_tensor: IsTensor) -> list[Finding]:
     if not isinstance(value, Mapping):
-        why = f"a {_kind(value)}, not a state dict: verl's model.load_state_dict raises"
+        why = f"{_kind(value)}, not a state dict: verl's model.load_state_dict raises"
     elif not any(is_tensor(v) for v in value.values()):
-        why = f"a state dict of {len(value)} entries and no tensor: verl's strict model.load_state_dict raises"
+        why = f"a state dict of {len(value)} entries, none a tensor: verl's strict model.load_state_dict raises"
     else:
         return []
     return [finding("model-state-invalid", path, why, rank=rank)]
@@ -47,25 +48,28 @@ def check_optimizer(path: str, rank: int | None, value: Any, is_tensor: IsTensor
         return [finding("optimizer-state-invalid", path, why, rank=rank, tensor=tensor)]
 
     if not isinstance(value, Mapping):
-        return bad(f"a {_kind(value)}, not an optimizer state dict: torch's Optimizer.load_state_dict raises")
+        return bad(f"{_kind(value)}, not an optimizer state dict: torch's Optimizer.load_state_dict raises")
     missing = [k for k in ("state", "param_groups") if k not in value]
     if missing:
         keys = sorted(map(str, value))[:5]
         return bad(f"no {' or '.join(map(repr, missing))} (keys: {keys}): Optimizer.load_state_dict raises KeyError")
     state, groups = value["state"], value["param_groups"]
     if not isinstance(groups, (list, tuple)) or not groups:
-        return bad(f"param_groups is {_kind(groups)} {'empty' if not groups else ''}: Optimizer.load_state_dict raises")
+        what = "empty" if isinstance(groups, (list, tuple)) else _kind(groups)
+        return bad(f"param_groups is {what}: Optimizer.load_state_dict raises")
     if not all(isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in groups):
         return bad("a param group without a 'params' list: Optimizer.load_state_dict raises")
     if not isinstance(state, Mapping):
-        return bad(f"state is a {_kind(state)}, not a dict: Optimizer.load_state_dict raises")
+        return bad(f"state is {_kind(state)}, not a dict: Optimizer.load_state_dict raises")
     indices = [i for g in groups for i in g["params"]]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+        return bad("param_groups list something other than parameter indices: the state cannot be keyed by them")
     if len(set(indices)) != len(indices):
         return bad("a parameter index is listed twice in param_groups: two parameters would share one state")
     adam = all("betas" in g for g in groups)
     for idx, st in state.items():
         if not isinstance(st, Mapping):
-            return bad(f"state[{idx!r}] is a {_kind(st)}, not a dict: the optimizer cannot use it", f"state.{idx}")
+            return bad(f"state[{idx!r}] is {_kind(st)}, not a dict: the optimizer cannot use it", f"state.{idx}")
         lacks = [k for k in ADAM_STATE if k not in st]
         if adam and st and lacks:
             return bad(
@@ -90,11 +94,11 @@ def check_extra_state(path: str, rank: int | None, value: Any, is_tensor: IsTens
         return [finding("extra-state-invalid", path, why, rank=rank, tensor=tensor)]
 
     if not isinstance(value, Mapping):
-        return bad(f"a {_kind(value)}, not a dict: verl's extra_state['lr_scheduler'] raises TypeError")
+        return bad(f"{_kind(value)}, not a dict: verl's extra_state['lr_scheduler'] raises TypeError")
     if "rng" in value:
         rng = value["rng"]
         if not isinstance(rng, Mapping):
-            return bad(f"rng is a {_kind(rng)}, not a dict: verl's load_rng_state raises")
+            return bad(f"rng is {_kind(rng)}, not a dict: verl's load_rng_state raises")
         for s in RNG_REQUIRED:
             if s not in rng:
                 return bad(f"rng has no {s!r} stream: verl's load_rng_state raises KeyError", s)
@@ -109,7 +113,7 @@ def check_extra_state(path: str, rank: int | None, value: Any, is_tensor: IsTens
     sched = value.get("lr_scheduler")  # absent: rules.check_extra's lr-scheduler-missing
     if sched is not None and "lr_scheduler" in value:
         if not isinstance(sched, Mapping):
-            return bad(f"lr_scheduler is a {_kind(sched)}, not a state dict: the scheduler's load_state_dict raises")
+            return bad(f"lr_scheduler is {_kind(sched)}, not a state dict: the scheduler's load_state_dict raises")
         lacks = [k for k in ("lr_lambdas", "last_epoch") if k not in sched]
         if lacks:
             return bad(

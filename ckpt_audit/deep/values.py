@@ -39,6 +39,8 @@ def tensor_stats(t: Any) -> ValueStats:
     """Counts over a plain (local) tensor: NaN+Inf, NaN, nonzero. Non-float tensors are not counted."""
     import torch
 
+    if t.device.type == "meta":  # no data saved: nothing to count
+        return ValueStats()
     if not t.is_floating_point() or t.numel() == 0:
         return ValueStats(nonzero=0 if t.is_floating_point() else None)
     flat = t.reshape(-1)
@@ -49,7 +51,11 @@ def tensor_stats(t: Any) -> ValueStats:
             nonzero += int(torch.count_nonzero(x))
             nonfinite += x.numel() - int(torch.isfinite(x).sum())
         nan = int(torch.isnan(flat).sum()) if nonfinite else 0
-    except (RuntimeError, TypeError):  # a float type without these kernels (float8 on some builds): not judged
+    except (
+        RuntimeError,
+        TypeError,
+        NotImplementedError,
+    ):  # a float type without these kernels (float8 on some builds): not judged
         return ValueStats()
     return ValueStats(nonfinite=nonfinite, nan=nan, nonzero=nonzero)
 
