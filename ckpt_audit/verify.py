@@ -394,7 +394,7 @@ def tensor_view(v: Any, info: Any, crcs: Mapping[str, int]) -> deep.TensorView:
         crc=crcs.get(storage) if storage is not None else None,
         nonfinite=stats.nonfinite,
         nan=stats.nan,
-        nonzero=stats.nonzero,
+        zero=stats.zero,
     )
     if local is None:
         return deep.TensorView(local_shape=tuple(v.shape), **common)

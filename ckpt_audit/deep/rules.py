@@ -36,7 +36,7 @@ class TensorView:
     writer_rank: int | None = None  # the global rank the pickled DeviceMesh says saved it (None: not recorded)
     nonfinite: int = 0  # NaN and Inf elements of the local tensor (deep/values.py counts them while loading)
     nan: int = 0
-    nonzero: int | None = None  # nonzero elements of the local tensor; None: not counted (not a float tensor)
+    zero: bool | None = None  # every element of the local tensor is 0; None: not judged (not a float tensor)
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -1,8 +1,8 @@
 """Values, not only structure: NaN/Inf, Adam moments that are zero after training, and tensors a step of training
 must have changed that are bit-identical to the previous checkpoint's.
 
-`tensor_stats` counts while verify's one load of each file has the tensor mapped (the only pass over its bytes; a
-local chunk at a time, so memory stays small). The rules are pure over `rules.TensorView`s. verl loads all of these
+`tensor_stats` judges each tensor while verify's one load of its file has it mapped (one `aminmax` pass over its
+bytes). The rules are pure over `rules.TensorView`s. verl loads all of these
 without complaint, so each is a silent wrong resume and an error:
 - NaN/Inf in a weight or a moment: training goes on from (or immediately produces) NaN;
 - exp_avg_sq all zero while exp_avg is not, or every moment of a shard zero, at optimizer step > 0: Adam's state
@@ -16,6 +16,7 @@ without complaint, so each is a silent wrong resume and an error:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.deep.rules import ComponentView, RankView, TensorView, unique_params
 from ckpt_audit.models import Finding
 
-CHUNK = 1 << 22  # elements per pass over a mapped tensor (16 MiB of float32)
+CHUNK = 1 << 22  # elements per exact count (16 MiB of float32), only for a tensor holding NaN/Inf
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
@@ -32,32 +33,32 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 class ValueStats:
     nonfinite: int = 0
     nan: int = 0
-    nonzero: int | None = None  # None: not a floating-point tensor (not counted)
+    zero: bool | None = None  # every element 0; None: not judged (not a float tensor, or no kernel for its dtype)
 
 
 def tensor_stats(t: Any) -> ValueStats:
-    """Counts over a plain (local) tensor: NaN+Inf, NaN, nonzero. Non-float tensors are not counted."""
+    """NaN+Inf and NaN counts and all-zero of a plain (local) tensor. One `aminmax` pass answers both questions for
+    the usual tensor (NaN or Inf shows in min or max; all zero is min == max == 0), with no allocation; only a
+    tensor that holds NaN/Inf is counted exactly, a chunk at a time."""
     import torch
 
-    if t.device.type == "meta":  # no data saved: nothing to count
+    if t.device.type == "meta" or not t.is_floating_point():  # no data saved, or not a value that can be NaN
         return ValueStats()
-    if not t.is_floating_point() or t.numel() == 0:
-        return ValueStats(nonzero=0 if t.is_floating_point() else None)
-    flat = t.reshape(-1)
-    nonfinite = nonzero = 0
+    if t.numel() == 0:
+        return ValueStats(zero=True)
     try:
+        lo, hi = (float(v) for v in torch.aminmax(t))
+        if math.isfinite(lo) and math.isfinite(hi):
+            return ValueStats(zero=lo == 0 and hi == 0)
+        flat = t.reshape(-1)
+        nonfinite = nan = 0
         for i in range(0, flat.numel(), CHUNK):
             x = flat[i : i + CHUNK]
-            nonzero += int(torch.count_nonzero(x))
             nonfinite += x.numel() - int(torch.isfinite(x).sum())
-        nan = int(torch.isnan(flat).sum()) if nonfinite else 0
-    except (
-        RuntimeError,
-        TypeError,
-        NotImplementedError,
-    ):  # a float type without these kernels (float8 on some builds): not judged
+            nan += int(torch.isnan(x).sum())
+    except (RuntimeError, TypeError, NotImplementedError):  # float8 and others without these kernels: not judged
         return ValueStats()
-    return ValueStats(nonfinite=nonfinite, nan=nan, nonzero=nonzero)
+    return ValueStats(nonfinite=nonfinite, nan=nan, zero=False)
 
 
 def _count(n: int) -> str:
@@ -87,7 +88,7 @@ def _nonfinite(path: str, rank: int, tensors) -> list[Finding]:
             "nonfinite-values",
             path,
             f"{len(bad)} tensor(s), {_count(values)} non-finite value(s) ({_count(nan)} NaN, {_count(values - nan)} "
-            f"Inf; first: {bad[0][0]}): verl loads them and training goes on from NaN",
+            f"Inf; first: {bad[0][0]}): verl loads them and training goes on from them",
             rank=rank,
             tensor=bad[0][0],
         )
@@ -119,11 +120,11 @@ def _zero_moments(r: RankView) -> list[Finding]:
         avg, sq = st.get("exp_avg"), st.get("exp_avg_sq")
         if not (isinstance(avg, TensorView) and isinstance(sq, TensorView)) or not (st.get("step") or 0) > 0:
             continue
-        if sq.nonzero is None or avg.nonzero is None or 0 in sq.local_shape:
+        if sq.zero is None or avg.zero is None or 0 in sq.local_shape:
             continue
         stepped.append((names.get(idx, f"state.{idx}"), avg, sq))
-    lone = [n for n, avg, sq in stepped if sq.nonzero == 0 and avg.nonzero]  # m != 0 needs a gradient, so v > 0
-    both = [n for n, avg, sq in stepped if sq.nonzero == 0 and not avg.nonzero]
+    lone = [n for n, avg, sq in stepped if sq.zero and not avg.zero]  # m != 0 needs a gradient, and then v > 0
+    both = [n for n, avg, sq in stepped if sq.zero and avg.zero]
     if lone:
         why, first, count = "exp_avg_sq is all zero while exp_avg is not", lone[0], len(lone)
     elif stepped and len(both) == len(stepped):
@@ -160,19 +161,20 @@ def check_unchanged(prev: ComponentView, cur: ComponentView, same: Same, prev_na
         if not names or not pnames:
             continue
         pidx = {n: i for i, n in pnames.items()}
+        lrs, plrs = _lrs(r), _lrs(p)
         weights, moments, trained = [], [], 0
         for idx, name in names.items():
             st, pst = (r.optim_state or {}).get(idx), (p.optim_state or {}).get(pidx.get(name, -1))
-            if not st or not pst or not _stepped(pst, st, _lr(p, pidx[name]), _lr(r, idx)):
+            if not st or not pst or not _stepped(pst, st, max(plrs.get(pidx[name], 0.0), lrs.get(idx, 0.0))):
                 continue
             trained += 1
             avg = st.get("exp_avg")
-            moved = avg is not None and avg.nonzero  # m == 0 and no weight decay: AdamW leaves the weight as it is
+            moved = avg is not None and avg.zero is False  # m == 0 and no weight decay: AdamW leaves the weight be
             if moved and _equal(p.model.get(name), r.model.get(name), p.model_path, r.model_path, same):
                 weights.append(name)
             for n in MOMENTS:
                 t, pt = st.get(n), pst.get(n)
-                if isinstance(t, TensorView) and t.nonzero and _equal(pt, t, p.optim_path, r.optim_path, same):
+                if isinstance(t, TensorView) and t.zero is False and _equal(pt, t, p.optim_path, r.optim_path, same):
                     moments.append(f"{n} of {name}")
         for path, hits, what in ((r.model_path, weights, "weight"), (r.optim_path, moments, "moment")):
             if hits:
@@ -190,17 +192,19 @@ def check_unchanged(prev: ComponentView, cur: ComponentView, same: Same, prev_na
     return out
 
 
-def _lr(r: RankView, idx: int) -> float:
+def _lrs(r: RankView) -> dict[int, float]:
+    """Each parameter index's lr from its param group (0 where it is not a number)."""
+    out = {}
     for g in r.param_groups or ():
-        if idx in g.get("params", ()):
-            lr = g.get("lr")
-            return float(lr) if isinstance(lr, (int, float)) else 0.0
-    return 0.0
+        lr = g.get("lr")
+        for i in g.get("params", ()):
+            out[i] = float(lr) if isinstance(lr, (int, float)) else 0.0
+    return out
 
 
-def _stepped(before: Mapping, after: Mapping, lr_before: float, lr_after: float) -> bool:
+def _stepped(before: Mapping, after: Mapping, lr: float) -> bool:
     s0, s1 = before.get("step"), after.get("step")
-    return isinstance(s0, float) and isinstance(s1, float) and s1 > s0 and max(lr_before, lr_after) > 0
+    return isinstance(s0, float) and isinstance(s1, float) and s1 > s0 and lr > 0
 
 
 def _equal(a: TensorView | None, b: TensorView | None, pa: str | None, pb: str | None, same: Same) -> bool:
