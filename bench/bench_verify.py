@@ -56,16 +56,22 @@ def _rank(rank: int, world: int, out: str, port: int, floats_per_rank: int) -> N
     torch.save({"state": state, "param_groups": groups}, actor / f"optim_world_size_{world}_rank_{rank}.pt")
     torch.save(
         {
-            "lr_scheduler": {"last_epoch": 10, "base_lrs": [1e-3], "_step_count": 11},
+            "lr_scheduler": {"last_epoch": 10, "base_lrs": [1e-3], "_step_count": 11, "lr_lambdas": [None]},
             "rng": {"cpu": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()},
         },
         actor / f"extra_state_world_size_{world}_rank_{rank}.pt",
     )
     if rank == 0:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
         (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}, indent=4))
-        torch.save({"_num_yielded": 10, "_sampler_iter_state": None}, actor.parent / "data.pt")
-        (Path(out) / "latest_checkpointed_iteration.txt").write_text("10")
+        loader = StatefulDataLoader(list(range(40)), batch_size=2)
+        for _, _ in zip(range(10), loader):
+            pass
+        torch.save(loader.state_dict(), actor.parent / "data.pt")  # what verl's data.pt holds
     dist.barrier()
+    if rank == 0:  # after every rank's files, as verl's trainer does
+        (Path(out) / "latest_checkpointed_iteration.txt").write_text("10")
     dist.destroy_process_group()
 
 

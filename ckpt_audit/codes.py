@@ -389,14 +389,77 @@ _TABLE: tuple[Code, ...] = (
         code="rng-missing",
         severity=W,
         explanation=(
-            "extra_state lacks the rng entry or one of its streams (cpu, numpy, random, cuda): a resume is not "
-            "reproducible"
+            "extra_state has no rng entry, or no cuda stream on a CUDA run (verl skips what is absent): a resume "
+            "is not reproducible"
         ),
     ),
     Code(
         code="dataloader-state-invalid",
         severity=E,
-        explanation="data.pt does not hold a StatefulDataLoader state_dict: a resume restarts the epoch",
+        explanation=(
+            "data.pt is not a StatefulDataLoader state_dict the loader can resume from (a key missing or of the "
+            "wrong kind: the first batch raises; empty or foreign: the epoch restarts)"
+        ),
+    ),
+    # verify: what verl's load does with each file and its values (deep/structure.py, identity.py, values.py)
+    Code(
+        code="shard-rank-mismatch",
+        severity=E,
+        corrupts=True,
+        explanation=(
+            "a rank's shard holds another rank's pieces (its DeviceMesh coordinate, or the same bytes as that rank's "
+            "shard): verl loads them silently and resumes with the wrong slice of every parameter"
+        ),
+    ),
+    Code(
+        code="model-state-invalid",
+        severity=E,
+        explanation="a model shard that is not a state dict of tensors: verl's model.load_state_dict raises",
+    ),
+    Code(
+        code="optimizer-state-invalid",
+        severity=E,
+        explanation=(
+            "an optimizer shard without torch's state/param_groups structure or Adam's per-parameter entries: "
+            "verl's optimizer.load_state_dict (or the first step after it) raises"
+        ),
+    ),
+    Code(
+        code="optimizer-state-partial",
+        severity=W,
+        explanation=(
+            "some parameters have no optimizer state: a resume starts their moments from zero (right only for "
+            "parameters that never had a gradient)"
+        ),
+    ),
+    Code(
+        code="extra-state-invalid",
+        severity=E,
+        explanation=(
+            "extra_state is not the dict verl reads (lr_scheduler state with lr_lambdas and last_epoch; rng with "
+            "cpu, numpy and random): verl's load raises or silently restarts the schedule"
+        ),
+    ),
+    Code(
+        code="nonfinite-values",
+        severity=E,
+        explanation="NaN or Inf in weights or optimizer moments: verl loads them and training goes on from NaN",
+    ),
+    Code(
+        code="optimizer-moments-zero",
+        severity=E,
+        explanation=(
+            "Adam's exp_avg_sq is all zero after optimizer steps (alone, or with every moment of the shard): the "
+            "state is lost and the first update after a resume is about 3x a full step in every coordinate"
+        ),
+    ),
+    Code(
+        code="unchanged-since-previous",
+        severity=E,
+        explanation=(
+            "weights or moments bit-identical to the previous checkpoint's although the optimizer stepped with "
+            "lr > 0 in between: a stale or copied save that resumes from the older state"
+        ),
     ),
     Code(
         code="dcp-no-model",

@@ -10,6 +10,7 @@ back up here); torch is imported only below this module.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from ckpt_audit import scanner
 from ckpt_audit.codes import CODES, finding
-from ckpt_audit.deep import dcp_check, hf_check, megatron_check, safe_load
+from ckpt_audit.deep import dataloader, dcp_check, hf_check, identity, megatron_check, safe_load, structure, values
 from ckpt_audit.deep import rules as deep
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
 from ckpt_audit.readers import bounded_json
@@ -59,20 +60,37 @@ def verify(
 
 def deepen(result: ScanResult, *, workers: int = 2, progress: Progress | None = None) -> ScanResult:
     """The result with deep findings attached and statuses re-derived."""
-    jobs = [(ri, ci) for ri, run in enumerate(result.runs) for ci in range(len(run.checkpoints))]
+    # each run's checkpoints in step order, so a checkpoint's predecessor is done about when it is (values compare
+    # the two) and only the views of the last few are held at a time
+    jobs = [
+        (ri, ci)
+        for ri, run in enumerate(result.runs)
+        for ci in sorted(range(len(run.checkpoints)), key=lambda i: run.checkpoints[i].step)
+    ]
     total = len(jobs)
     done = 0
     runs = [list(r.checkpoints) for r in result.runs]
-    found: dict[str, tuple[Finding, ...]] = {}
-    for (ri, ci), ckpt in map_unordered(
-        lambda j: deepen_checkpoint(result.runs[j[0]].checkpoints[j[1]]), jobs, workers=workers, name="ckpt-verify"
+    ready: dict[tuple[int, int], dict[str, deep.ComponentView]] = {}
+    order: dict[int, deque[tuple[int, int]]] = {ri: deque() for ri in range(len(runs))}
+    for j in jobs:
+        order[j[0]].append(j)
+    last: dict[int, dict[str, tuple[str, deep.ComponentView]]] = {ri: {} for ri in range(len(runs))}
+    for (ri, ci), (ckpt, views) in map_unordered(
+        lambda j: _deepen(result.runs[j[0]].checkpoints[j[1]]), jobs, workers=workers, name="ckpt-verify"
     ):
         runs[ri][ci] = ckpt
-        if ckpt.status is not Status.IN_PROGRESS:  # a verdict on files being written describes nothing to keep
-            found[ckpt.path] = deep_only(ckpt, before=result.runs[ri].checkpoints[ci])
+        ready[(ri, ci)] = views
+        while order[ri] and order[ri][0] in ready:  # the next checkpoint in step order is done: compare it
+            _, cj = order[ri].popleft()
+            runs[ri][cj] = _against_previous(runs[ri][cj], ready.pop((ri, cj)), last[ri])
         done += 1
         if progress is not None:
             progress(done, total)
+    found = {  # a verdict on files being written describes nothing to keep
+        ckpt.path: deep_only(ckpt, before=result.runs[ri].checkpoints[ci])
+        for ri, ci in jobs
+        if (ckpt := runs[ri][ci]).status is not Status.IN_PROGRESS
+    }
     return replace(
         result,
         runs=tuple(replace(r, checkpoints=tuple(runs[i])) for i, r in enumerate(result.runs)),
@@ -88,13 +106,41 @@ def deep_only(ckpt: Checkpoint, *, before: Checkpoint) -> tuple[Finding, ...]:
     return tuple(f for f in ckpt.all_findings if f not in had and f.code not in status_rules.UNREAD_CODES)
 
 
-def deepen_checkpoint(ckpt: Checkpoint) -> Checkpoint:
-    if ckpt.status is Status.HUSK and not ckpt.components:
-        return ckpt
-    bad = _bad_paths(ckpt)
+def _against_previous(
+    ckpt: Checkpoint, views: Mapping[str, deep.ComponentView], last: dict[str, tuple[str, deep.ComponentView]]
+) -> Checkpoint:
+    """Findings of values.check_unchanged against the previous checkpoint's views of the same role (`last`, updated)."""
     comps = []
     for comp in ckpt.components:
-        found = list(_component_findings(ckpt, comp, bad))
+        cv = views.get(comp.role)
+        if cv is None:
+            comps.append(comp)
+            continue
+        found: list[Finding] = []
+        if comp.role in last:
+            name, prev = last[comp.role]
+            found = values.check_unchanged(prev, cv, _same_storage, name)
+        last[comp.role] = (Path(ckpt.path).name, cv)
+        comps.append(replace(comp, findings=comp.findings + _new(comp.findings, found)))
+    out = replace(ckpt, components=tuple(comps))
+    return rejudge(out, before=ckpt) if out != ckpt else ckpt
+
+
+def _deepen(ckpt: Checkpoint) -> tuple[Checkpoint, dict[str, deep.ComponentView]]:
+    """The checkpoint with its deep findings, and the views of its verl FSDP components by role."""
+    if ckpt.status is Status.HUSK and not ckpt.components:
+        return ckpt, {}
+    bad = _bad_paths(ckpt)
+    comps = []
+    views: dict[str, deep.ComponentView] = {}
+    for comp in ckpt.components:
+        if comp.layout == "verl-fsdp":
+            fsdp, cv = _fsdp(ckpt, comp, bad)
+            found = list(fsdp)
+            if cv is not None:
+                views[comp.role] = cv
+        else:
+            found = list(_component_findings(ckpt, comp, bad))
         for f in comp.files:
             if f.path.endswith(".safetensors") and f.path not in bad:
                 found.extend(_safetensors(f.path))
@@ -108,7 +154,7 @@ def deepen_checkpoint(ckpt: Checkpoint) -> Checkpoint:
         elif f.path.endswith(".safetensors"):
             step_found.extend(_safetensors(f.path))
     out = replace(ckpt, components=tuple(comps), findings=ckpt.findings + _new(ckpt.findings, step_found))
-    return rejudge(out, before=ckpt)
+    return rejudge(out, before=ckpt), views
 
 
 def _new(existing: Sequence[Finding], found: Sequence[Finding]) -> tuple[Finding, ...]:
@@ -156,8 +202,6 @@ def rejudge(ckpt: Checkpoint, *, before: Checkpoint) -> Checkpoint:
 
 
 def _component_findings(ckpt: Checkpoint, comp: Component, bad: set[str]) -> list[Finding]:
-    if comp.layout == "verl-fsdp":
-        return list(_fsdp(ckpt, comp, bad))
     if comp.layout == "verl-megatron":
         return list(_megatron(comp, bad))
     if comp.layout == "hf-trainer":
@@ -206,25 +250,33 @@ def _item_crcs(
     return megatron_check.check_item_crcs(dcp_dir, meta, skip=bad - crc_only)
 
 
-def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[Finding, ...]:
+# what verl's load does with each kind of per-rank file (deep/structure.py)
+_STRUCTURE = {
+    FileKind.MODEL: structure.check_model,
+    FileKind.OPTIM: structure.check_optimizer,
+    FileKind.EXTRA_STATE: structure.check_extra_state,
+}
+
+
+def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[tuple[Finding, ...], deep.ComponentView | None]:
     ws = comp.world_size
     files: dict[tuple[FileKind, int], str] = {}
     for f in comp.files:
-        if (
-            f.rank is not None
-            and f.kind in (FileKind.MODEL, FileKind.OPTIM, FileKind.EXTRA_STATE)
-            and (ws is None or f.world_size in (ws, None))
-        ):
+        if f.rank is not None and f.kind in _STRUCTURE and (ws is None or f.world_size in (ws, None)):
             files[(f.kind, f.rank)] = f.path
     ranks = sorted({r for _, r in files})
     if not ranks:
-        return ()
+        return (), None
     found: list[Finding] = []
     loaded: dict[str, safe_load.LoadResult] = {}
-    for path in sorted(set(files.values()) - bad):
+    for (kind, rank), path in sorted(files.items(), key=lambda kv: kv[1]):
+        if path in bad:
+            continue
         res = safe_load.load(path)
-        loaded[path] = res
         found.extend(res.findings)
+        if res.loaded:
+            found.extend(_STRUCTURE[kind](path, rank, res.value, _is_tensor))
+        loaded[path] = res
     views = []
     for r in ranks:
         views.append(
@@ -245,7 +297,10 @@ def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[Finding, ..
         tie_word_embeddings=_json_bool(f"{comp.path}/huggingface/config.json", "tie_word_embeddings"),
         ranks=tuple(views),
     )
-    return tuple(found) + deep.check_component(cv)
+    return (
+        tuple(found) + deep.check_component(cv) + tuple(identity.check_identity(cv)) + tuple(values.check_values(cv)),
+        cv,
+    )
 
 
 def _rank_view(
@@ -254,24 +309,27 @@ def _rank_view(
     kw: dict[str, Any] = {"rank": rank, "model_path": model, "optim_path": optim, "extra_path": extra}
     m = loaded.get(model) if model else None
     if m is not None and m.loaded and isinstance(m.value, Mapping):
-        infos = {t.key_path: t for t in (m.structure.tensors if m.structure else ())}
-        kw["model"] = {
-            str(k): tensor_view(v, infos.get((k,)), m.entry_crc) for k, v in m.value.items() if _is_tensor(v)
-        }
+        infos = _infos(m)
+        crcs = m.entry_crc
+        kw["model"] = {str(k): tensor_view(v, infos.get((k,)), crcs) for k, v in m.value.items() if _is_tensor(v)}
     o = loaded.get(optim) if optim else None
-    if o is not None and o.loaded and isinstance(o.value, Mapping):
-        state = o.value.get("state")
-        groups = o.value.get("param_groups")
-        if isinstance(state, Mapping) and isinstance(groups, (list, tuple)):
-            kw["optim_state"] = {
-                int(i): {
-                    str(n): (_scalar(t) if n == "step" else tensor_view(t, None, {}) if _is_tensor(t) else t)
-                    for n, t in st.items()
-                }
-                for i, st in state.items()
-                if isinstance(st, Mapping)
+    if o is not None and o.loaded and _optimizer_shaped(o.value):  # otherwise structure's optimizer-state-invalid
+        infos = _infos(o)
+        kw["optim_state"] = {
+            int(i): {
+                str(n): (
+                    _scalar(t)
+                    if n == "step"
+                    else tensor_view(t, infos.get(("state", i, n)), o.entry_crc)
+                    if _is_tensor(t)
+                    else t
+                )
+                for n, t in st.items()
             }
-            kw["param_groups"] = [{str(k): _plain(v) for k, v in g.items()} for g in groups if isinstance(g, Mapping)]
+            for i, st in o.value["state"].items()
+            if isinstance(i, int) and isinstance(st, Mapping)
+        }
+        kw["param_groups"] = [{str(k): _plain(v) for k, v in g.items()} for g in o.value["param_groups"]]
     e = loaded.get(extra) if extra else None
     if e is not None and e.loaded and isinstance(e.value, Mapping):
         kw["extra_keys"] = frozenset(str(k) for k in e.value)
@@ -280,6 +338,22 @@ def _rank_view(
         rng = e.value.get("rng")
         kw["rng_keys"] = frozenset(str(k) for k in rng) if isinstance(rng, Mapping) else None
     return deep.RankView(**kw)
+
+
+def _optimizer_shaped(value: Any) -> bool:
+    if not isinstance(value, Mapping):
+        return False
+    groups = value.get("param_groups")
+    return (
+        isinstance(value.get("state"), Mapping)
+        and isinstance(groups, (list, tuple))
+        and all(isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in groups)
+        and all(isinstance(i, int) for g in groups for i in g["params"])
+    )
+
+
+def _infos(res: safe_load.LoadResult) -> dict:
+    return {t.key_path: t for t in (res.structure.tensors if res.structure else ())}
 
 
 def _replica_equality(
@@ -322,15 +396,20 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def tensor_view(v: Any, info: Any, crcs: Mapping[str, int]) -> deep.TensorView:
-    """The plain view of one loaded tensor or DTensor (storage key and CRC from the restricted read)."""
+    """The plain view of one loaded tensor or DTensor (storage key and CRC from the restricted read), with its
+    values counted (values.tensor_stats: the one pass over the mapped bytes)."""
     local = getattr(v, "_local_tensor", None)
     storage = info.storage_key if info is not None else None
+    stats = values.tensor_stats(v if local is None else local)
     common = dict(
         dtype=str(v.dtype).removeprefix("torch."),
         device=info.device if info is not None else "cpu",
         storage=storage,
         storage_offset=info.storage_offset if info is not None else 0,
         crc=crcs.get(storage) if storage is not None else None,
+        nonfinite=stats.nonfinite,
+        nan=stats.nan,
+        zero=stats.zero,
     )
     if local is None:
         return deep.TensorView(local_shape=tuple(v.shape), **common)
@@ -344,8 +423,23 @@ def tensor_view(v: Any, info: Any, crcs: Mapping[str, int]) -> deep.TensorView:
         mesh_shape=tuple(mesh.mesh.shape),
         mesh_ranks=ranks,
         mesh_names=tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+        writer_rank=_writer_rank(mesh),
         **common,
     )
+
+
+def _writer_rank(mesh: Any) -> int | None:
+    """The global rank that pickled this DeviceMesh: its coordinate on the mesh (`_coordinate_on_dim`), else its
+    `_rank`. Private fields of the pickled state: anything missing or unexpected is "not recorded" (None)."""
+    state = getattr(mesh, "__dict__", {})
+    try:
+        coord = state.get("_coordinate_on_dim")
+        if coord is not None:
+            return int(mesh.mesh[tuple(int(c) for c in coord)].item())
+        rank = state.get("_rank")
+        return int(rank) if isinstance(rank, int) else None
+    except (IndexError, TypeError, ValueError, RuntimeError):
+        return None
 
 
 def _placement(p: Any) -> str:
@@ -403,7 +497,32 @@ def _dataloader(path: str) -> tuple[Finding, ...]:
     res = safe_load.load(path)
     if not res.loaded:
         return res.findings
-    return deep.check_dataloader(path, res.value)
+    return dataloader.check_dataloader(path, res.value)
+
+
+def _same_storage(path_a: str, key_a: str, path_b: str, key_b: str) -> bool:
+    """Byte comparison of two storages' zip entries (values.check_unchanged asks only where the CRC-32s agree)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path_a) as za, zipfile.ZipFile(path_b) as zb:
+            ea, eb = _storage_entry(za, key_a), _storage_entry(zb, key_b)
+            if ea is None or eb is None or ea.file_size != eb.file_size:
+                return False
+            with za.open(ea) as fa, zb.open(eb) as fb:
+                while True:
+                    x, y = fa.read(1 << 20), fb.read(1 << 20)
+                    if x != y:
+                        return False
+                    if not x:
+                        return True
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+
+
+def _storage_entry(z: Any, key: str) -> Any:
+    name = next((n for n in z.namelist() if n.endswith(f"/data/{key}")), None)
+    return z.getinfo(name) if name is not None else None
 
 
 def _safetensors(path: str) -> tuple[Finding, ...]:

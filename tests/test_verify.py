@@ -176,6 +176,15 @@ def test_hsdp_replicas_identical_then_differ(verl_run_hsdp, tmp_path):
     one(run, "hsdp-replica-differs", rank=2, tensor=key)
 
 
+def _loader_state() -> dict:
+    """A real single-process StatefulDataLoader state (what verl's data.pt holds with num_workers=0)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dl = StatefulDataLoader(list(range(8)), batch_size=2)
+    next(iter(dl))
+    return dl.state_dict()
+
+
 def test_world_size_one_plain_tensors(tmp_path):
     """A W=1 checkpoint (FSDP1 NO_SHARD) holds plain tensors: verified clean, and its checks still run."""
     import random
@@ -200,7 +209,7 @@ def test_world_size_one_plain_tensors(tmp_path):
         a / "extra_state_world_size_1_rank_0.pt",
     )
     (a / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}, indent=4))
-    torch.save({"_num_yielded": 1, "_sampler_iter_state": None}, a.parent / "data.pt")
+    torch.save(_loader_state(), a.parent / "data.pt")
     (a.parent.parent / "latest_checkpointed_iteration.txt").write_text("1")
     found, result = findings(tmp_path / "p")
     assert [f for f in found if f.severity > 0] == []
@@ -277,8 +286,16 @@ def test_lr_scheduler_missing(run):
 
 
 def test_rng_stream_missing(run):
+    """verl's load_rng_state reads rng["numpy"] unconditionally: KeyError, so an error (not a warning)."""
     rewrite(shard(run, "extra_state", 1), lambda e: e["rng"].pop("numpy") and None)
-    one(run, "rng-missing", rank=1, tensor="numpy")
+    one(run, "extra-state-invalid", rank=1, tensor="numpy")
+
+
+def test_rng_absent(run):
+    """No rng entry at all: verl skips it (old checkpoints), the resume is just not reproducible."""
+    rewrite(shard(run, "extra_state", 1), lambda e: e.pop("rng") and None)
+    f = one(run, "rng-missing", rank=1)
+    assert f.severity.name == "WARNING"
 
 
 def test_dataloader_state_unreadable(run):

@@ -16,7 +16,6 @@ from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
 
 KNOWN_MESH_NAMES = (("fsdp",), ("ddp", "fsdp"))
-RNG_STREAMS = ("cpu", "numpy", "random")
 TIED_PAIRS = (("lm_head.weight", "model.embed_tokens.weight"),)
 
 
@@ -34,6 +33,10 @@ class TensorView:
     storage: str | None = None  # storage key in the zip (tied tensors share one)
     storage_offset: int = 0
     crc: int | None = None  # CRC-32 of the storage's zip entry (None/0: unknown)
+    writer_rank: int | None = None  # the global rank the pickled DeviceMesh says saved it (None: not recorded)
+    nonfinite: int = 0  # NaN and Inf elements of the local tensor (deep/values.py counts them while loading)
+    nan: int = 0
+    zero: bool | None = None  # every element of the local tensor is 0; None: not judged (not a float tensor)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -109,16 +112,22 @@ def chunk_size(length: int, parts: int, index: int) -> int:
     return max(0, min(size, length - index * size))
 
 
+def mesh_coords(t: TensorView, rank: int) -> tuple[int, ...] | None:
+    """`rank`'s coordinate on the tensor's mesh (row-major), or None when the mesh does not list it."""
+    if t.mesh_shape is None or t.mesh_ranks is None or rank not in t.mesh_ranks:
+        return None
+    flat, out = t.mesh_ranks.index(rank), []
+    for n in reversed(t.mesh_shape):
+        out.append(flat % n)
+        flat //= n
+    return tuple(reversed(out))
+
+
 def expected_local_shape(t: TensorView, rank: int) -> tuple[int, ...] | None:
     """The local shape DTensor gives `rank`, or None when the mesh does not say where the rank sits."""
-    if t.global_shape is None or t.mesh_shape is None or t.mesh_ranks is None or rank not in t.mesh_ranks:
+    coords = mesh_coords(t, rank)
+    if t.global_shape is None or coords is None:
         return None
-    flat = t.mesh_ranks.index(rank)
-    coords = []
-    for n in reversed(t.mesh_shape):
-        coords.append(flat % n)
-        flat //= n
-    coords.reverse()
     shape = list(t.global_shape)
     for p, n, c in zip(t.placements, t.mesh_shape, coords):
         if p.startswith("Shard("):
@@ -470,13 +479,9 @@ def check_extra(c: ComponentView) -> list[Finding]:
                     rank=r.rank,
                 )
             )
-        else:
-            want = list(RNG_STREAMS)
-            if any(v.device.startswith("cuda") for v in (r.model or {}).values()):
-                want.append("cuda")
-            for s in want:
-                if s not in r.rng_keys:
-                    out.append(finding("rng-missing", path, f"rng has no {s!r} stream", rank=r.rank, tensor=s))
+        elif any(v.device.startswith("cuda") for v in (r.model or {}).values()) and "cuda" not in r.rng_keys:
+            # verl restores the device stream only when present; cpu/numpy/random missing: deep/structure.py
+            out.append(finding("rng-missing", path, "rng has no 'cuda' stream", rank=r.rank, tensor="cuda"))
     if epochs:
         ref_rank = min(epochs)
         ref = epochs[ref_rank]
@@ -523,21 +528,3 @@ def check_extra(c: ComponentView) -> list[Finding]:
                     )
                 )
     return out
-
-
-# -- data.pt --------------------------------------------------------------------------------------------------
-
-DATALOADER_KEYS = frozenset({"_snapshot", "_num_yielded", "_sampler_iter_state", "_index_sampler_state"})
-
-
-def check_dataloader(path: str, value: Any) -> tuple[Finding, ...]:
-    if not isinstance(value, dict) or not (set(map(str, value)) & DATALOADER_KEYS):
-        shown = sorted(map(str, value))[:5] if isinstance(value, dict) else type(value).__name__
-        return (
-            finding(
-                "dataloader-state-invalid",
-                path,
-                f"not a StatefulDataLoader state_dict (got {shown}): a resume restarts the epoch",
-            ),
-        )
-    return ()
