@@ -3,9 +3,9 @@
 A run's verdict (`layouts.build_run`) is a function of its subtree (directory and file names, directory mtimes),
 the facts of its files, and the scan's clock against the in-progress window. The key hashes all of it:
 
-    the tool's version, VERDICT_FORMAT and the judging code's files (size and mtime of models.py, codes.py and
-        every module of rules/ and layouts/: an edited checkout judges afresh), the run's layout and those loaded, the
-        in-progress window;
+    the tool's version, VERDICT_FORMAT, the readers' RULES and the judging code's files (size and mtime of
+        models.py, codes.py, scanner.py and every module of rules/, layouts/ and readers/: an edited checkout judges
+        afresh), the run's layout and those loaded, the in-progress window;
     every directory under the run: its path and mtime;
     every file under the run: its path, size, mtime, inode and ctime (the stat cache's own key, plus ctime: a
         chmod or a rewrite with the mtime put back moves it), and, for a file the catalog keeps no row for (the
@@ -37,6 +37,7 @@ import xxhash  # already loaded by the readers; hashlib's OpenSSL start-up costs
 
 from ckpt_audit import __version__
 from ckpt_audit.models import FileFacts, Finding, from_slots
+from ckpt_audit.readers import RULES
 from ckpt_audit.tree import Tree
 
 if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
@@ -47,15 +48,16 @@ if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_f
 # and so does any edit to the judging code's files: code_stamp)
 VERDICT_FORMAT = 1
 _STAMP: list[str] = []
-_JUDGING = ("models.py", "codes.py", "verdict_cache.py")  # the top-level modules a verdict depends on
+_JUDGING = ("models.py", "codes.py", "scanner.py", "verdict_cache.py")  # the top-level modules a verdict depends on
 
 
 def code_stamp() -> str:
-    """The judging code as installed: name, size and mtime of models.py and of rules/ and layouts/ modules."""
+    """The judging code as installed: name, size and mtime of _JUDGING and of the rules/, layouts/ and readers/
+    modules (a reader that finds more in the same bytes judges the same inputs differently)."""
     if not _STAMP:
         package = os.path.dirname(os.path.abspath(__file__))
         h = xxhash.xxh3_128()
-        for d in (package, os.path.join(package, "rules"), os.path.join(package, "layouts")):
+        for d in (package, *(os.path.join(package, sub) for sub in ("rules", "layouts", "readers"))):
             with os.scandir(d) as it:
                 for e in sorted(it, key=lambda e: e.name):
                     if e.name.endswith(".py") and (d != package or e.name in _JUDGING):
@@ -245,7 +247,7 @@ def run_key(
     verdicts recorded for the run's checkpoints (`deep`: deep_stamps; one recorded or dropped later changes it)."""
     h = xxhash.xxh3_128()
     h.update(
-        f"{__version__}\0{VERDICT_FORMAT}\0{code_stamp()}\0{layout}\0{','.join(layouts)}\0{window_ns}\0{run}\0{digest}\0{deep}\n".encode(
+        f"{__version__}\0{VERDICT_FORMAT}\0{RULES}\0{code_stamp()}\0{layout}\0{','.join(layouts)}\0{window_ns}\0{run}\0{digest}\0{deep}\n".encode(
             "utf-8", "surrogateescape"
         )
     )

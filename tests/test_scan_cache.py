@@ -26,6 +26,7 @@ from scan_trees import flip_payload_byte, rewrite_zip, shard, steps_of, write_to
 
 from ckpt_audit.catalog import open_catalog, read_previous
 from ckpt_audit.cli import cli
+from ckpt_audit.readers import RULES
 from ckpt_audit.scanner import scan
 from ckpt_audit.scrub import DAY_NS, Cached, ScrubPlan, ScrubPolicy, plan_scrub
 
@@ -410,6 +411,25 @@ def test_a_row_never_verified_by_content_is_read_again(copy_run, verl_run, tmp_p
         db.execute("UPDATE files SET verified_ns = NULL, pt_facts = NULL")
     again = _scan(run, catalog, "--no-scrub")
     assert again["files_reused"] == 0 and _verdicts(again) == _verdicts(first)
+
+
+def test_a_row_read_under_other_reader_rules_is_read_again(copy_run, verl_run, tmp_path):
+    """An upgrade whose readers check more (readers.RULES) must not keep the older readers' word on bytes they
+    passed: a row read under other rules vouches for nothing, so a flip the stat cache would hide is found."""
+    run = copy_run(verl_run)
+    catalog = tmp_path / "c.db"
+    _scan(run, catalog)
+    victim = shard(steps_of(run)[0], "model", 0)
+    _rot(victim)
+    assert _codes_at(_scan(run, catalog, "--no-scrub"), victim) == set()  # same rules: the stat cache vouches
+    with sqlite3.connect(catalog) as db:  # as an older release left it (its run verdict keys held its RULES)
+        db.execute("UPDATE files SET read_rules = ?", [RULES - 1])
+        db.execute("DELETE FROM run_verdicts")
+    again = _scan(run, catalog, "--no-scrub")
+    assert again["files_reused"] == 0 and {"hash-drift", "crc-mismatch"} <= _codes_at(again, victim)
+    with sqlite3.connect(catalog) as db:
+        assert db.execute("SELECT DISTINCT read_rules FROM files WHERE present = 1").fetchall() == [(RULES,)]
+    assert _scan(run, catalog, "--no-scrub")["files_reused"] > 0  # read under today's rules: vouched for again
 
 
 # -- the plan (pure) ------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ckpt_audit import models
 from ckpt_audit.codes import CODES
 from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, from_slots, many_objects
+from ckpt_audit.readers import RULES
 from ckpt_audit.tree import FileFacts, PtFacts
 
 if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
@@ -105,13 +106,18 @@ class LazyManifest(Mapping):
         return self._facts is not None
 
 
+# a row's last content read, counted only if it was read under today's readers (readers.RULES): a row read under
+# other rules reads as never verified, so its file is read again instead of vouched for
+VERIFIED_UNDER_TODAYS_RULES = f"CASE WHEN read_rules = {RULES} THEN verified_ns END"
+
+
 def fact_columns(conn: sqlite3.Connection) -> str:
-    """The files columns `facts_of_rows` reads (a catalog not yet migrated to m006, read-only here, has no
-    dcp_facts: its .metadata rows are read again)."""
-    has_dcp = any(r[1] == "dcp_facts" for r in conn.execute("PRAGMA table_info(files)"))
-    return "path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, verified_ns, " + (
-        "dcp_facts" if has_dcp else "NULL"
-    )
+    """The files columns `facts_of_rows` reads (a catalog not yet migrated, read-only here, has no dcp_facts or
+    read_rules: its rows are read again)."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(files)")}
+    verified = VERIFIED_UNDER_TODAYS_RULES if "read_rules" in have else "NULL"
+    dcp = "dcp_facts" if "dcp_facts" in have else "NULL"
+    return f"path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, {verified}, {dcp}"
 
 
 def facts_of_rows(rows: Iterable[tuple]) -> dict[str, FileFacts]:

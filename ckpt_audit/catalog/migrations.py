@@ -345,3 +345,10 @@ def m008_deep_verdicts(db) -> None:
             findings TEXT NOT NULL,            -- JSON list of the findings verify added to the scan's
             files TEXT NOT NULL                -- JSON [[path, size_bytes, mtime_ns, inode, hash], ...]: what it read
         )""")
+
+
+@MIGRATIONS()
+def m009_read_rules(db) -> None:
+    """Which readers' rules (ckpt_audit.readers.RULES) each file's facts were read under: a row read under other
+    rules does not vouch for its file, which the next scan reads again. NULL (every row before this): not today's."""
+    db.execute("ALTER TABLE files ADD COLUMN read_rules INTEGER")

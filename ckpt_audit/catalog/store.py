@@ -30,6 +30,7 @@ from ckpt_audit.catalog.sqlite import Db
 from ckpt_audit.catalog.verdicts import record_verdicts
 from ckpt_audit.killpoints import CATALOG_KILL_AFTER_ENV, OpCounter
 from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
+from ckpt_audit.readers import RULES
 from ckpt_audit.tree import FileFacts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -497,7 +498,7 @@ def _checkpoint_row(ckpt: Checkpoint, scan_id: int) -> dict:
 
 _FILE_COLS = (
     "path, run_path, checkpoint_path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash,"
-    " crc_ok, file_findings, pt_facts, verified_ns, dcp_facts"
+    " crc_ok, file_findings, pt_facts, verified_ns, dcp_facts, read_rules"
 )
 _N_FILE_COLS = _FILE_COLS.count(",") + 1
 
@@ -523,6 +524,7 @@ def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, fac
         pt_to_json(fact.pt) if fact else None,
         fact.verified_ns if fact else None,
         dcp_to_json(fact.dcp) if fact else None,
+        RULES,  # the facts above are what today's readers say (a reused row's were vouched for under them)
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ckpt_audit import models
+from ckpt_audit.catalog.manifest import VERIFIED_UNDER_TODAYS_RULES as VERIFIED
 from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows
 from ckpt_audit.models import FileKind, Finding, Severity, Status, from_slots, many_from_slots
 from ckpt_audit.tree import FileFacts
@@ -131,11 +132,11 @@ class CatalogVerdicts:
         return dict(self._query("SELECT run_path, key FROM run_verdicts"))
 
     def rows(self, root: str) -> Mapping[str, Row]:
-        rows = self._present_under(root, "path, size_bytes, mtime_ns, inode, hash, crc_ok, verified_ns")
+        rows = self._present_under(root, f"path, size_bytes, mtime_ns, inode, hash, crc_ok, {VERIFIED}")
         return {r[0]: r[1:] for r in rows}  # crc_ok stays 0/1/NULL here: light_facts makes it a bool
 
     def verified(self, root: str) -> Mapping[str, int]:
-        return dict(self._present_under(root, "path, verified_ns", "hash IS NOT NULL AND verified_ns IS NOT NULL"))
+        return dict(self._present_under(root, f"path, {VERIFIED}", f"hash IS NOT NULL AND {VERIFIED} IS NOT NULL"))
 
     def _present_under(self, root: str, columns: str, where: str = "1") -> list[tuple]:
         below = root.rstrip("/") + "/"
