@@ -45,7 +45,7 @@ TABLE = {
     ),
     "distcp-truncated": ("fails: CheckpointException", "corrupt", "corrupt", ("dcp-range-outside-file",)),
     "distcp-bitflip": ("loads-changed", "corrupt", "corrupt", ("distcp-crc-mismatch",)),
-    "distcp-zip-damaged": ("fails", "complete", "corrupt", ("distcp-item-invalid",)),
+    "distcp-zip-damaged": ("fails", "corrupt", "corrupt", ("distcp-item-invalid",)),
     "metadata-missing": ("fails: CheckpointException", "incomplete", "incomplete", ("dcp-metadata-missing",)),
     "metadata-garbage": ("fails: CheckpointException", "corrupt", "corrupt", ("dcp-metadata-invalid",)),
     "metadata-json-missing": (

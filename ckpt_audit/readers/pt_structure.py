@@ -42,7 +42,7 @@ from ckpt_audit.readers.torch_globals import (
     REBUILD_V3,
     STORAGE_DTYPES,
 )
-from ckpt_audit.readers.unpickler import PersistentRef, Stub, first_line, global_name, stub_class, unpickle
+from ckpt_audit.readers.unpickler import PersistentRef, Stub, global_name, stub_class, unpickle, unpickle_problem
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # data.pkl of a real shard is KiBs to a few MiB
 _MAX_NODES = 5_000_000  # bound the walk of a hostile DAG (shared references) so it cannot blow up
@@ -193,7 +193,7 @@ def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
     if error is not None:
         return PtStructure(
             **base,
-            problems=(*problems, Problem("bad-pickle", f"data.pkl does not unpickle: {first_line(error)}")),
+            problems=(*problems, unpickle_problem("data.pkl", error)),
             byteorder=byteorder,
             globals_seen=seen,
         )
@@ -207,7 +207,7 @@ def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
     problems.extend(walker.problems)
     notes = list(walker.notes)
     _check_storages(archive, storages, problems, notes)
-    keys = tuple(str(k) for k in root) if isinstance(root, dict) else ()
+    keys = _keys(root)
     return PtStructure(
         **base,
         keys=keys,
@@ -269,7 +269,7 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
         if error is not None:
             return PtStructure(
                 **base,
-                problems=(*problems, Problem("bad-pickle", f"{what} pickle does not unpickle: {first_line(error)}")),
+                problems=(*problems, unpickle_problem(f"{what} pickle", error)),
                 globals_seen=frozenset(seen),
             )
         values.append(value)
@@ -289,7 +289,7 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
     notes.extend(walker.notes)
     return PtStructure(
         **base,
-        keys=tuple(str(k) for k in root) if isinstance(root, dict) else (),
+        keys=_keys(root),
         tensors=tuple(walker.tensors),
         globals_seen=frozenset(seen),
         problems=tuple(problems),
@@ -349,8 +349,21 @@ def _read_raw_pickle(fd: int, path: str) -> PtStructure:
     root, seen, error = unpickle(reader, None)
     base = dict(path=path, prefix=None, container="pickle", globals_seen=seen)
     if error is not None:
-        return PtStructure(**base, problems=(Problem("bad-pickle", f"pickle does not unpickle: {first_line(error)}"),))
-    return PtStructure(**base, keys=tuple(str(k) for k in root) if isinstance(root, dict) else ())
+        return PtStructure(**base, problems=(unpickle_problem("pickle", error),))
+    return PtStructure(**base, keys=_keys(root))
+
+
+def _keys(root: Any) -> tuple[str, ...]:
+    """The saved dict's top-level keys as text; a key nested too deep to print is named by its type."""
+    if not isinstance(root, dict):
+        return ()
+    out = []
+    for k in root:
+        try:
+            out.append(str(k))
+        except RecursionError:
+            out.append(f"<{type(k).__name__} nested too deep to print>")
+    return tuple(out)
 
 
 def _storage_ref(pid: Any) -> StorageRef | None:
