@@ -306,6 +306,12 @@ def _too_deep(data: bytes) -> PickleBoundError | None:
     the depth at C speed; only a pickle where that count passes the bound has its opcodes walked."""
     if len(data) <= MAX_PICKLE_DEPTH or sum(data.count(op) for op in _NESTING_OPS) <= MAX_PICKLE_DEPTH:
         return None
+    return too_deep(data)
+
+
+def too_deep(data: bytes | BinaryIO) -> PickleBoundError | None:
+    """_too_deep by walking the opcodes of the pickle at `data` (a stream is left after its STOP): for a stream of
+    pickles (torch's legacy format), whose lengths are known only by walking them."""
     depth = _max_depth(data)
     if depth > MAX_PICKLE_DEPTH:
         return PickleBoundError(f"nests more than {MAX_PICKLE_DEPTH} levels deep")
@@ -317,7 +323,7 @@ _MEMO_GET = frozenset({"GET", "BINGET", "LONG_BINGET"})
 _IN_PLACE = frozenset({"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"})
 
 
-def _max_depth(data: bytes) -> int:
+def _max_depth(data: bytes | BinaryIO) -> int:
     """The deepest nesting the pickle builds (an upper bound), from its opcodes' stack effects; stops past the
     bound. A pickle pickletools cannot walk gives 0: the unpickler then reports it as damaged."""
     stack: list[int] = []
