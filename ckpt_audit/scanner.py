@@ -536,7 +536,7 @@ def read_file(
     if file_rules.reads_structure(path, kind=d.kind, is_zip=d.is_zip, zip_error=d.zip_error):
         pt, more = _structure(path)
         found.extend(more)
-    if d.item_pickles:  # a .distcp's items: DCP's load unpickles each, bytes items with weights_only=False
+    if d.item_pickles:  # a .distcp's items: DCP's load unpickles each, bytes items with the full unpickler
         found.extend(_item_pickles(path, d.item_pickles))
     dcp, more = _dcp_facts(path) if kind is FileKind.DCP_METADATA else (None, ())
     found.extend(more)

@@ -94,6 +94,9 @@ def test_a_hostile_pickle_is_a_finding_on_its_file_with_bounded_memory(copy_run,
 
     rc, out, _ = _cli_peak("latest", str(run), "--catalog", catalog)
     assert (rc, out.strip()) == (0, str(steps[-2]))
+    rc, out, _ = _cli_peak("prune", "--dry-run", "--json", "--keep-last", "1", str(run), "--catalog", catalog)
+    plan = json.loads(out)["plan"]
+    assert rc == 0 and {c["path"] for c in plan["keep"]} == {str(steps[-2]), str(newest)}
     if case not in ("tuple-key-1M-deep", "bytearray-2GiB"):
         return  # verify (torch.load behind the restricted read) once per kind of bomb: it imports torch
     rc, out, _ = _cli_peak("verify", "--json", str(newest), "--catalog", catalog)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.tensor  # noqa: F401 - the shards hold DTensors, which torch.load needs registered
 
 pytestmark = pytest.mark.slow  # trainer- and DCP-written trees
 
@@ -93,6 +94,28 @@ def test_one_flipped_bit_in_a_central_directory_size_makes_the_checkpoint_corrup
     assert code == 0 and out.strip() != str(newest)
 
 
+def test_a_local_header_that_disagrees_with_the_directory_is_a_warning(copy_run, verl_run, tmp_path):
+    """torch.load reads names and sizes from the central directory only, so a damaged local name still loads: the
+    scan warns (the bytes were rewritten or rotted) and the checkpoint stays complete, as the load says."""
+    run = copy_run(verl_run)
+    newest = max(run.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+    shard = next((newest / "actor").glob("model_world_size_*_rank_0.pt"))
+    raw = bytearray(shard.read_bytes())
+    [(name, record)] = [(n, o) for n, o in _central_records(raw).items() if n.endswith("/data/0")]
+    (local,) = struct.unpack_from("<I", raw, record + 42)
+    raw[local + 30 + len(name) - 1] ^= 0x01  # the local header's copy of the name: ".../data/1"
+    stat = shard.stat()
+    shard.write_bytes(raw)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    torch.load(shard, weights_only=True)  # loads
+
+    ck = _checkpoints(_scan(run, tmp_path / "c.db"))[str(newest)]
+    assert ck["status"] == "complete"
+    assert "zip-local-header-mismatch" in _codes(ck)
+    [message] = _codes(ck)["zip-local-header-mismatch"]
+    assert name in message
+
+
 def _dcp_copy(dcp_trees, tmp_path: Path) -> Path:
     step = dcp_trees["dcp"]
     root = tmp_path / "tree"
@@ -155,7 +178,7 @@ def test_a_pickle_payload_in_a_distcp_bytes_item_makes_the_checkpoint_unsafe(dcp
     _plant_bytes_item(step, marker)
     root, catalog = step.parent.parent, tmp_path / "c.db"
 
-    for command in ("scan", "verify"):
+    for command in ("scan", "verify", "scan"):  # the second scan reuses the catalog's rows: still unsafe
         ck = _checkpoints(_scan(root, catalog, command))[str(step)]
         assert ck["status"] == "unsafe", (command, _codes(ck))
         [message] = _codes(ck)["unsafe-pickle"]

@@ -101,10 +101,11 @@ class ItemPickles:
 
 def read_item_pickles(pickles: Sequence[tuple[str, bytes | None]]) -> ItemPickles:
     """Every item's `data.pkl` through the restricted unpickler, as `hashing.digest_file` kept them while hashing
-    (`FileDigest.item_pickles`: no extra read). DCP's load runs `torch.load(weights_only=False)` on each bytes item
+    (`FileDigest.item_pickles`: no extra read). DCP's load runs torch.load, weights-only off, on each bytes item
     (DefaultLoadPlanner.load_bytes), so a global outside the allowlist in any item is code a resume would run."""
     seen: set[str] = set()
     problems: list[Problem] = []
+    done: dict[bytes, tuple[frozenset[str], Exception | None]] = {}  # items of one shape pickle alike: read once
     for name, raw in pickles:
         item = name.partition("/")[0].lstrip("@")
         if raw is None:
@@ -112,7 +113,9 @@ def read_item_pickles(pickles: Sequence[tuple[str, bytes | None]]) -> ItemPickle
                 Problem("pickle-over-bounds", f"item at byte {item}: data.pkl is larger than any DCP item's")
             )
             continue
-        _root, names, error = unpickler.unpickle(raw, None)
+        if raw not in done:
+            done[raw] = unpickler.unpickle(raw, None)[1:]
+        names, error = done[raw]
         seen |= names
         if error is not None:
             p = unpickler.unpickle_problem("data.pkl", error)

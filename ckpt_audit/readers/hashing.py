@@ -31,7 +31,6 @@ from ckpt_audit.readers.ptzip import (
     PtArchive,
     ZipEntry,
     ZipFormatError,
-    local_header_len,
     local_header_mismatch,
     not_a_zip_problem,
     parse_local_header,
@@ -92,14 +91,15 @@ class _CrcChecker:
     items, which the scan unpickles restricted without reading them again)."""
 
     __slots__ = (
-        "entries", "idx", "hdr", "start", "end", "crc", "bad", "checked", "error", "crcs", "mismatched", "keep",
-        "pickles", "kept",
+        "entries", "idx", "hdr", "hlen", "start", "end", "crc", "bad", "checked", "error", "crcs", "mismatched",
+        "keep", "pickles", "kept",
     )  # fmt: skip
 
     def __init__(self, archive: PtArchive, *, crcs: bool = True, keep_pickles: bool = False) -> None:
         self.entries: list[ZipEntry] = sorted((e for e in archive.entries if e.stored), key=lambda e: e.header_offset)
         self.idx = 0
         self.hdr = bytearray()
+        self.hlen = 0  # length of the current entry's local header, name and extra field
         self.start = -1  # payload start of the current entry, -1 while its header is pending
         self.end = -1
         self.crc = 0
@@ -125,17 +125,20 @@ class _CrcChecker:
                     self.error = Problem("bad-zip", f"damaged: entry {e.name} overlaps the previous entry")
                     self.idx = len(entries)
                     return
-                want = LOCAL_HEADER_LEN if len(self.hdr) < LOCAL_HEADER_LEN else local_header_len(self.hdr)
-                take = min(want - len(self.hdr), end_of_chunk - have)
+                have_hdr = len(self.hdr)
+                want = LOCAL_HEADER_LEN if have_hdr < LOCAL_HEADER_LEN else self.hlen
+                take = min(want - have_hdr, end_of_chunk - have)
                 self.hdr += mv[have - pos : have - pos + take]
                 if len(self.hdr) < LOCAL_HEADER_LEN:
                     return
-                try:
-                    length = parse_local_header(self.hdr, e.name)
-                except ZipFormatError as exc:
-                    self.error = exc.problem
-                    self.idx = len(entries)
-                    return
+                if have_hdr < LOCAL_HEADER_LEN:
+                    try:
+                        self.hlen = parse_local_header(self.hdr, e.name)
+                    except ZipFormatError as exc:
+                        self.error = exc.problem
+                        self.idx = len(entries)
+                        return
+                length = self.hlen
                 if len(self.hdr) < length:  # the name and extra field: compared with the directory below
                     continue
                 if why := local_header_mismatch(self.hdr, e):

@@ -292,9 +292,10 @@ def read_item_chain(fd: int, file_size: int) -> PtArchive:
         prefix = _common_prefix(found)
         if prefix is None:  # torch.load: "file in archive is not in a subdirectory"
             raise _item_error(end, "entries do not share one top-level folder")
-        item = PtArchive(file_size=end - base, cd_offset=cd_offset, cd_size=cd_size, entries=found, prefix=prefix)
-        if wrong := item.torch_problems:  # no data.pkl or version record: torch.load refuses the item
-            raise _item_error(end, wrong[0].message)
+        names = {e.name for e in found}
+        for record in ("data.pkl", "version"):  # torch.load refuses an archive without them
+            if f"{prefix}/{record}" not in names and f"{prefix}/.data/{record}" not in names:
+                raise _item_error(end, f"no {record} record: not a torch.save archive")
         for e in found:
             entries.append(replace(e, name=f"@{base}/{e.name}", header_offset=base + e.header_offset))
         end = base
@@ -330,12 +331,6 @@ def parse_local_header(hdr: bytes | memoryview, name: str) -> int:
     return LOCAL_HEADER_LEN + name_len + extra_len
 
 
-def local_header_len(hdr: bytes | bytearray | memoryview) -> int:
-    """Length of a local header (fixed part + name + extra) from its first 30 bytes (checked by parse_local_header)."""
-    name_len, extra_len = struct.unpack_from("<HH", hdr, 26)
-    return LOCAL_HEADER_LEN + name_len + extra_len
-
-
 def local_header_mismatch(hdr: bytes | bytearray, entry: ZipEntry) -> str | None:
     """What a whole local header says differently from the entry's directory record (None: they agree). torch.load
     reads the directory and takes only the name and extra lengths from here; zip tools (Python's zipfile) refuse a
@@ -345,7 +340,8 @@ def local_header_mismatch(hdr: bytes | bytearray, entry: ZipEntry) -> str | None
     name = bytes(hdr[LOCAL_HEADER_LEN : LOCAL_HEADER_LEN + nlen]).decode(
         "utf-8" if flags & 0x800 else "cp437", "replace"
     )
-    if name != entry.name.partition("/")[2] if entry.name.startswith("@") else name != entry.name:  # @<item>/ (chain)
+    expected = entry.name.partition("/")[2] if entry.name.startswith("@") else entry.name  # a chain's "@<item>/"
+    if name != expected:
         return f"local header names it {name!r}"
     if method != entry.method:
         return f"method {method} (directory: {entry.method})"
@@ -411,7 +407,7 @@ def _check_extents(entries: tuple[ZipEntry, ...], cd_offset: int) -> None:
     reader (miniz) refuses an entry that reaches past the archive; one overlapping another reads foreign bytes."""
     ordered = sorted(entries, key=lambda e: e.header_offset)
     for e, nxt in zip(ordered, [*ordered[1:], None]):
-        end = e.header_offset + LOCAL_HEADER_LEN + len(e.name.encode("utf-8", "replace")) + e.compressed_size
+        end = e.header_offset + LOCAL_HEADER_LEN + len(e.name) + e.compressed_size  # len(name) <= its bytes
         if end > cd_offset:
             raise ZipFormatError("bad-zip", f"damaged: entry {e.name} extends into the central directory")
         if nxt is not None and end > nxt.header_offset:

@@ -296,8 +296,9 @@ def unpickle(
         return None, frozenset(u.seen), exc
 
 
-# opcodes that make an object holding others: no pickle nests deeper than one plus the count of these bytes
-_NESTING_OPS = tuple(bytes([b]) for b in b"t\x85\x86\x87l]d}\x8f\x91R\x81\x92ioQPbaesu")
+# opcodes that make a new object able to hold others (each level of nesting is one): no pickle nests deeper than one
+# plus the count of these bytes, opcodes or not
+_NESTING_OPS = tuple(bytes([b]) for b in b"]}tld\x85\x86\x87\x8f\x91R\x81\x92ioPQ")
 
 
 def _too_deep(data: bytes) -> PickleBoundError | None:
