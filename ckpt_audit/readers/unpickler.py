@@ -143,8 +143,10 @@ def _bounded(make: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     def build(*args: Any, **kwargs: Any) -> Any:
         arg = args[0] if args else None
-        size = arg if isinstance(arg, int) and not isinstance(arg, bool) else None
-        if isinstance(arg, (str, bytes, bytearray)) and make not in (bytes, bytearray):
+        size = None
+        if make in (bytes, bytearray) and isinstance(arg, int):  # bytes(n): n zero bytes
+            size = arg
+        elif make not in (bytes, bytearray) and isinstance(arg, (str, bytes, bytearray)):  # one item per character
             size = len(arg)
         if size is not None and size > MAX_CONSTRUCTED:
             raise PickleBoundError(f"{name}({size}) asks for more than {MAX_CONSTRUCTED} bytes or items")
@@ -282,11 +284,11 @@ def unpickle(
     would have called them before it reached the damage."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = bytes(data)
-        if (too_deep := _too_deep(data)) is not None:
-            return None, frozenset(), too_deep
+        if (deep := _too_deep_quick(data)) is not None:
+            return None, frozenset(), deep
         f: BinaryIO = io.BytesIO(data)
     else:
-        f = data  # a stream (legacy and raw files): its pickles are read by the caller's bounded window
+        f = data  # a stream of pickles (torch's legacy format): the caller walks each one with too_deep first
     u = _RestrictedUnpickler(f, persistent_load)
     try:
         return u.load(), frozenset(u.seen), None
@@ -301,7 +303,7 @@ def unpickle(
 _NESTING_OPS = tuple(bytes([b]) for b in b"]}tld\x85\x86\x87\x8f\x91R\x81\x92ioPQ")
 
 
-def _too_deep(data: bytes) -> PickleBoundError | None:
+def _too_deep_quick(data: bytes) -> PickleBoundError | None:
     """A PickleBoundError when the pickle nests deeper than MAX_PICKLE_DEPTH, found before the C unpickler hashes a
     tuple so deep that the process dies (a 1 MB pickle does it). Counting the bytes of the nesting opcodes bounds
     the depth at C speed; only a pickle where that count passes the bound has its opcodes walked."""
@@ -311,8 +313,9 @@ def _too_deep(data: bytes) -> PickleBoundError | None:
 
 
 def too_deep(data: bytes | BinaryIO) -> PickleBoundError | None:
-    """_too_deep by walking the opcodes of the pickle at `data` (a stream is left after its STOP): for a stream of
-    pickles (torch's legacy format), whose lengths are known only by walking them."""
+    """A PickleBoundError when the pickle at `data` nests deeper than MAX_PICKLE_DEPTH, by walking its opcodes (a
+    stream is left after its STOP): for a stream of pickles (torch's legacy format), whose lengths are known only by
+    walking them."""
     depth = _max_depth(data)
     if depth > MAX_PICKLE_DEPTH:
         return PickleBoundError(f"nests more than {MAX_PICKLE_DEPTH} levels deep")
@@ -325,8 +328,11 @@ _IN_PLACE = frozenset({"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "
 
 
 def _max_depth(data: bytes | BinaryIO) -> int:
-    """The deepest nesting the pickle builds (an upper bound), from its opcodes' stack effects; stops past the
-    bound. A pickle pickletools cannot walk gives 0: the unpickler then reports it as damaged."""
+    """The deepest nesting the pickle builds, from its opcodes' stack effects; stops past the bound. Exact for what
+    is built bottom-up, as tuples and frozensets (the only containers hashed, so the only ones that can overflow the
+    C stack) always are; a list or dict filled through the memo after it was placed can nest deeper than counted,
+    which no hashing reaches and pt_structure's walk cuts at 200 levels. A pickle pickletools cannot walk gives 0:
+    the unpickler then reports it as damaged."""
     stack: list[int] = []
     marks: list[int] = []
     memo: dict[Any, int] = {}
