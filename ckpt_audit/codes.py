@@ -143,6 +143,22 @@ _TABLE: tuple[Code, ...] = (
         corrupts=True,
     ),
     Code(
+        code="zip-local-header-mismatch",
+        severity=W,
+        explanation=(
+            "a zip entry's local header disagrees with its central-directory record (name, method, size or CRC): "
+            "torch.load reads the directory and loads it, but the headers were damaged or rewritten"
+        ),
+    ),
+    Code(
+        code="pickle-over-bounds",
+        severity=E,
+        explanation=(
+            "a pickle asks for more than a checkpoint ever holds (a constructor with a huge size, nesting deeper than "
+            "the bound): loading it would exhaust memory or crash the loader; the checkpoint is unsafe to resume"
+        ),
+    ),
+    Code(
         code="zip-prefix-mismatch",
         severity=W,
         explanation=(

@@ -559,6 +559,7 @@ def read_file(
             crc_bad=d.crc_bad_entries,
             prefix=d.prefix,
             changed=changed,
+            local_mismatch=d.local_header_mismatch,
         )
     )
     found.extend(_drift(path, st, prev, d.hash) if not changed else ())
@@ -566,6 +567,8 @@ def read_file(
     if file_rules.reads_structure(path, kind=d.kind, is_zip=d.is_zip, zip_error=d.zip_error):
         pt, more = _structure(path)
         found.extend(more)
+    if d.item_pickles:  # a .distcp's items: DCP's load unpickles each, bytes items with the full unpickler
+        found.extend(_item_pickles(path, d.item_pickles))
     dcp, more = _dcp_facts(path) if kind is FileKind.DCP_METADATA else (None, ())
     found.extend(more)
     tensors = None
@@ -648,6 +651,16 @@ def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
         top_keys=s.keys,
     )
     return facts, file_rules.structure_findings(path, problems=s.problems, unsafe_globals=s.unsafe_globals)
+
+
+def _item_pickles(path: str, pickles: tuple[tuple[str, bytes | None], ...]) -> tuple[Finding, ...]:
+    from ckpt_audit.readers import distcp_items  # on the first .distcp: it loads the unpickler, off start-up
+
+    try:
+        s = distcp_items.read_item_pickles(pickles)
+    except Exception as exc:  # noqa: BLE001 - a reader bug on odd input must become a finding, not a crash
+        return (finding("distcp-item-invalid", path, f"{type(exc).__name__}: {exc}"),)
+    return file_rules.structure_findings(path, problems=s.problems, unsafe_globals=s.unsafe_globals)
 
 
 def _has_dcp_facts(kind: FileKind, prev: FileFacts) -> bool:

@@ -28,7 +28,7 @@ from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
 # codes the scan reports per file and verify again per tensor: both are kept (the scan's finding has no tensor)
-NAMED_BY_VERIFY = frozenset({"distcp-crc-mismatch"})
+NAMED_BY_VERIFY = frozenset({"distcp-crc-mismatch", "distcp-item-invalid"})
 
 
 def verify(

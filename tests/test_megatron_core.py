@@ -45,7 +45,7 @@ TABLE = {
     ),
     "distcp-truncated": ("fails: CheckpointException", "corrupt", "corrupt", ("dcp-range-outside-file",)),
     "distcp-bitflip": ("loads-changed", "corrupt", "corrupt", ("distcp-crc-mismatch",)),
-    "distcp-zip-damaged": ("fails", "complete", "corrupt", ("distcp-item-invalid",)),
+    "distcp-zip-damaged": ("fails", "corrupt", "corrupt", ("distcp-item-invalid",)),
     "metadata-missing": ("fails: CheckpointException", "incomplete", "incomplete", ("dcp-metadata-missing",)),
     "metadata-garbage": ("fails: CheckpointException", "corrupt", "corrupt", ("dcp-metadata-invalid",)),
     "metadata-json-missing": (
@@ -169,8 +169,10 @@ def test_bitflip_named_by_file_rank_and_tensor(mcore):
 
 
 def test_damaged_item_directory(mcore):
-    [f] = [f for f in _verified(mcore, "distcp-zip-damaged") if f.code == "distcp-item-invalid"]
+    found = [f for f in _verified(mcore, "distcp-zip-damaged") if f.code == "distcp-item-invalid"]
+    [f] = [f for f in found if f.tensor is not None]  # verify names the item; the scan named the file (tensor None)
     assert f.tensor.startswith("optimizer.") and "end-of-central-directory" in f.message
+    assert [g.tensor for g in found if g is not f] == [None]
 
 
 def test_integrity_mismatch_names_the_changed_file(mcore):

@@ -52,6 +52,9 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
             structure=s,
             findings=(finding("unsafe-pickle", p, f"references {shown}: loading it would run code; not loaded"),),
         )
+    if bombs := [q for q in s.problems if q.code == "pickle-over-bounds"]:  # torch.load would exhaust memory or
+        # the stack on it (a tuple 1M deep segfaults its unpickler): never handed over
+        return LoadResult(path=p, structure=s, findings=(finding(bombs[0].code, p, f"{bombs[0].message}; not loaded"),))
     if s.container == "pickle":  # torch.load would take its first object for a magic number and refuse the file
         return LoadResult(
             path=p,

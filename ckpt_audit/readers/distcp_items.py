@@ -14,9 +14,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ckpt_audit.readers import ptzip
+from ckpt_audit.readers import ptzip, unpickler
 from ckpt_audit.readers.hashing import CHUNK, ZipCrcChecker
 from ckpt_audit.readers.problem import Problem
+from ckpt_audit.readers.torch_globals import KNOWN_SAFE_GLOBALS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,3 +87,38 @@ def _check_one(fd: int, off: int, length: int) -> Problem | None:
             f"item at byte {off}: CRC-32 mismatch in {', '.join(checker.bad)} (torch.load would return changed values)",
         )
     return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemPickles:
+    globals_seen: frozenset[str]  # every global the items' pickles name (judged against the one allowlist)
+    problems: tuple[Problem, ...]  # items whose pickle cannot be read, or asks past the bounds
+
+    @property
+    def unsafe_globals(self) -> frozenset[str]:
+        return frozenset(g for g in self.globals_seen if g not in KNOWN_SAFE_GLOBALS)
+
+
+def read_item_pickles(pickles: Sequence[tuple[str, bytes | None]]) -> ItemPickles:
+    """Every item's `data.pkl` through the restricted unpickler, as `hashing.digest_file` kept them while hashing
+    (`FileDigest.item_pickles`: no extra read). DCP's load runs torch.load, weights-only off, on each bytes item
+    (DefaultLoadPlanner.load_bytes), so a global outside the allowlist in any item is code a resume would run."""
+    seen: set[str] = set()
+    problems: list[Problem] = []
+    done: dict[bytes, tuple[frozenset[str], Exception | None]] = {}  # items of one shape pickle alike: read once
+    for name, raw in pickles:
+        item = name.partition("/")[0].lstrip("@")
+        if raw is None:
+            problems.append(
+                Problem("pickle-over-bounds", f"item at byte {item}: data.pkl is larger than any DCP item's")
+            )
+            continue
+        if raw not in done:
+            done[raw] = unpickler.unpickle(raw, None)[1:]
+        names, error = done[raw]
+        seen |= names
+        if error is not None:
+            p = unpickler.unpickle_problem("data.pkl", error)
+            code = p.code if p.code == "pickle-over-bounds" else "distcp-item-invalid"
+            problems.append(Problem(code, f"item at byte {item}: {p.message}"))
+    return ItemPickles(globals_seen=frozenset(seen), problems=tuple(problems))

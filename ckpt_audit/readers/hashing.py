@@ -31,6 +31,7 @@ from ckpt_audit.readers.ptzip import (
     PtArchive,
     ZipEntry,
     ZipFormatError,
+    local_header_mismatch,
     not_a_zip_problem,
     parse_local_header,
     read_archive,
@@ -64,6 +65,8 @@ class FileDigest:
     entries_checked: int = 0  # zip entries whose CRC was compared
     crc_disabled: bool = False  # every CRC field is 0: saved with torch.serialization.set_crc32_options(False)
     changed_during_read: bool = False  # size or mtime moved while reading: the digest describes no stable file
+    local_header_mismatch: tuple[str, ...] = ()  # "name: field" where a local header disagrees with the directory
+    item_pickles: tuple[tuple[str, bytes | None], ...] = ()  # a .distcp's (entry name, data.pkl bytes), this pass
     mtime_ns: int = 0  # from fstat at open, so callers can record the stat the hash belongs to
     inode: int = 0
     stat_size: int = 0  # st_size at open
@@ -82,20 +85,32 @@ def _buffer() -> memoryview:
 
 class _CrcChecker:
     """Checks entry CRCs as the file streams past. Entries are visited in offset order; each local header is parsed
-    from the stream itself (its name/extra lengths can differ from the central directory's), so no extra reads."""
+    from the stream itself (its name/extra lengths can differ from the central directory's, and torch.load takes
+    them from there too), so no extra reads. Each local header is compared with its directory record as it passes
+    (`mismatched`), and with `keep_pickles` the bytes of each `data.pkl` are kept as they pass (`pickles`: a .distcp's
+    items, which the scan unpickles restricted without reading them again)."""
 
-    __slots__ = ("entries", "idx", "hdr", "start", "end", "crc", "bad", "checked", "error")
+    __slots__ = (
+        "entries", "idx", "hdr", "hlen", "start", "end", "crc", "bad", "checked", "error", "crcs", "mismatched",
+        "keep", "pickles", "kept",
+    )  # fmt: skip
 
-    def __init__(self, archive: PtArchive) -> None:
+    def __init__(self, archive: PtArchive, *, crcs: bool = True, keep_pickles: bool = False) -> None:
         self.entries: list[ZipEntry] = sorted((e for e in archive.entries if e.stored), key=lambda e: e.header_offset)
         self.idx = 0
         self.hdr = bytearray()
+        self.hlen = 0  # length of the current entry's local header, name and extra field
         self.start = -1  # payload start of the current entry, -1 while its header is pending
         self.end = -1
         self.crc = 0
         self.bad: list[str] = []
         self.checked = 0
         self.error: Problem | None = None
+        self.crcs = crcs  # False: CRCs disabled at save, or not wanted; headers are still compared
+        self.mismatched: list[str] = []  # "name: field" where a local header disagrees with the directory
+        self.keep = keep_pickles
+        self.pickles: list[tuple[str, bytes | None]] = []  # (entry name, data.pkl bytes; None: over the bound)
+        self.kept = bytearray()
 
     def feed(self, pos: int, mv: memoryview) -> None:
         end_of_chunk = pos + len(mv)
@@ -110,27 +125,42 @@ class _CrcChecker:
                     self.error = Problem("bad-zip", f"damaged: entry {e.name} overlaps the previous entry")
                     self.idx = len(entries)
                     return
-                take = min(LOCAL_HEADER_LEN - len(self.hdr), end_of_chunk - have)
+                have_hdr = len(self.hdr)
+                want = LOCAL_HEADER_LEN if have_hdr < LOCAL_HEADER_LEN else self.hlen
+                take = min(want - have_hdr, end_of_chunk - have)
                 self.hdr += mv[have - pos : have - pos + take]
                 if len(self.hdr) < LOCAL_HEADER_LEN:
                     return
-                try:
-                    self.start = e.header_offset + parse_local_header(self.hdr, e.name)
-                except ZipFormatError as exc:
-                    self.error = exc.problem
-                    self.idx = len(entries)
-                    return
+                if have_hdr < LOCAL_HEADER_LEN:
+                    try:
+                        self.hlen = parse_local_header(self.hdr, e.name)
+                    except ZipFormatError as exc:
+                        self.error = exc.problem
+                        self.idx = len(entries)
+                        return
+                length = self.hlen
+                if len(self.hdr) < length:  # the name and extra field: compared with the directory below
+                    continue
+                if why := local_header_mismatch(self.hdr, e):
+                    self.mismatched.append(f"{e.name}: {why}")
+                self.start = e.header_offset + length
                 self.end = self.start + e.compressed_size
                 self.crc = 0
             lo = max(self.start, pos)
             hi = min(self.end, end_of_chunk)
             if lo < hi:
-                self.crc = _crc32(mv[lo - pos : hi - pos], self.crc)
+                if self.crcs:
+                    self.crc = _crc32(mv[lo - pos : hi - pos], self.crc)
+                if self.keep and e.name.endswith("/data.pkl") and e.compressed_size <= MAX_KEPT_PICKLE:
+                    self.kept += mv[lo - pos : hi - pos]
             if self.end > end_of_chunk:
                 return
             self.checked += 1
-            if (self.crc & 0xFFFFFFFF) != e.crc:
+            if self.crcs and (self.crc & 0xFFFFFFFF) != e.crc:
                 self.bad.append(e.name)
+            if self.keep and e.name.endswith("/data.pkl"):
+                self.pickles.append((e.name, bytes(self.kept) if e.compressed_size <= MAX_KEPT_PICKLE else None))
+                self.kept.clear()
             self.idx += 1
             self.start = self.end = -1
             self.hdr.clear()
@@ -140,6 +170,8 @@ class _CrcChecker:
             name = self.entries[self.idx].name
             self.error = Problem("truncated", f"truncated: entry {name} ends past the end of the file")
 
+
+MAX_KEPT_PICKLE = 64 * 1024 * 1024  # a .distcp item's data.pkl kept for the restricted unpickler (DCP's are ~100 B)
 
 ZipCrcChecker = _CrcChecker  # the public name: readers.distcp_items checks each zip inside a .distcp with it
 
@@ -165,17 +197,17 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
         is_zip = head.startswith(ZIP_MAGIC)
         archive: PtArchive | None = None
         zip_error: Problem | None = None
+        chain = fspath.endswith(".distcp")
         if is_zip:
             try:
-                # a .distcp is many small zips back to back: each item's CRCs, when its chain of zips is whole
-                chain = fspath.endswith(".distcp")
+                # a .distcp is many small zips back to back: each item's CRCs, and its data.pkl for the scan
                 archive = read_item_chain(fd, st.st_size) if chain else read_archive(fd, st.st_size)
             except ZipFormatError as exc:
                 zip_error = exc.problem
         elif expect_zip:
             zip_error = not_a_zip_problem(head, st.st_size)
         crc_wanted = check_crc and archive is not None and not archive.crc_disabled
-        checker = _CrcChecker(archive) if crc_wanted else None
+        checker = _CrcChecker(archive, crcs=crc_wanted, keep_pickles=chain) if archive is not None else None
         _streaming(+1)
         try:
             if _mappable(st):
@@ -191,13 +223,17 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
     crc_ok: bool | None = None
     bad: tuple[str, ...] = ()
     checked = 0
+    mismatched: tuple[str, ...] = ()
+    pickles: tuple[tuple[str, bytes | None], ...] = ()
     if checker is not None:
         checker.finish()
         if checker.error is not None:
             zip_error = checker.error
-        bad = tuple(checker.bad)
-        checked = checker.checked
-        crc_ok = None if zip_error is not None and not bad else not bad
+        mismatched, pickles = tuple(checker.mismatched), tuple(checker.pickles)
+        if crc_wanted:
+            bad = tuple(checker.bad)
+            checked = checker.checked
+            crc_ok = None if zip_error is not None and not bad else not bad
     return FileDigest(
         hash=digest,
         size_bytes=nread,
@@ -210,6 +246,8 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
         entries_checked=checked,
         crc_disabled=archive.crc_disabled if archive is not None else False,
         changed_during_read=changed,
+        local_header_mismatch=mismatched,
+        item_pickles=pickles,
         mtime_ns=st.st_mtime_ns,
         inode=st.st_ino,
         stat_size=st.st_size,

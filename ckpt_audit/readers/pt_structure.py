@@ -24,6 +24,7 @@ from ckpt_audit.readers.ptzip import (
     PtArchive,
     ZipEntry,
     ZipFormatError,
+    _pread_exact,
     payload_offset,
     read_archive,
     read_entry,
@@ -42,7 +43,15 @@ from ckpt_audit.readers.torch_globals import (
     REBUILD_V3,
     STORAGE_DTYPES,
 )
-from ckpt_audit.readers.unpickler import PersistentRef, Stub, first_line, global_name, stub_class, unpickle
+from ckpt_audit.readers.unpickler import (
+    PersistentRef,
+    Stub,
+    global_name,
+    stub_class,
+    too_deep,
+    unpickle,
+    unpickle_problem,
+)
 
 MAX_PICKLE_BYTES = 512 * 1024 * 1024  # data.pkl of a real shard is KiBs to a few MiB
 _MAX_NODES = 5_000_000  # bound the walk of a hostile DAG (shared references) so it cannot blow up
@@ -193,7 +202,7 @@ def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
     if error is not None:
         return PtStructure(
             **base,
-            problems=(*problems, Problem("bad-pickle", f"data.pkl does not unpickle: {first_line(error)}")),
+            problems=(*problems, unpickle_problem("data.pkl", error)),
             byteorder=byteorder,
             globals_seen=seen,
         )
@@ -207,7 +216,7 @@ def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
     problems.extend(walker.problems)
     notes = list(walker.notes)
     _check_storages(archive, storages, problems, notes)
-    keys = tuple(str(k) for k in root) if isinstance(root, dict) else ()
+    keys = _keys(root)
     return PtStructure(
         **base,
         keys=keys,
@@ -249,6 +258,13 @@ class _Window(io.RawIOBase):
     def tell(self) -> int:
         return self.pos
 
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos if whence == 0 else (self.pos + pos if whence == 1 else self.limit + pos)
+        return self.pos
+
 
 def _read_legacy(fd: int, path: str) -> PtStructure:
     """torch's legacy format (torch/serialization.py `_legacy_save`): pickles of the magic number, the protocol
@@ -264,12 +280,19 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
     base = dict(path=path, prefix=None, container="legacy")
     values = []
     for what in ("magic number", "protocol version", "sys info", "data", "storage keys"):
-        value, names, error = unpickle(reader, storages.persistent if what == "data" else None)
+        start = reader.tell()
+        error = too_deep(reader)  # its opcodes walked first: hashing a tuple nested 1M deep kills the process
+        reader.seek(start)
+        value, names, error = (
+            unpickle(reader, storages.persistent if what == "data" else None)
+            if error is None
+            else (None, frozenset(), error)
+        )
         seen |= names
         if error is not None:
             return PtStructure(
                 **base,
-                problems=(*problems, Problem("bad-pickle", f"{what} pickle does not unpickle: {first_line(error)}")),
+                problems=(*problems, unpickle_problem(f"{what} pickle", error)),
                 globals_seen=frozenset(seen),
             )
         values.append(value)
@@ -289,7 +312,7 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
     notes.extend(walker.notes)
     return PtStructure(
         **base,
-        keys=tuple(str(k) for k in root) if isinstance(root, dict) else (),
+        keys=_keys(root),
         tensors=tuple(walker.tensors),
         globals_seen=frozenset(seen),
         problems=tuple(problems),
@@ -345,12 +368,25 @@ def _read_raw_pickle(fd: int, path: str) -> PtStructure:
     """A raw pickle stream where a torch file belongs: torch.load unpickles its first object while looking for the
     legacy magic number, so that object is read as any torch pickle is (restricted, its globals recorded)."""
     size = os.fstat(fd).st_size
-    reader = io.BufferedReader(_Window(fd, min(size, MAX_PICKLE_BYTES)), 1 << 20)
-    root, seen, error = unpickle(reader, None)
+    # read whole (it is the file), so that its depth is bounded before the C unpickler hashes anything
+    root, seen, error = unpickle(_pread_exact(fd, min(size, MAX_PICKLE_BYTES), 0), None)
     base = dict(path=path, prefix=None, container="pickle", globals_seen=seen)
     if error is not None:
-        return PtStructure(**base, problems=(Problem("bad-pickle", f"pickle does not unpickle: {first_line(error)}"),))
-    return PtStructure(**base, keys=tuple(str(k) for k in root) if isinstance(root, dict) else ())
+        return PtStructure(**base, problems=(unpickle_problem("pickle", error),))
+    return PtStructure(**base, keys=_keys(root))
+
+
+def _keys(root: Any) -> tuple[str, ...]:
+    """The saved dict's top-level keys as text; a key nested too deep to print is named by its type."""
+    if not isinstance(root, dict):
+        return ()
+    out = []
+    for k in root:
+        try:
+            out.append(str(k))
+        except RecursionError:
+            out.append(f"<{type(k).__name__} nested too deep to print>")
+    return tuple(out)
 
 
 def _storage_ref(pid: Any) -> StorageRef | None:

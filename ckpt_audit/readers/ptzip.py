@@ -227,9 +227,7 @@ def read_archive(fd: int, file_size: int | None = None, *, base: int = 0) -> PtA
         raise ZipFormatError("truncated", "truncated: central directory cut short")
     entries = _parse_central_directory(cd, n_entries, cd_offset)
     problems: list[Problem] = []
-    for e in entries:
-        if e.header_offset + LOCAL_HEADER_LEN + e.compressed_size > cd_offset:
-            raise ZipFormatError("bad-zip", f"damaged: entry {e.name} extends into the central directory")
+    _check_extents(entries, cd_offset)
     prefix = _common_prefix(entries)
     if prefix is None and entries:
         # bad-pickle, as the scan has always reported it (torch.load takes the first entry's folder)
@@ -256,11 +254,14 @@ def read_archive(fd: int, file_size: int | None = None, *, base: int = 0) -> PtA
 MAX_CHAIN_ITEMS = 1 << 22
 
 
-def read_item_chain(fd: int, file_size: int) -> PtArchive | None:
+def read_item_chain(fd: int, file_size: int) -> PtArchive:
     """The zips of a file of torch.save blobs written back to back (a DCP `.distcp`), walked back from its end through
     each zip's end records (torch writes no comment, and zip64 records always), as one PtArchive whose entries carry
-    file offsets and their item's start in the name (`@<offset>/archive/data/0`). None when the chain does not lead
-    exactly back to byte 0 (items DCP wrote raw, or damage): verify judges those from `.metadata`'s byte ranges."""
+    file offsets and their item's start in the name (`@<offset>/archive/data/0`). Each item must be what torch.load
+    accepts (directory, extents, one folder, data.pkl and version), as DCP's load reads every item with torch.load.
+
+    Call it for a file that starts like a zip (DCP's raw serialisation does not): a chain that does not lead exactly
+    back to byte 0 raises ZipFormatError `distcp-item-invalid` naming where it broke."""
     entries: list[ZipEntry] = []
     end = file_size
     for _ in range(MAX_CHAIN_ITEMS):
@@ -269,30 +270,40 @@ def read_item_chain(fd: int, file_size: int) -> PtArchive | None:
             return PtArchive(file_size=file_size, cd_offset=file_size, cd_size=0, entries=tuple(entries), prefix=None)
         tail_len = _EOCD_LEN + _EOCD64_LOC_LEN + _EOCD64_LEN
         if end < tail_len + LOCAL_HEADER_LEN:
-            return None
+            raise _item_error(end, "no torch.save end records before it")
         tail = _pread_exact(fd, tail_len, end - tail_len)
         rec, loc, eocd = 0, _EOCD64_LEN, _EOCD64_LEN + _EOCD64_LOC_LEN
         if tail[eocd : eocd + 4] != _EOCD_SIG or tail[loc : loc + 4] != _EOCD64_LOC_SIG or tail[:4] != _EOCD64_SIG:
-            return None
+            raise _item_error(end, "no torch.save end records before it (truncated or damaged)")
         if struct.unpack_from("<H", tail, eocd + 20)[0] != 0:
-            return None
+            raise _item_error(end, "a zip comment, which torch.save never writes")
         (_, _sz, _vm, _vn, _d, _cd_d, n_here, n_total, cd_size, cd_offset) = struct.unpack_from(
             "<4sQHHIIQQQQ", tail, rec
         )
         base = end - tail_len - cd_size - cd_offset  # the directory sits right before the zip64 end record
         if n_here != n_total or base < 0 or cd_size > _MAX_CD_BYTES:
-            return None
+            raise _item_error(end, "its end record points outside the file")
         cd = _pread_exact(fd, cd_size, base + cd_offset)
         try:
             found = _parse_central_directory(cd, n_total, cd_offset)
-        except ZipFormatError:
-            return None
+            _check_extents(found, cd_offset)
+        except ZipFormatError as exc:
+            raise _item_error(end, exc.problem.message) from None
+        prefix = _common_prefix(found)
+        if prefix is None:  # torch.load: "file in archive is not in a subdirectory"
+            raise _item_error(end, "entries do not share one top-level folder")
+        names = {e.name for e in found}
+        for record in ("data.pkl", "version"):  # torch.load refuses an archive without them
+            if f"{prefix}/{record}" not in names and f"{prefix}/.data/{record}" not in names:
+                raise _item_error(end, f"no {record} record: not a torch.save archive")
         for e in found:
-            if e.header_offset + LOCAL_HEADER_LEN + e.compressed_size > cd_offset:
-                return None
             entries.append(replace(e, name=f"@{base}/{e.name}", header_offset=base + e.header_offset))
         end = base
-    return None
+    raise _item_error(end, f"more than {MAX_CHAIN_ITEMS} items")
+
+
+def _item_error(end: int, why: str) -> ZipFormatError:
+    return ZipFormatError("distcp-item-invalid", f"the torch.save item ending at byte {end}: {why}")
 
 
 def open_archive(path: str | os.PathLike[str]) -> PtArchive:
@@ -318,6 +329,30 @@ def parse_local_header(hdr: bytes | memoryview, name: str) -> int:
         raise ZipFormatError("bad-zip", f"damaged: no local header where the directory puts {name}")
     name_len, extra_len = struct.unpack_from("<HH", hdr, 26)
     return LOCAL_HEADER_LEN + name_len + extra_len
+
+
+def local_header_mismatch(hdr: bytes | bytearray, entry: ZipEntry) -> str | None:
+    """What a whole local header says differently from the entry's directory record (None: they agree). torch.load
+    reads the directory and takes only the name and extra lengths from here; zip tools (Python's zipfile) refuse a
+    name that differs. A size of 0xFFFFFFFF defers to the zip64 extra field, and flag bit 3 (sizes and CRC in a
+    trailing descriptor) leaves them 0: neither is compared."""
+    (_, _ver, flags, method, _t, _d, crc, csize, usize, nlen, _xlen) = struct.unpack_from("<4sHHHHHIIIHH", hdr, 0)
+    name = bytes(hdr[LOCAL_HEADER_LEN : LOCAL_HEADER_LEN + nlen]).decode(
+        "utf-8" if flags & 0x800 else "cp437", "replace"
+    )
+    expected = entry.name.partition("/")[2] if entry.name.startswith("@") else entry.name  # a chain's "@<item>/"
+    if name != expected:
+        return f"local header names it {name!r}"
+    if method != entry.method:
+        return f"method {method} (directory: {entry.method})"
+    if flags & 0x8:
+        return None
+    if crc != entry.crc:
+        return f"CRC-32 {crc:08x} (directory: {entry.crc:08x})"
+    for what, local, central in (("stored size", csize, entry.compressed_size), ("size", usize, entry.size)):
+        if local != 0xFFFFFFFF and local != central:
+            return f"{what} {local} (directory: {central})"
+    return None
 
 
 def read_entry(fd: int, entry: ZipEntry, *, limit: int = 1 << 30) -> bytes:
@@ -367,6 +402,18 @@ def _read_zip64_eocd(
     return n_total, cd_size, cd_offset
 
 
+def _check_extents(entries: tuple[ZipEntry, ...], cd_offset: int) -> None:
+    """Every entry (its local header, name and bytes) lies before the directory and clear of the next entry. torch's
+    reader (miniz) refuses an entry that reaches past the archive; one overlapping another reads foreign bytes."""
+    ordered = sorted(entries, key=lambda e: e.header_offset)
+    for e, nxt in zip(ordered, [*ordered[1:], None]):
+        end = e.header_offset + LOCAL_HEADER_LEN + len(e.name) + e.compressed_size  # len(name) <= its bytes
+        if end > cd_offset:
+            raise ZipFormatError("bad-zip", f"damaged: entry {e.name} extends into the central directory")
+        if nxt is not None and end > nxt.header_offset:
+            raise ZipFormatError("bad-zip", f"damaged: entry {e.name} overlaps entry {nxt.name}")
+
+
 def _parse_central_directory(cd: bytes, n_entries: int, cd_offset: int) -> tuple[ZipEntry, ...]:
     entries = []
     pos = 0
@@ -385,6 +432,12 @@ def _parse_central_directory(cd: bytes, n_entries: int, cd_offset: int) -> tuple
         name = raw_name.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
         if csize == 0xFFFFFFFF or usize == 0xFFFFFFFF or hoff == 0xFFFFFFFF:
             usize, csize, hoff = _zip64_extra(extra, usize, csize, hoff, name)
+        if method == 0 and csize != usize:  # miniz (torch.load) refuses the whole archive: "invalid header"
+            raise ZipFormatError(
+                "bad-zip", f"damaged: stored entry {name} records {csize} bytes stored but {usize} uncompressed"
+            )
+        if flags & 0x1:
+            raise ZipFormatError("bad-zip", f"damaged: entry {name} is marked encrypted; torch.load refuses it")
         entries.append(
             ZipEntry(name=name, header_offset=hoff, compressed_size=csize, size=usize, crc=crc, method=method)
         )

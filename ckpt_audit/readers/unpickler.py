@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
+
+from ckpt_audit.readers.problem import Problem
 
 # Stubs: what the restricted unpickler builds instead of importing anything
 
@@ -125,6 +128,33 @@ class StateDict(dict):
         self.state = state
 
 
+class PickleBoundError(Exception):
+    """The pickle asks for more than any checkpoint holds (a huge constructor size, nesting past MAX_PICKLE_DEPTH):
+    refused before the work is done. Not a ValueError, so Stub.__new__ does not swallow it into a record."""
+
+
+MAX_CONSTRUCTED = 64 * 1024 * 1024  # bytes / items a data constructor may build from a size or a string
+MAX_PICKLE_DEPTH = 10_000  # real state dicts nest < 20 deep; hashing a tuple 1M deep overflows the C stack
+
+
+def _bounded(make: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A data constructor that refuses sizes past MAX_CONSTRUCTED: `bytearray(2**31)` would allocate 2 GiB, and a
+    long string turned into a list of characters takes 8 bytes per character."""
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        arg = args[0] if args else None
+        size = None
+        if make in (bytes, bytearray) and isinstance(arg, int):  # bytes(n): n zero bytes
+            size = arg
+        elif make not in (bytes, bytearray) and isinstance(arg, (str, bytes, bytearray)):  # one item per character
+            size = len(arg)
+        if size is not None and size > MAX_CONSTRUCTED:
+            raise PickleBoundError(f"{name}({size}) asks for more than {MAX_CONSTRUCTED} bytes or items")
+        return make(*args, **kwargs)
+
+    return build
+
+
 def _bytes_from_codecs(text: str, encoding: str = "utf-8") -> bytes:
     if encoding.replace("-", "").replace("_", "").lower() not in ("latin1", "utf8", "ascii", "iso88591"):
         raise LookupError(encoding)  # only plain text codecs: no codec lookup on the file's say-so
@@ -147,19 +177,19 @@ def _plain_str(value: str) -> str:
 DATA_CONSTRUCTORS: dict[tuple[str, str], Callable[..., Any]] = {
     ("collections", "OrderedDict"): StateDict,
     ("collections", "defaultdict"): lambda *a: StateDict(),
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("builtins", "list"): list,
-    ("builtins", "tuple"): tuple,
+    ("builtins", "set"): _bounded(set, "set"),
+    ("builtins", "frozenset"): _bounded(frozenset, "frozenset"),
+    ("builtins", "list"): _bounded(list, "list"),
+    ("builtins", "tuple"): _bounded(tuple, "tuple"),
     ("builtins", "dict"): dict,
-    ("builtins", "bytearray"): bytearray,
-    ("builtins", "bytes"): bytes,
+    ("builtins", "bytearray"): _bounded(bytearray, "bytearray"),
+    ("builtins", "bytes"): _bounded(bytes, "bytes"),
     ("builtins", "complex"): complex,
     ("builtins", "slice"): slice,
-    ("__builtin__", "set"): set,
-    ("__builtin__", "frozenset"): frozenset,
+    ("__builtin__", "set"): _bounded(set, "set"),
+    ("__builtin__", "frozenset"): _bounded(frozenset, "frozenset"),
     ("_codecs", "encode"): _bytes_from_codecs,
-    ("torch", "Size"): tuple,
+    ("torch", "Size"): _bounded(tuple, "torch.Size"),
     ("torch", "device"): _device_str,
     ("torch.serialization", "_get_layout"): _plain_str,
 }
@@ -252,12 +282,105 @@ def unpickle(
 ) -> tuple[Any, frozenset[str], Exception | None]:
     """(root, globals seen, the failure or None). The globals named before a failure count too: a real unpickler
     would have called them before it reached the damage."""
-    f = io.BytesIO(bytes(data)) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        data = bytes(data)
+        if (deep := _too_deep_quick(data)) is not None:
+            return None, frozenset(), deep
+        f: BinaryIO = io.BytesIO(data)
+    else:
+        f = data  # a stream of pickles (torch's legacy format): the caller walks each one with too_deep first
     u = _RestrictedUnpickler(f, persistent_load)
     try:
         return u.load(), frozenset(u.seen), None
+    except RecursionError:
+        return None, frozenset(u.seen), PickleBoundError("nests deeper than the unpickler can follow")
     except Exception as exc:  # noqa: BLE001 - any failure of a hostile or damaged pickle is reported, not raised here
         return None, frozenset(u.seen), exc
+
+
+# opcodes that make a new object able to hold others (each level of nesting is one): no pickle nests deeper than one
+# plus the count of these bytes, opcodes or not
+_NESTING_OPS = tuple(bytes([b]) for b in b"]}tld\x85\x86\x87\x8f\x91R\x81\x92ioPQ")
+
+
+def _too_deep_quick(data: bytes) -> PickleBoundError | None:
+    """A PickleBoundError when the pickle nests deeper than MAX_PICKLE_DEPTH, found before the C unpickler hashes a
+    tuple so deep that the process dies (a 1 MB pickle does it). Counting the bytes of the nesting opcodes bounds
+    the depth at C speed; only a pickle where that count passes the bound has its opcodes walked."""
+    if len(data) <= MAX_PICKLE_DEPTH or sum(data.count(op) for op in _NESTING_OPS) <= MAX_PICKLE_DEPTH:
+        return None
+    return too_deep(data)
+
+
+def too_deep(data: bytes | BinaryIO) -> PickleBoundError | None:
+    """A PickleBoundError when the pickle at `data` nests deeper than MAX_PICKLE_DEPTH, by walking its opcodes (a
+    stream is left after its STOP): for a stream of pickles (torch's legacy format), whose lengths are known only by
+    walking them."""
+    depth = _max_depth(data)
+    if depth > MAX_PICKLE_DEPTH:
+        return PickleBoundError(f"nests more than {MAX_PICKLE_DEPTH} levels deep")
+    return None
+
+
+_MEMO_PUT = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+_MEMO_GET = frozenset({"GET", "BINGET", "LONG_BINGET"})
+_IN_PLACE = frozenset({"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"})
+
+
+def _max_depth(data: bytes | BinaryIO) -> int:
+    """The deepest nesting the pickle builds, from its opcodes' stack effects; stops past the bound. Exact for what
+    is built bottom-up, as tuples and frozensets (the only containers hashed, so the only ones that can overflow the
+    C stack) always are; a list or dict filled through the memo after it was placed can nest deeper than counted,
+    which no hashing reaches and pt_structure's walk cuts at 200 levels. A pickle pickletools cannot walk gives 0:
+    the unpickler then reports it as damaged."""
+    stack: list[int] = []
+    marks: list[int] = []
+    memo: dict[Any, int] = {}
+    deepest = 0
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            name = op.name
+            if name == "MARK":
+                marks.append(len(stack))
+                continue
+            if name in _MEMO_PUT or name == "MEMOIZE":
+                memo[arg if name != "MEMOIZE" else len(memo)] = stack[-1] if stack else 0
+                continue
+            if name in _MEMO_GET:
+                stack.append(memo.get(arg, 0))
+                continue
+            before = op.stack_before
+            popped: list[int] = []
+            if pickletools.markobject in before:
+                m = marks.pop()
+                popped = stack[m:]
+                del stack[m:]
+                for _ in range(before.index(pickletools.markobject)):
+                    popped.insert(0, stack.pop())
+            elif before:
+                popped = stack[-len(before) :]
+                del stack[-len(before) :]
+            if not op.stack_after:
+                continue
+            if name in _IN_PLACE:  # the container below the items: one level above its deepest item
+                new = max(popped[0], max(popped[1:], default=-1) + 1)
+            else:
+                new = max(popped, default=-1) + 1
+            stack.extend([new] * len(op.stack_after))
+            if new > deepest:
+                deepest = new
+                if deepest > MAX_PICKLE_DEPTH:
+                    break
+    except (ValueError, IndexError, KeyError):
+        return 0
+    return deepest
+
+
+def unpickle_problem(what: str, error: Exception) -> Problem:
+    """The finding for a pickle `unpickle` could not read: over a bound (pickle-over-bounds), or damaged."""
+    if isinstance(error, PickleBoundError):
+        return Problem("pickle-over-bounds", f"{what} {error}: not unpickled, loading it would exhaust the loader")
+    return Problem("bad-pickle", f"{what} does not unpickle: {first_line(error)}")
 
 
 def first_line(exc: Exception) -> str:

@@ -47,10 +47,14 @@ ZIP_RULE_CODES = frozenset(
 )
 
 
+# what the scan says of a .distcp's items' pickles (read_item_pickles), which the zip rules never said of one
+ITEM_PICKLE_CODES = frozenset({"unsafe-pickle", "pickle-over-bounds"})
+
+
 def judged_as(kind: FileKind, findings: Iterable[Finding]) -> bool:
     """Whether cached findings are what the rules say of a file of this kind now: a row recorded before the zip
     rules knew a .distcp is no zip holds zip findings for it, so the file is read again rather than reused."""
-    return kind not in NOT_TORCH_ZIP or not any(f.code in ZIP_RULE_CODES for f in findings)
+    return kind not in NOT_TORCH_ZIP or not any(f.code in ZIP_RULE_CODES - ITEM_PICKLE_CODES for f in findings)
 
 
 def stem(path: str) -> str:
@@ -67,6 +71,7 @@ def digest_findings(
     crc_bad: tuple[str, ...],
     prefix: str | None,
     changed: bool,
+    local_mismatch: tuple[str, ...] = (),
 ) -> tuple[Finding, ...]:
     """Findings from one FileDigest (passed as plain values so this stays a pure function), for a file of `kind`
     (what the layouts call it, from its name): the zip rules apply to every kind but NOT_TORCH_ZIP."""
@@ -77,7 +82,12 @@ def digest_findings(
         if path.endswith(NONEMPTY_SUFFIXES):
             out.append(finding("zero-byte", path, "empty file (0 bytes)"))
         return tuple(out)
+    if local_mismatch:  # torch.load reads the directory, so this loads; the headers were damaged or rewritten
+        more = f" and {len(local_mismatch) - 1} more" if len(local_mismatch) > 1 else ""
+        out.append(finding("zip-local-header-mismatch", path, f"{local_mismatch[0]}{more}"))
     if kind in NOT_TORCH_ZIP:
+        if zip_error is not None:  # DCP's load torch.loads every item at the range .metadata gives: it refuses this
+            out.append(finding("distcp-item-invalid", path, zip_error.message))
         if crc_bad:  # the items' own CRCs (hashing walks a .distcp's chain of zips): torch.load checks none
             items = sorted({int(name[1:].split("/", 1)[0]) for name in crc_bad if name.startswith("@")})
             out.append(

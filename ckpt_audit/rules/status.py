@@ -63,8 +63,9 @@ def is_in_progress(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanConte
 UNREAD_CODES = frozenset({"unreadable", "symlink-outside-root", "symlink-loop", "file-vanished", "non-utf8-name"})
 
 
-# what says "resuming from this would run code": a pickle that names a global outside the allowlist
-UNSAFE_CODES = frozenset({"unsafe-pickle"})
+# what says "resuming from this would run code": a pickle that names a global outside the allowlist, or one whose
+# load would exhaust memory or the stack (pickle-over-bounds)
+UNSAFE_CODES = frozenset({"unsafe-pickle", "pickle-over-bounds"})
 
 # verdicts from worst to best: the first that applies is the status (verify's rejudge keeps the same order)
 PRECEDENCE = (
