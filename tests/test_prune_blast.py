@@ -21,22 +21,20 @@ import time
 from pathlib import Path
 
 import pytest
-from test_prune_attacks import EXECUTE, HOUR_NS, needs_setpriv, planned, prune, steps_left
+from test_prune_attacks import (
+    EXECUTE,
+    HOUR_NS,
+    needs_setpriv,
+    planned,
+    prune,
+    run,  # the trainer run three hours old, a private copy
+    steps_left,
+)
 from test_scan import _unprivileged
 
 from ckpt_audit.lifecycle.prune import TRASH_RE
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def run(verl_run, copy_run) -> Path:
-    """A private copy of the trainer's run (steps 2, 4, 6; tracker 6) under <root>/demo/exp, three hours old."""
-    run = Path(copy_run(verl_run))
-    then = time.time_ns() - 3 * HOUR_NS
-    for p in [*run.rglob("*"), run]:
-        os.utime(p, ns=(then, then), follow_symlinks=False)
-    return run
 
 
 def warm_start(run: Path, link_to: str) -> Path:
