@@ -33,6 +33,7 @@ FACTS = FileFacts(
     reused=True,
     verified_ns=9,
     dcp=DCP,
+    tensors=("model.embed_tokens.weight", "lm_head.weight"),
 )
 TREE = Tree(dirs={"/c": ("p",), "/c/p": ()}, files={"/c/p": ("x.pt", "y.pt")}, dir_mtime_ns={"/c": 1, "/c/p": 2})
 PARTIAL = Partial(
