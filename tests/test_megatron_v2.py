@@ -183,3 +183,33 @@ def test_copied_step_and_missing_manifest_are_named(v2):
     assert f.path.endswith("global_step_6/actor/ckpt_contents.json") and "resume step 4's state as step 6" in f.message
     [g] = [f for f in _findings(v2, "manifest-missing") if f.code == "megatron-v2-manifest-missing"]
     assert g.path.endswith("global_step_4/actor/ckpt_contents.json")
+
+
+def test_fix_tracker_will_not_move_back_from_an_old_layout_step(v2, tmp_path):
+    """The tracker names the whole old-layout step 8: fix-tracker refuses to point it back at step 4 (the way out is
+    verl's migration, which keeps the progress) and leaves the tracker as it was."""
+    run = tmp_path / "exp"
+    shutil.copytree(_run(v2, "old-layout"), run)
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    cli = [sys.executable, "-m", "ckpt_audit.cli", "fix-tracker", "--yes", str(run)]
+    out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+    assert (
+        out.returncode == 1 and "names-old-layout" in out.stderr and "migrate_megatron_checkpoint_layout" in out.stderr
+    )
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "8"
+
+
+def test_tracker_target_needs_a_manifest_in_every_role(clean_copy):
+    """Async saves finalize per role: a critic without its manifest leaves step 4 uncommitted as a whole."""
+    actor = clean_copy / "global_step_4" / "actor"
+    critic = actor.parent / "critic"
+    shutil.copytree(actor, critic)
+    doc = json.loads((critic / "ckpt_contents.json").read_text())
+    (critic / "ckpt_contents.json").write_text(json.dumps({**doc, "role": "critic"}))
+    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    assert run.checkpoints[-1].status.value == "complete"
+    (critic / "ckpt_contents.json").unlink()
+    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    [f] = [f for f in run.checkpoints[-1].all_findings if f.code == "megatron-v2-manifest-missing"]
+    assert f.path == str(critic / "ckpt_contents.json") and run.checkpoints[-1].status.value == "incomplete"
+    assert gate(run).chosen.step == 2

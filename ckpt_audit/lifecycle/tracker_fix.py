@@ -91,7 +91,8 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         problem = "dangling"
     elif (no := why_not(named, run)) is not None:
         early = no.reasons == ("tracker-published-early",)
-        problem = "published-early" if early else f"names-{named.status.value}"
+        old_layout = "megatron-old-layout" in no.reasons
+        problem = "published-early" if early else "names-old-layout" if old_layout else f"names-{named.status.value}"
     elif target is not None and target.step > named.step:
         problem = "behind"
     else:
@@ -150,6 +151,9 @@ def _refusal(run: Run, tracker: TrackerState, problem: str, target, *, now_ns: i
         return "the tracker is not a regular file"
     if problem == "unreadable":
         return f"the tracker could not be read ({tracker.error or 'unreadable'}): not rewriting what was not read"
+    if old := next((f for f in _named_findings(run, tracker) if f.code == "megatron-old-layout"), None):
+        # whole, only in the layout verl >= 0.9.1 refuses: migrating it keeps the progress, moving back loses it
+        return f"it is whole, in the pre-v2 Megatron layout: migrate it, not resume an older step ({old.message})"
     busy = [c.step for c in run.checkpoints if c.status is Status.IN_PROGRESS]
     if busy:
         return f"step {busy[-1]} is being written (in-progress): the run looks alive; run again when it stops"
@@ -163,6 +167,11 @@ def _refusal(run: Run, tracker: TrackerState, problem: str, target, *, now_ns: i
     if unknown:
         return f"step {unknown[-1]} could not be read (unknown): not moving the tracker past what was not read"
     return ""
+
+
+def _named_findings(run: Run, tracker: TrackerState) -> tuple:
+    step = resume_step(tracker.content) if tracker.content is not None else None
+    return tuple(f for c in run.checkpoints if c.step == step and _resolves(run, c) for f in c.all_findings)
 
 
 class FixError(Exception):
