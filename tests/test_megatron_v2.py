@@ -122,6 +122,7 @@ def _manifest(run: Path, step: int = 4) -> Path:
     ("edit", "code"),
     [
         ("path-escapes", "megatron-v2-manifest-invalid"),
+        ("path-is-the-role", "megatron-v2-manifest-invalid"),
         ("schema-1", "megatron-v2-manifest-invalid"),
         ("not-json", "megatron-v2-manifest-invalid"),
         ("role", "megatron-v2-role-mismatch"),
@@ -133,6 +134,8 @@ def test_manifest_problems(clean_copy, edit, code):
     doc = json.loads(path.read_text())
     if edit == "path-escapes":
         doc["contents"]["model"]["path"] = "../../global_step_2/actor/model/dist_ckpt"
+    elif edit == "path-is-the-role":
+        doc["contents"]["optimizer"]["path"] = "optimizer/.."
     elif edit == "schema-1":
         doc["schema_version"] = 1
     elif edit == "role":

@@ -10,6 +10,7 @@ helpers mkdir on every call), is not required. Pure: no IO.
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -63,9 +64,10 @@ def parse_manifest(path: str, text: str | None) -> Manifest | Finding:
     contents = []
     for name, entry in sorted(raw.items()):
         rel = entry.get("path") if isinstance(entry, dict) else None
-        if not isinstance(rel, str) or not rel or rel.startswith("/") or ".." in rel.split("/"):
+        norm = posixpath.normpath(rel) if isinstance(rel, str) and rel else "."
+        if norm == "." or norm.startswith(("/", "../")) or norm == "..":  # verl writes os.path.relpath: always inside
             return bad(f"contents[{name!r}].path {rel!r} is not a path inside the role directory")
-        contents.append(Content(name=name, path=rel.rstrip("/"), format=str(entry.get("format", ""))))
+        contents.append(Content(name=name, path=norm, format=str(entry.get("format", ""))))
 
     def as_int(v: object) -> int | None:
         return v if isinstance(v, int) and not isinstance(v, bool) else None
