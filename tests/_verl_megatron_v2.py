@@ -44,6 +44,8 @@ CASES = (
     "manifest-missing",  # step 4's ckpt_contents.json removed
     "content-missing",  # step 4's optimizer/dist_ckpt/ emptied
     "distcp-missing",  # a .distcp of step 4's model/dist_ckpt/ deleted
+    "distcp-truncated",  # a .distcp of step 4's model/dist_ckpt/ cut to half
+    "distcp-bitflip",  # one bit flipped inside step 4's word embeddings (tests/_megatron_trees.py's flip)
     "step-mismatch",  # global_step_6 is a copy of global_step_4 (its manifest says 4); tracker 6
     "old-layout",  # steps 2, 4 (v2) and 8 (old layout); tracker 8
     "migrated",  # the old-layout step 8 after verl's migration script (hardlinks); tracker 8
@@ -147,6 +149,11 @@ def _derive(base: Path, case: str, root: Path) -> None:
             p.unlink()
     elif case == "distcp-missing":
         (step4 / "model" / "dist_ckpt" / "__1_0.distcp").unlink()
+    elif case == "distcp-truncated":
+        p = step4 / "model" / "dist_ckpt" / "__0_1.distcp"
+        os.truncate(p, p.stat().st_size // 2)
+    elif case == "distcp-bitflip":
+        mt._flip_model_byte(step4 / "model" / "dist_ckpt")
     elif case == "step-mismatch":
         shutil.copytree(run / "global_step_4", run / "global_step_6")
         (run / TRACKER).write_text("6")

@@ -47,6 +47,8 @@ TABLE = {
         2,
     ),
     "distcp-missing": ("fails: CheckpointException: FileNotFoundError", {4: ("incomplete", ("dcp-file-missing",))}, 2),
+    "distcp-truncated": ("fails: CheckpointException", {4: ("corrupt", ("dcp-range-outside-file",))}, 2),
+    "distcp-bitflip": ("loads-changed", {4: ("corrupt", ("distcp-crc-mismatch",))}, 2),
     "step-mismatch": ("loads step 4", {4: ("complete", ()), 6: ("incomplete", ("megatron-v2-step-mismatch",))}, 4),
     "old-layout": (
         "fails: RuntimeError: Detected deprecated Megatron checkpoint layout",
