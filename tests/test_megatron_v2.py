@@ -87,7 +87,7 @@ def test_verl_load_and_ckpt_audit_agree(v2, case, load, steps, latest):
     chosen = gate(run).chosen
     assert chosen is not None and chosen.step == latest
     # the resume gate never names a step verl refuses, nor one whose content verl does not resume as that step
-    if verdict.startswith("fails") or verdict != f"loads step {run.tracker_step}":
+    if verdict != f"loads step {run.tracker_step}":
         assert chosen.step != run.tracker_step
 
 
@@ -129,6 +129,7 @@ def _manifest(run: Path, step: int = 4) -> Path:
         ("not-json", "megatron-v2-manifest-invalid"),
         ("role", "megatron-v2-role-mismatch"),
         ("hf-listed", "megatron-v2-content-missing"),
+        ("hf-config-only", "megatron-v2-content-missing"),
     ],
 )
 def test_manifest_problems(clean_copy, edit, code):
@@ -144,6 +145,9 @@ def test_manifest_problems(clean_copy, edit, code):
         doc["role"] = "critic"
     elif edit == "hf-listed":  # listed, but verl made model/huggingface/ empty (no bridge)
         doc["contents"]["hf_model"] = {"path": "model/huggingface", "format": "huggingface"}
+    elif edit == "hf-config-only":  # a config and a tokenizer, no weights
+        doc["contents"]["hf_model"] = {"path": "model/huggingface", "format": "huggingface"}
+        (path.parent / "model" / "huggingface" / "config.json").write_text("{}")
     path.write_text("{" if edit == "not-json" else json.dumps(doc))
     run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
     step4 = run.checkpoints[-1]

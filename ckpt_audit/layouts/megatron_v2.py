@@ -28,6 +28,7 @@ from ckpt_audit.layouts.dcp import (
     check_megatron_metadata,
     classify,
 )
+from ckpt_audit.layouts.hf_trainer import TEXT_LIMIT
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.rules import megatron_v2 as rules
@@ -87,8 +88,7 @@ class MegatronV2:
             migrated = "dist_ckpt" in tree.subdirs(role_dir)
             found.append(rules.missing_manifest(role_dir, migrated=migrated))
             if migrated:  # verl's load reads all three: each must be a whole dist_ckpt (they mirror one another)
-                for sub in (*rules.V2_DIRS, None):
-                    dist = f"{role_dir}/{sub}/dist_ckpt" if sub else f"{role_dir}/dist_ckpt"
+                for dist in [f"{role_dir}/{sub}/dist_ckpt" for sub in rules.V2_DIRS] + [f"{role_dir}/dist_ckpt"]:
                     if _nonempty(dist, tree):
                         w, more = check_dist_ckpt(dist, tree, facts)
                         ws = ws or w
@@ -111,35 +111,31 @@ class MegatronV2:
     ) -> tuple[int | None, list[Finding]]:
         out: list[Finding] = []
         ws = None
-        checked: dict[str, bool] = {}  # path -> weights checked (several contents share one path)
+        # several contents share a path (optimizer and lr_scheduler; hf_config, tokenizer and the model): check each
+        # path once, for weights when any content there is the model
+        paths: dict[str, tuple[str, str, bool]] = {}  # path -> (first content's name, its format, weights wanted)
         for c in man.contents:
-            at = f"{role_dir}/{c.path}"
-            weights = c.name in WEIGHTS
-            if at in checked and (checked[at] or not weights):
-                continue
-            checked[at] = weights or checked.get(at, False)
-            if c.format == DIST_FORMAT or c.format == HF_FORMAT:
+            name, fmt, weights = paths.get(c.path, (c.name, c.format, False))
+            paths[c.path] = (name, fmt, weights or c.name in WEIGHTS)
+        for rel, (name, fmt, weights) in paths.items():
+            at = f"{role_dir}/{rel}"
+            if fmt in (DIST_FORMAT, HF_FORMAT):
                 if not _nonempty(at, tree):
-                    out.append(
-                        finding(
-                            "megatron-v2-content-missing",
-                            at,
-                            f"the manifest lists {c.name!r} at {c.path}: absent or empty",
-                        )
-                    )
-                elif c.format == DIST_FORMAT:
+                    why = f"the manifest lists {name!r} at {rel}: absent or empty"
+                    out.append(finding("megatron-v2-content-missing", at, why))
+                elif fmt == DIST_FORMAT:
                     w, more = check_dist_ckpt(at, tree, facts)
                     ws = ws or w
                     out.extend(more)
                 else:
                     names = frozenset(tree.file_names(at))
-                    texts = {n: facts[f"{at}/{n}"].text for n in names if f"{at}/{n}" in facts}
+                    texts = {n: (f.text, f.size_bytes <= TEXT_LIMIT) for n in names if (f := facts.get(f"{at}/{n}"))}
                     out.extend(rules.check_hf(at, names, texts, weights=weights))
             else:
-                parent, name = at.rsplit("/", 1)
-                if name not in tree.file_names(parent):
+                parent, base = at.rsplit("/", 1)
+                if base not in tree.file_names(parent):
                     out.append(
-                        finding("megatron-v2-content-missing", at, f"the manifest lists {c.name!r} at {c.path}: absent")
+                        finding("megatron-v2-content-missing", at, f"the manifest lists {name!r} at {rel}: absent")
                     )
         return ws, out
 
@@ -165,8 +161,9 @@ def _nonempty(d: str, tree: Tree) -> bool:
 
 
 def _step(role_dir: str) -> int | None:
-    parent = role_dir.rsplit("/", 2)
-    m = STEP_RE.fullmatch(parent[-2]) if len(parent) >= 2 else None
+    """N of the global_step_N the role directory is in."""
+    parts = role_dir.rsplit("/", 2)
+    m = STEP_RE.fullmatch(parts[-2]) if len(parts) >= 2 else None
     return int(m.group(1)) if m else None
 
 

@@ -101,8 +101,11 @@ def check_identity(man: Manifest, path: str, *, step: int | None, role: str) -> 
     return tuple(out)
 
 
-def check_hf(hf_dir: str, names: frozenset[str], texts: Mapping[str, str | None], *, weights: bool) -> list[Finding]:
-    """A `huggingface` content: config.json, and with `weights` a weights file or an index whose files are all here."""
+def check_hf(
+    hf_dir: str, names: frozenset[str], texts: Mapping[str, tuple[str | None, bool]], *, weights: bool
+) -> list[Finding]:
+    """A `huggingface` content: config.json, and with `weights` a weights file or an index whose files are all here.
+    `texts`: name -> (what the scan read of it, whether that is the whole file), as rules.hf_trainer takes them."""
     out = []
     if "config.json" not in names:
         out.append(
@@ -120,7 +123,8 @@ def check_hf(hf_dir: str, names: frozenset[str], texts: Mapping[str, str | None]
         why = "shards without their index" if shards else "no model.safetensors, pytorch_model.bin or index"
         out.append(finding("megatron-v2-content-missing", hf_dir, f"the manifest lists HF weights here: {why}"))
     for index in sorted(indexes):
-        listed = index_shards(texts.get(index), whole=True)
+        text, whole = texts.get(index, (None, False))
+        listed = index_shards(text, whole=whole)
         if isinstance(listed, str):
             out.append(finding("hf-index-invalid", f"{hf_dir}/{index}", listed))
         elif listed:
