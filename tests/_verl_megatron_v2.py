@@ -126,10 +126,12 @@ def _fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
-def _another_step(model, opt) -> None:
+def _another_step(model, opt, seed: int) -> None:
+    """One more Adam step on fixed gradients (the same on every rank: TP-replicated parameters stay replicas), so each
+    saved step holds other weights and a load can be matched to the step it came from."""
     import torch
 
-    g = torch.Generator().manual_seed(len(opt.state_dict()["state"]) + 7)
+    g = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=g)
     opt.step()
@@ -191,11 +193,11 @@ def _rank(rank: int, world: int, root: str, port: int) -> None:
     mgr = _manager(model, opt, ["model", "optimizer", "extra"])
     saved = {}
     for step in V2_STEPS:
-        _another_step(model, opt)
+        _another_step(model, opt, seed=step)
         mgr.save_checkpoint(str(base / f"global_step_{step}" / "actor"), global_step=step)
         saved[step] = _fingerprint(model)
     # the old layout, as verl <= 0.8 wrote it: one dist_ckpt/ under the role (tests/_megatron_trees.py's save)
-    _another_step(model, opt)
+    _another_step(model, opt, seed=OLD_STEP)
     old = base / f"global_step_{OLD_STEP}" / "actor" / "dist_ckpt"
     if rank == 0:
         old.mkdir(parents=True)
