@@ -577,6 +577,48 @@ _TABLE: tuple[Code, ...] = (
         severity=E,
         explanation="dist_ckpt holds no model state and huggingface/ holds no weights: the model was not saved",
     ),
+    # verl's Megatron layout v2 (verl >= 0.9.1; rules/megatron_v2.py, docs/megatron.md)
+    Code(
+        code="megatron-v2-manifest-missing",
+        severity=E,
+        explanation="a v2 role directory (model/, optimizer/, extra/) without ckpt_contents.json, which verl writes "
+        "last: the save did not finish (in progress while young)",
+    ),
+    Code(
+        code="megatron-v2-manifest-invalid",
+        severity=E,
+        explanation="ckpt_contents.json is not JSON, not schema 2 of framework megatron, or names a path outside the "
+        "role directory: what the save holds is unknown",
+    ),
+    Code(
+        code="megatron-v2-content-missing",
+        severity=E,
+        explanation="a content ckpt_contents.json lists is absent or empty (or an HF content lacks its config or "
+        "weights): verl's load of it fails",
+    ),
+    Code(
+        code="megatron-v2-step-mismatch",
+        severity=E,
+        explanation="ckpt_contents.json names another global_step than its directory (a copied or renamed step): "
+        "verl resumes that step's state under this step's number",
+    ),
+    Code(
+        code="megatron-v2-role-mismatch",
+        severity=E,
+        explanation="ckpt_contents.json names another role than its directory",
+    ),
+    Code(
+        code="megatron-old-layout",
+        severity=W,
+        explanation="the pre-v2 Megatron layout (dist_ckpt/ directly under the role): whole, but verl >= 0.9.1 "
+        "refuses to load it until verl's migrate_megatron_checkpoint_layout.py has run; never the answer of `latest`",
+    ),
+    Code(
+        code="megatron-migrated",
+        severity=INFO,
+        explanation="a role directory migrated by verl's script: model/, optimizer/, extra/ dist_ckpt mirror the old "
+        "dist_ckpt/ (hardlinked files counted once), no ckpt_contents.json",
+    ),
     Code(
         code="distcp-crc-mismatch",
         severity=E,

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from itertools import chain, starmap
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 # the one size formatter lives with the other units; models.format_size stays importable for its many callers
@@ -23,7 +22,6 @@ from ckpt_audit.units import format_size
 if TYPE_CHECKING:  # scan --ray's per-node view (NodeCopy, ClusterView) lives apart: other commands never build it
     from ckpt_audit.nodes import ClusterView
 
-_SIZE = attrgetter("size_bytes")
 MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
 
 
@@ -229,7 +227,13 @@ def _define_judged() -> None:
 
         @property
         def size_bytes(self) -> int:
-            return sum(map(_SIZE, self.all_files))
+            # a file hardlinked several times inside (verl's Megatron migration mirrors dist_ckpt/ three times)
+            # takes its bytes once: the same inode, size and mtime is the same file
+            return sum(
+                {
+                    (f.inode, f.size_bytes, f.mtime_ns) if f.inode else f.path: f.size_bytes for f in self.all_files
+                }.values()
+            )
 
         @property
         def size_str(self) -> str:

@@ -39,7 +39,9 @@ if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on
     from ckpt_audit.rules.status import ScanContext
     from ckpt_audit.tree import Partial
 
-TEXT_NAMES = frozenset({"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json", "config.yaml"})
+TEXT_NAMES = frozenset(
+    {"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json", "config.yaml", "ckpt_contents.json"}
+)
 # HF Trainer's JSON grows with the run (log_history, weight_map): the first TEXT_LIMIT bytes are read, and the HF
 # rules read what they need from a prefix (trainer_state.json is dumped with sorted keys: global_step comes first);
 # a weights index is read whole up to INDEX_TEXT_LIMIT (its weight_map is checked against the shards' headers)

@@ -204,6 +204,9 @@ def rejudge(ckpt: Checkpoint, *, before: Checkpoint) -> Checkpoint:
 def _component_findings(ckpt: Checkpoint, comp: Component, bad: set[str]) -> list[Finding]:
     if comp.layout == "verl-megatron":
         return list(_megatron(comp, bad))
+    if comp.layout == "verl-megatron-v2":  # each dist_ckpt/ (the directory of a .metadata), as the old one's
+        dirs = sorted({f.path.rsplit("/", 1)[0] for f in comp.files if f.kind is FileKind.DCP_METADATA})
+        return [f for d in dirs for f in _dist_ckpt(comp, d, bad)[0]]
     if comp.layout == "hf-trainer":
         return list(hf_check.check_component(comp, bad))
     if comp.layout in ("dcp", "torchtitan"):
@@ -211,18 +214,26 @@ def _component_findings(ckpt: Checkpoint, comp: Component, bad: set[str]) -> lis
     return []
 
 
-def _megatron(comp: Component, bad: set[str]) -> list[Finding]:
-    dist = f"{comp.path}/dist_ckpt"
+def _dist_ckpt(comp: Component, dist: str, bad: set[str]) -> tuple[list[Finding], dcp_check.DcpMetadata | None]:
+    """(findings, its .metadata) of one megatron-core dist_checkpointing directory of `comp`."""
     out = list(dcp_check.check_dir(dist))
     for f in comp.files:
-        if f.kind is FileKind.COMMON and f.path not in bad:
+        if f.kind is FileKind.COMMON and f.path == f"{dist}/common.pt" and f.path not in bad:
             out.extend(safe_load.load(f.path).findings)
     out.extend(megatron_check.check_integrity(dist))
     try:
         meta = dcp_check.read_metadata(f"{dist}/.metadata")
     except (OSError, ValueError, TypeError):
-        return out
+        return out, None
     out.extend(_item_crcs(comp, dist, bad, meta))
+    return out, meta
+
+
+def _megatron(comp: Component, bad: set[str]) -> list[Finding]:
+    dist = f"{comp.path}/dist_ckpt"
+    out, meta = _dist_ckpt(comp, dist, bad)
+    if meta is None:
+        return out
     has_model = megatron_check.has_model_state(meta)
     hf_weights = any(f.kind is FileKind.HF and f.path.endswith((".safetensors", ".bin")) for f in comp.files)
     if not has_model and not hf_weights:

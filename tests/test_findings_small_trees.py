@@ -104,7 +104,7 @@ def megatron(root: Path, state: dict | None = None) -> Path:
 
 def test_the_small_trees_verify_clean(tmp_path):
     assert verdict(plain_dcp(tmp_path / "p").parent) == (set(), [Status.COMPLETE])
-    assert verdict(megatron(tmp_path / "m").parents[3]) == (set(), [Status.COMPLETE])
+    assert verdict(megatron(tmp_path / "m").parents[3]) == ({"megatron-old-layout"}, [Status.COMPLETE])
 
 
 def test_dcp_metadata_without_data_files(tmp_path):
@@ -133,18 +133,18 @@ def test_dcp_chunk_without_a_storage_entry(tmp_path):
 def test_megatron_dist_ckpt_without_dcp_metadata(tmp_path):
     dist = megatron(tmp_path)
     (dist / ".metadata").unlink()
-    assert verdict(dist.parents[3]) == ({"dcp-metadata-missing"}, [Status.INCOMPLETE])
+    assert verdict(dist.parents[3]) == ({"dcp-metadata-missing", "megatron-old-layout"}, [Status.INCOMPLETE])
 
 
 def test_megatron_without_common_pt(tmp_path):
     dist = megatron(tmp_path)
     (dist / "common.pt").unlink()
-    assert verdict(dist.parents[3]) == ({"megatron-common-missing"}, [Status.INCOMPLETE])
+    assert verdict(dist.parents[3]) == ({"megatron-common-missing", "megatron-old-layout"}, [Status.INCOMPLETE])
 
 
 def test_megatron_without_model_state_or_hf_weights(tmp_path):
     dist = megatron(tmp_path, {"optimizer.state.exp_avg": torch.zeros(3, 4)})
-    assert verdict(dist.parents[3]) == ({"megatron-model-missing"}, [Status.INCOMPLETE])
+    assert verdict(dist.parents[3]) == ({"megatron-model-missing", "megatron-old-layout"}, [Status.INCOMPLETE])
 
 
 # -- DTensor shards from the reference trainer -----------------------------------------------------------------

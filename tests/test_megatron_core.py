@@ -110,7 +110,8 @@ def test_real_megatron_tree_has_model_state(mcore):
     """megatron-core names model state decoder.* / embedding.* / output_layer.*, never model.*: not 'missing'."""
     found = verify([_run(mcore, "intact")], in_progress_window_s=0).all_findings
     assert [f for f in found if f.code == "megatron-model-missing"] == []
-    assert found == ()
+    # the one word on it: verl >= 0.9.1 wants it migrated first (this is the pre-v2 layout; test_megatron_v2.py)
+    assert [f.code for f in found] == ["megatron-old-layout"]
 
 
 @pytest.fixture

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from _verl_megatron_v2 import migrate
 from scan_trees import steps_of
 from test_resume_gate import TRACKER, age, cli, set_tracker
 
@@ -106,6 +108,13 @@ def megatron(megatron_tree, tmp_path) -> Path:
 def test_megatron_tracker_repair_and_gate(megatron, tmp_path):
     db = tmp_path / "c.db"
     step = megatron / "global_step_1"
+    # the tree is in the pre-v2 layout, which verl >= 0.9.1 refuses: no answer until verl's own script migrates it
+    gate = cli("latest", megatron, catalog=db)
+    assert gate.returncode == 1 and "megatron-old-layout" in gate.stderr
+    if find_spec("verl") is None:
+        return
+    migrate(step / "actor")
+    age(megatron)
     assert cli("latest", megatron, catalog=db).stdout.strip() == str(step)
     set_tracker(megatron, None)
     doc = json.loads(cli("scan", "--json", megatron, catalog=db).stdout)

@@ -90,7 +90,9 @@ def first_dtensor_key(path: Path) -> str:
 def test_clean_trees_verify_clean(trees, fsdp_src):
     for root in (fsdp_src, trees["megatron"], trees["dcp"].parent):
         found, result = findings(root)
-        assert [f for f in found if f.severity > 0] == [], root
+        # the Megatron tree is in the pre-v2 layout: whole, with verl >= 0.9.1's call to migrate it (its one word)
+        old = {"megatron-old-layout"} if root == trees["megatron"] else set()
+        assert {f.code for f in found if f.severity > 0} == old, root
         assert result.deep
         assert all(c.status is Status.COMPLETE for r in result.runs for c in r.checkpoints)
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the judged model is made on first use, after the scan's rea
 LAYOUTS: tuple[str, ...] = (
     "ckpt_audit.layouts.verl_fsdp",
     "ckpt_audit.layouts.torchtitan",  # before dcp: its step-N folders are DCP directories too
+    "ckpt_audit.layouts.megatron_v2",  # before dcp: a migrated v2 role directory still holds the old dist_ckpt/
     "ckpt_audit.layouts.dcp",
     "ckpt_audit.layouts.hf_trainer",  # transformers Trainer output dirs (checkpoint-N/)
 )

@@ -23,7 +23,7 @@ from ckpt_audit.layouts import shard_file
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
 from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
 from ckpt_audit.readers import bounded_json
-from ckpt_audit.rules import status
+from ckpt_audit.rules import megatron_v2, status
 from ckpt_audit.tree import FileFacts, Tree
 
 if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
@@ -203,6 +203,8 @@ class DcpLayout:
                     "no common.pt: rank 0's non-sharded state (lr_scheduler, optimizer common) is gone",
                 )
             )
+        if tree.file_names(dist) or tree.subdirs(dist):  # verl's _raise_for_old_layout: a non-empty dist_ckpt/
+            found.append(megatron_v2.old_layout(role_dir))  # (layouts.megatron_v2 claims v2 directories first)
         return models.Component(
             role=role, path=role_dir, layout=MEGATRON, world_size=ws, files=tuple(files), findings=tuple(found)
         )

@@ -272,7 +272,9 @@ def _is_role(name: str, tree: Tree, parent: str) -> bool:
     if name in ROLE_NAMES:
         return True
     d = f"{parent}/{name}"
-    return any(SHARD_RE.fullmatch(n) for n in tree.file_names(d)) or "dist_ckpt" in tree.subdirs(d)
+    names = tree.file_names(d)
+    # a dist_ckpt/ (Megatron, old layout) or ckpt_contents.json (Megatron layout v2) makes any name a role
+    return any(SHARD_RE.fullmatch(n) for n in names) or "dist_ckpt" in tree.subdirs(d) or "ckpt_contents.json" in names
 
 
 LAYOUT = VerlFsdp()

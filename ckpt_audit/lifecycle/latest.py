@@ -58,7 +58,7 @@ def oldest_verified(ckpt: Checkpoint, verified: Mapping[str, int | None]) -> int
 def why_not(ckpt: Checkpoint, run: Run) -> Passed | None:
     """Why `ckpt` cannot be resumed from, or None when it can."""
     early = ckpt.step == run.tracker_step and any(f.code == "tracker-published-early" for f in run.findings)
-    if resumable(ckpt) and not early and not any(f.code in MODEL_ONLY for f in ckpt.all_findings):
+    if resumable(ckpt) and not early and not any(f.code in NOT_AS_IS for f in ckpt.all_findings):
         return None
     if early:
         reasons: tuple[str, ...] = ("tracker-published-early",)
@@ -76,6 +76,8 @@ def why_not(ckpt: Checkpoint, run: Run) -> Passed | None:
 
 # complete (the weights are whole, so retention counts them) but a resume from them restarts the optimizer
 MODEL_ONLY = frozenset({"hf-model-only", "torchtitan-model-only"})
+# complete, but the trainer refuses to resume from it as it is (verl >= 0.9.1 and the pre-v2 Megatron layout)
+NOT_AS_IS = MODEL_ONLY | {"megatron-old-layout"}
 
 
 def is_model_only(ckpt: Checkpoint) -> bool:
@@ -85,7 +87,7 @@ def is_model_only(ckpt: Checkpoint) -> bool:
 
 # non-error findings that explain a status by themselves
 _TELLING = frozenset(
-    {"in-progress", "husk", "missing-dataloader-state", "symlink-outside-root", "file-vanished", *MODEL_ONLY}
+    {"in-progress", "husk", "missing-dataloader-state", "symlink-outside-root", "file-vanished", *NOT_AS_IS}
 )
 
 

@@ -91,7 +91,8 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         problem = "dangling"
     elif (no := why_not(named, run)) is not None:
         early = no.reasons == ("tracker-published-early",)
-        problem = "published-early" if early else f"names-{named.status.value}"
+        old_layout = named.status is Status.COMPLETE and "megatron-old-layout" in no.reasons
+        problem = "published-early" if early else "names-old-layout" if old_layout else f"names-{named.status.value}"
     elif target is not None and target.step > named.step:
         problem = "behind"
     else:
@@ -150,6 +151,11 @@ def _refusal(run: Run, tracker: TrackerState, problem: str, target, *, now_ns: i
         return "the tracker is not a regular file"
     if problem == "unreadable":
         return f"the tracker could not be read ({tracker.error or 'unreadable'}): not rewriting what was not read"
+    if problem == "names-old-layout":  # whole, in the layout verl >= 0.9.1 refuses: migrating it keeps the progress
+        return (
+            "it is whole, in the pre-v2 Megatron layout verl >= 0.9.1 refuses: migrate each of its role directories "
+            "(python scripts/migrate_megatron_checkpoint_layout.py --checkpoint DIR) rather than resume an older step"
+        )
     busy = [c.step for c in run.checkpoints if c.status is Status.IN_PROGRESS]
     if busy:
         return f"step {busy[-1]} is being written (in-progress): the run looks alive; run again when it stops"

@@ -1,0 +1,228 @@
+"""verl's Megatron layout v2 on trees verl 0.9.1's own MegatronCheckpointManager wrote, judged against verl's own load.
+
+tests/_verl_megatron_v2.py (one cached subprocess run: two gloo CPU processes, TP=2) saves steps 2 and 4 through
+`MegatronCheckpointManager.save_checkpoint` (its ckpt_contents.json included), an old-layout step 8 with
+megatron-core's dist_checkpointing, derives one run per case (the migrated one with verl's own migration script) and
+loads each tracker's step back through verl's `load_checkpoint`. Stubbed there, each for a stated reason: the two CUDA
+calls in megatron-core's save, megatron-core's optimizer wrapper (built on CUDA; a torch Adam whose sharded state
+dict megatron-core's helpers make stands in), and the RNG restore (a CPU process has no CUDA RNG tracker states).
+The table is docs/megatron.md's layout-v2 table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+from conftest import build_cached, writer_key
+
+from ckpt_audit import scanner
+from ckpt_audit.lifecycle.latest import gate
+from ckpt_audit.verify import verify
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        find_spec("megatron") is None or find_spec("verl") is None, reason="needs the 'megatron' and 'verl' extras"
+    ),
+]
+
+HERE = Path(__file__).parent
+WRITER = HERE / "_verl_megatron_v2.py"
+
+# case -> (verl 0.9.1's load of the tracker's step, {step: (status, codes)}, the step `latest` names)
+TABLE = {
+    "clean": ("loads step 4", {2: ("complete", ()), 4: ("complete", ())}, 4),
+    "manifest-missing": ("loads step 4", {4: ("incomplete", ("megatron-v2-manifest-missing",))}, 2),
+    "content-missing": (
+        "fails: CheckpointingException",
+        {4: ("incomplete", ("megatron-v2-content-missing",))},
+        2,
+    ),
+    "distcp-missing": ("fails: CheckpointException: FileNotFoundError", {4: ("incomplete", ("dcp-file-missing",))}, 2),
+    "distcp-truncated": (
+        "fails: CheckpointException",
+        {4: ("corrupt", ("dcp-range-outside-file", "distcp-item-invalid"))},
+        2,
+    ),
+    "distcp-bitflip": ("loads-changed", {4: ("corrupt", ("distcp-crc-mismatch",))}, 2),
+    "step-mismatch": ("loads step 4", {4: ("complete", ()), 6: ("incomplete", ("megatron-v2-step-mismatch",))}, 4),
+    "old-layout": (
+        "fails: RuntimeError: Detected deprecated Megatron checkpoint layout",
+        {8: ("complete", ("megatron-old-layout",))},
+        4,
+    ),
+    "migrated": ("loads step 8", {8: ("complete", ("megatron-migrated",))}, 8),
+}
+
+
+def _write(dst: Path) -> None:
+    subprocess.run([sys.executable, str(WRITER), str(dst)], check=True, capture_output=True, timeout=900)
+
+
+@pytest.fixture(scope="session")
+def v2(tmp_path_factory) -> Path:
+    """The root of the verl trees (cases/<case>/exp) and verdicts.json, cached across sessions."""
+    key = writer_key(WRITER, ("torch", "megatron-core", "verl", "numpy"))
+    return build_cached(tmp_path_factory, "verl_megatron_v2", _write, key=key)
+
+
+def _run(v2: Path, case: str) -> Path:
+    return v2 / "cases" / case / "exp"
+
+
+@pytest.mark.parametrize(("case", "load", "steps", "latest"), [(c, *v) for c, v in TABLE.items()])
+def test_verl_load_and_ckpt_audit_agree(v2, case, load, steps, latest):
+    verdict = json.loads((v2 / "verdicts.json").read_text())[case]
+    assert verdict.startswith(load), verdict
+    run = scanner.scan([_run(v2, case)], in_progress_window_s=0).runs[0]
+    by_step = {c.step: c for c in run.checkpoints}
+    for step, (status, codes) in steps.items():
+        ckpt = by_step[step]
+        found = {f.code for f in ckpt.all_findings}
+        assert (ckpt.status.value, found) == (status, set(codes)), (step, sorted(found))
+    chosen = gate(run).chosen
+    assert chosen is not None and chosen.step == latest
+    # the resume gate never names a step verl refuses, nor one whose content verl does not resume as that step
+    if verdict != f"loads step {run.tracker_step}":
+        assert chosen.step != run.tracker_step
+
+
+def test_verify_clean_and_migrated_find_nothing_more(v2):
+    """verify reads every dist_ckpt/ of a v2 role (item CRCs, chunk tiling, common.pt): nothing on verl's trees."""
+    for case in ("clean", "migrated"):
+        found = {f.code for f in verify([_run(v2, case)], in_progress_window_s=0).all_findings}
+        assert found <= {"megatron-migrated"}, (case, sorted(found))
+
+
+def test_migrated_hardlinks_counted_once(v2):
+    """verl's migration script hardlinks dist_ckpt/ into model/, optimizer/ and extra/: the step's size is the old
+    tree's, not four times it."""
+    old = scanner.scan([_run(v2, "old-layout")], in_progress_window_s=0).runs[0].checkpoints[-1]
+    new = scanner.scan([_run(v2, "migrated")], in_progress_window_s=0).runs[0].checkpoints[-1]
+    assert new.step == old.step == 8
+    assert os.stat(next(f.path for f in new.all_files if f.path.endswith("common.pt"))).st_nlink == 4
+    assert sum(f.size_bytes for f in new.all_files) == 4 * old.size_bytes
+    assert new.size_bytes == old.size_bytes
+
+
+@pytest.fixture
+def clean_copy(v2, tmp_path) -> Path:
+    dst = tmp_path / "exp"
+    shutil.copytree(_run(v2, "clean"), dst)
+    return dst
+
+
+def _manifest(run: Path, step: int = 4) -> Path:
+    return run / f"global_step_{step}" / "actor" / "ckpt_contents.json"
+
+
+@pytest.mark.parametrize(
+    ("edit", "code"),
+    [
+        ("path-escapes", "megatron-v2-manifest-invalid"),
+        ("path-is-the-role", "megatron-v2-manifest-invalid"),
+        ("schema-1", "megatron-v2-manifest-invalid"),
+        ("not-json", "megatron-v2-manifest-invalid"),
+        ("role", "megatron-v2-role-mismatch"),
+        ("hf-listed", "megatron-v2-content-missing"),
+        ("hf-config-only", "megatron-v2-content-missing"),
+    ],
+)
+def test_manifest_problems(clean_copy, edit, code):
+    path = _manifest(clean_copy)
+    doc = json.loads(path.read_text())
+    if edit == "path-escapes":
+        doc["contents"]["model"]["path"] = "../../global_step_2/actor/model/dist_ckpt"
+    elif edit == "path-is-the-role":
+        doc["contents"]["optimizer"]["path"] = "optimizer/.."
+    elif edit == "schema-1":
+        doc["schema_version"] = 1
+    elif edit == "role":
+        doc["role"] = "critic"
+    elif edit == "hf-listed":  # listed, but verl made model/huggingface/ empty (no bridge)
+        doc["contents"]["hf_model"] = {"path": "model/huggingface", "format": "huggingface"}
+    elif edit == "hf-config-only":  # a config and a tokenizer, no weights
+        doc["contents"]["hf_model"] = {"path": "model/huggingface", "format": "huggingface"}
+        (path.parent / "model" / "huggingface" / "config.json").write_text("{}")
+    path.write_text("{" if edit == "not-json" else json.dumps(doc))
+    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    step4 = run.checkpoints[-1]
+    assert code in {f.code for f in step4.all_findings} and step4.status.value == "incomplete"
+    assert gate(run).chosen.step == 2
+
+
+def test_young_step_without_manifest_is_in_progress(clean_copy):
+    """A save still writing (no manifest yet, newer than the tracker) is in progress, not incomplete."""
+    _manifest(clean_copy).unlink()
+    (clean_copy / "latest_checkpointed_iteration.txt").write_text("2")
+    now = time.time()
+    os.utime(clean_copy / "global_step_4" / "actor" / "model" / "dist_ckpt" / "metadata.json", (now, now))
+    run = scanner.scan([clean_copy], in_progress_window_s=600).runs[0]
+    assert [c.status.value for c in run.checkpoints] == ["complete", "in-progress"]
+
+
+def test_cli_latest_passes_over_the_old_layout(v2, tmp_path):
+    """The real CLI: the tracker names the old-layout step 8; `latest` answers step 4 and says why not 8."""
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    out = subprocess.run(
+        [sys.executable, "-m", "ckpt_audit.cli", "latest", "--json", str(_run(v2, "old-layout"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "Traceback" not in out.stderr, out.stderr[-800:]
+    doc = json.loads(out.stdout)
+    assert doc["step"] == 4 and doc["checkpoint"].endswith("global_step_4"), doc
+    [passed] = [p for p in doc["passed_over"] if p["step"] == 8]
+    assert "megatron-old-layout" in passed["reasons"]
+
+
+def _findings(v2: Path, case: str):
+    return scanner.scan([_run(v2, case)], in_progress_window_s=0).all_findings
+
+
+def test_copied_step_and_missing_manifest_are_named(v2):
+    """Step 6 copied from step 4 keeps step 4's manifest: named, with the state verl would resume under it."""
+    [f] = [f for f in _findings(v2, "step-mismatch") if f.code == "megatron-v2-step-mismatch"]
+    assert f.path.endswith("global_step_6/actor/ckpt_contents.json") and "resume step 4's state as step 6" in f.message
+    [g] = [f for f in _findings(v2, "manifest-missing") if f.code == "megatron-v2-manifest-missing"]
+    assert g.path.endswith("global_step_4/actor/ckpt_contents.json")
+
+
+def test_fix_tracker_will_not_move_back_from_an_old_layout_step(v2, tmp_path):
+    """The tracker names the whole old-layout step 8: fix-tracker refuses to point it back at step 4 (the way out is
+    verl's migration, which keeps the progress) and leaves the tracker as it was."""
+    run = tmp_path / "exp"
+    shutil.copytree(_run(v2, "old-layout"), run)
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    cli = [sys.executable, "-m", "ckpt_audit.cli", "fix-tracker", "--yes", str(run)]
+    out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+    assert (
+        out.returncode == 1 and "names-old-layout" in out.stderr and "migrate_megatron_checkpoint_layout" in out.stderr
+    )
+    assert (run / "latest_checkpointed_iteration.txt").read_text() == "8"
+
+
+def test_tracker_target_needs_a_manifest_in_every_role(clean_copy):
+    """Async saves finalize per role: a critic without its manifest leaves step 4 uncommitted as a whole."""
+    actor = clean_copy / "global_step_4" / "actor"
+    critic = actor.parent / "critic"
+    shutil.copytree(actor, critic)
+    doc = json.loads((critic / "ckpt_contents.json").read_text())
+    (critic / "ckpt_contents.json").write_text(json.dumps({**doc, "role": "critic"}))
+    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    assert run.checkpoints[-1].status.value == "complete"
+    (critic / "ckpt_contents.json").unlink()
+    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    [f] = [f for f in run.checkpoints[-1].all_findings if f.code == "megatron-v2-manifest-missing"]
+    assert f.path == str(critic / "ckpt_contents.json") and run.checkpoints[-1].status.value == "incomplete"
+    assert gate(run).chosen.step == 2
