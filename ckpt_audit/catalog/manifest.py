@@ -9,7 +9,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit import models
@@ -183,6 +183,8 @@ def pt_from_json(doc: str | None) -> tuple[PtFacts | None, bool]:
         return None, True
     d = json.loads(doc)
     pt = PtFacts(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _PT_FIELDS})
+    if pt.meta:  # JSON keeps its (key, value) pairs as lists
+        pt = replace(pt, meta=tuple((str(k), v) for k, v in pt.meta))
     return pt, set(d) >= _PT_FIELDS
 
 
