@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import hf_trainer, shard_file
+from ckpt_audit.layouts import shard_file
 from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
 from ckpt_audit.rules import deepspeed as rules
+from ckpt_audit.rules import hf_trainer as hf_rules
 from ckpt_audit.rules import status, tracker
 from ckpt_audit.tree import FileFacts, Tree
 
 if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint, Component, Run
+    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
     from ckpt_audit.rules.status import ScanContext
 
 NAME = "deepspeed"
@@ -49,7 +50,8 @@ class DeepSpeed:
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
         for d, subdirs in tree.dirs.items():
-            if is_tag(d, tree) or hf_trainer.is_checkpoint(tree.file_names(d)):
+            names = tree.file_names(d)
+            if is_tag(d, tree) or hf_rules.TRAINER_STATE in names or hf_rules.TRAINING_ARGS in names:
                 continue  # a tag is never a run; Trainer's checkpoint-N/global_stepN is Trainer's (layouts.hf_trainer)
             if any(is_tag(f"{d}/{s}", tree) for s in subdirs):
                 yield d
@@ -89,8 +91,10 @@ class DeepSpeed:
         )
 
 
-def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Checkpoint | None:
-    """One tag directory as a Checkpoint with the tag rules' findings (None: no step to file it under)."""
+def tag_files(
+    tag_dir: str, tree: Tree, facts: Mapping[str, FileFacts]
+) -> tuple[list[ShardFile], list[Finding], dict[str, Mapping[str, int | str] | None]]:
+    """A tag directory's files as ShardFiles, their readers' findings, and what each DeepSpeed shard records."""
     files = []
     file_findings: list[Finding] = []
     metas: dict[str, Mapping[str, int | str] | None] = {}
@@ -104,8 +108,13 @@ def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, F
         file_findings.extend(fact.findings)
         if kind is not FileKind.OTHER:
             metas[name] = dict(fact.pt.meta) if fact.pt is not None and fact.pt.meta else None
-    tag = tag_dir.rsplit("/", 1)[-1]
-    step = rules.tag_step(tag)
+    return files, file_findings, metas
+
+
+def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Checkpoint | None:
+    """One tag directory as a Checkpoint with the tag rules' findings (None: no step to file it under)."""
+    files, file_findings, metas = tag_files(tag_dir, tree, facts)
+    step = rules.tag_step(tag_dir.rsplit("/", 1)[-1])
     degrees, found = rules.check_tag(tag_dir, step, metas)
     if step is None:  # a custom tag: filed under the step its own files record
         steps = {m.get("global_steps") for m in metas.values() if m}

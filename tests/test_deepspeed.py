@@ -1,0 +1,199 @@
+"""Bare DeepSpeed engine trees written by DeepSpeed itself, judged through the real CLI.
+
+The trees come from tests/_write_deepspeed.py (deepspeed 0.19 on its CPU accelerator, gloo, 2 ranks, torch's AdamW,
+ZeRO-2 and ZeRO-3, saves at steps 2, 4, 6; every save loaded back by DeepSpeed's own load_checkpoint at build time),
+cached between sessions like the other writers. One defect per test, on a copy. What DeepSpeed's own load does with
+each cut is in docs/layouts.md (scripts/probe_deepspeed_load.py reproduces it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
+from conftest import build_cached, writer_key
+
+from ckpt_audit.rules import deepspeed as rules
+
+WRITER = Path(__file__).with_name("_write_deepspeed.py")
+Z2_OPTIM = "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+
+
+def _write(dest: Path, stage: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
+    with socket.socket() as s:  # a free port for the gloo rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    res = subprocess.run(
+        [*run, str(WRITER), str(dest), str(stage)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=dest.parent,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def _tree(tmp_path_factory, stage: int) -> Path:
+    pytest.importorskip("deepspeed")  # the test extra installs it
+    key = writer_key(WRITER, ("torch", "deepspeed"))
+    return build_cached(tmp_path_factory, f"deepspeed_z{stage}", lambda d: _write(d / "ds", stage), key=key) / "ds"
+
+
+@pytest.fixture(scope="session")
+def ds_z2(tmp_path_factory) -> Path:
+    return _tree(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="session")
+def ds_z3(tmp_path_factory) -> Path:
+    return _tree(tmp_path_factory, 3)
+
+
+@pytest.fixture(params=[2, 3], ids=["zero2", "zero3"])
+def save_dir(request, tmp_path) -> Path:
+    """A private copy of the ZeRO-2 or ZeRO-3 save directory, dated an hour back."""
+    dst = tmp_path / "runs" / "ds"
+    shutil.copytree(request.getfixturevalue(f"ds_z{request.param}"), dst)
+    age(dst)
+    return dst
+
+
+# -- real trees through the CLI --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_engine_tree_is_recognised_complete_and_latest_names_its_tag(save_dir, tmp_path):
+    doc = scan_json(save_dir.parent, tmp_path / "c.db")
+    [run] = doc["runs"]
+    assert run["layout"] == "deepspeed" and run["path"] == str(save_dir)
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"}  # not unsafe: LossScaler & co are data
+    assert doc["exit_code"] == 0 and run["tracker_step"] == 6
+    assert {c["world_size"] for c in run["checkpoints"]} == {2}  # dp_world_size as the files record it
+    res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "global_step6")
+
+
+@pytest.mark.slow
+def test_missing_optimizer_shard_is_incomplete(save_dir, tmp_path):
+    # DeepSpeed: rank 1's load_checkpoint(tag="global_step4") raises FileNotFoundError on that file
+    (save_dir / "global_step4" / Z2_OPTIM.format(1)).unlink()
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "incomplete", 6: "complete"}
+    [f] = [f for f in findings_of(doc, 4) if f["code"] == "ds-missing-shard"]
+    assert f["path"] == str(save_dir / "global_step4" / Z2_OPTIM.format(1)) and f["rank"] == 1
+
+
+@pytest.mark.slow
+def test_stale_model_states_from_another_step_are_caught(save_dir, tmp_path):
+    # DeepSpeed loads it without a word: the engine resumes at global_steps=4 with step 6's optimizer (ZeRO-3: rank 1
+    # alone at 4, rank 0 at 6)
+    name = (
+        "mp_rank_00_model_states.pt"
+        if (save_dir / "global_step6" / "mp_rank_00_model_states.pt").exists()
+        else ("zero_pp_rank_1_mp_rank_00_model_states.pt")
+    )
+    shutil.copy2(save_dir / "global_step4" / name, save_dir / "global_step6" / name)
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "corrupt"}
+    [f] = [f for f in findings_of(doc, 6) if f["code"] == "ds-mixed-shards"]
+    assert f["path"].endswith(name) and "global_steps=4" in f["message"]
+    # latest names the stale tag: the run says so, and the gate answers the newest good one
+    assert "ds-latest-dangling" in {f["code"] for f in doc["runs"][0]["findings"]}
+    res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "global_step4")
+
+
+@pytest.mark.slow
+def test_truncated_optimizer_shard_is_corrupt(ds_z2, tmp_path):
+    # DeepSpeed: rank 1's torch.load of the shard raises (OSError: Invalid argument), the job dies
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z2, save_dir)
+    shard = save_dir / "global_step6" / Z2_OPTIM.format(1)
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 100)
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "corrupt"}
+    assert "truncated" in codes_of(doc, 6)
+
+
+@pytest.mark.slow
+def test_tag_newer_than_latest_is_uncommitted_and_missing_latest_is_said(ds_z2, tmp_path):
+    # DeepSpeed: load_checkpoint(tag=None) loads the tag `latest` names (global_step4), never the newer one
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z2, save_dir)
+    (save_dir / "latest").write_text("global_step4")
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "uncommitted"}
+    assert {f["code"] for f in doc["runs"][0]["findings"]} == {"ds-latest-behind"}
+    # the gate answers the whole tag beyond the lagging `latest`, as for verl's tracker: a resume passes it as the tag
+    res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "global_step6")
+    # DeepSpeed without `latest`: load_checkpoint(tag=None) warns and returns (None, None): training from scratch
+    (save_dir / "latest").unlink()
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"}  # each still loads by its tag
+    assert {f["code"] for f in doc["runs"][0]["findings"]} == {"ds-latest-missing"}
+
+
+@pytest.mark.slow
+def test_verify_loads_deepspeed_optimizer_states_without_importing_deepspeed(ds_z3):
+    """verify's weights-only load admits LossScaler and ZeroStageEnum as inert records, DeepSpeed never imported."""
+    shard = ds_z3 / "global_step6" / Z2_OPTIM.format(0)
+    code = (
+        "import sys\nfrom ckpt_audit.deep import safe_load\n"
+        f"r = safe_load.load({str(shard)!r})\n"
+        "osd = r.value['optimizer_state_dict']\n"
+        "assert r.loaded and not r.findings, r.findings\n"
+        "assert osd['zero_stage'].args == (3,) and osd['loss_scaler'].state['cur_scale'] == 1.0\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'deepspeed']\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+# -- the tag rules on what files record (pure) -----------------------------------------------------------------
+
+Z2_META = {"ds_version": "0.19.8", "zero_stage": 2}
+
+
+def _z2(dp: int, **model) -> dict:
+    metas = {"mp_rank_00_model_states.pt": {**Z2_META, "global_steps": 6, "dp_world_size": dp, "mp_world_size": 1}}
+    metas["mp_rank_00_model_states.pt"].update(model)
+    for d in range(dp):
+        metas[Z2_OPTIM.format(d)] = {**Z2_META, "partition_count": dp}
+    return metas
+
+
+def test_grid_comes_from_recorded_degrees_not_the_highest_index():
+    metas = _z2(4)
+    del metas[Z2_OPTIM.format(3)]  # the last rank's shard: no higher index says it should be there
+    deg, found = rules.check_tag("/r/global_step6", 6, metas)
+    assert deg == rules.Degrees(stage=2, dp=4, mp=1)
+    assert [(f.code, f.rank) for f in found] == [("ds-missing-shard", 3)]
+    # a leftover shard of a larger world is not taken for part of the save
+    deg, found = rules.check_tag("/r/global_step6", 6, {**_z2(2), Z2_OPTIM.format(2): None})
+    assert [(f.code, f.rank) for f in found] == [("ds-extra-shard", 2)]
+
+
+def test_mixed_world_sizes_spellings_and_unknown_degrees_are_findings():
+    metas = _z2(2)
+    metas[Z2_OPTIM.format(1)] = {**Z2_META, "partition_count": 4}  # from a 4-rank save
+    assert "ds-mixed-shards" in {f.code for f in rules.check_tag("/r/t", 6, metas)[1]}
+    metas = _z2(2)
+    metas["bf16_" + Z2_OPTIM.format(1)] = metas.pop(Z2_OPTIM.format(1))
+    codes = [f.code for f in rules.check_tag("/r/t", 6, metas)[1]]
+    assert "ds-mixed-names" in codes and "ds-missing-shard" in codes
+    deg, found = rules.check_tag("/r/t", 6, {Z2_OPTIM.format(0): {"ds_version": "0.19.8"}})
+    assert deg is None and [f.code for f in found] == ["ds-degrees-unknown"]
