@@ -620,6 +620,12 @@ _TABLE: tuple[Code, ...] = (
         "optimizer: state/param_groups)",
     ),
     Code(
+        code="hf-deepspeed-latest",
+        severity=E,
+        explanation="checkpoint-N holds DeepSpeed state (global_stepK/) but no `latest` naming one of its tags: "
+        "Trainer resumes with load_checkpoint(checkpoint-N, tag=None), which finds nothing, and raises ValueError",
+    ),
+    Code(
         code="training-args-pickle",
         severity=INFO,
         explanation="training_args.bin is a pickled TrainingArguments object: unpickling it runs transformers' "

@@ -22,17 +22,18 @@ from conftest import build_cached, writer_key
 from ckpt_audit.rules import deepspeed as rules
 
 WRITER = Path(__file__).with_name("_write_deepspeed.py")
+HF_WRITER = Path(__file__).with_name("_write_hf_deepspeed.py")
 Z2_OPTIM = "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
 
 
-def _write(dest: Path, stage: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
+def _write(writer: Path, dest: Path, *args: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1"}
     with socket.socket() as s:  # a free port for the gloo rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
     res = subprocess.run(
-        [*run, str(WRITER), str(dest), str(stage)],
+        [*run, str(writer), str(dest), *args],
         capture_output=True,
         text=True,
         timeout=900,
@@ -45,7 +46,10 @@ def _write(dest: Path, stage: int) -> None:
 def _tree(tmp_path_factory, stage: int) -> Path:
     pytest.importorskip("deepspeed")  # the test extra installs it
     key = writer_key(WRITER, ("torch", "deepspeed"))
-    return build_cached(tmp_path_factory, f"deepspeed_z{stage}", lambda d: _write(d / "ds", stage), key=key) / "ds"
+    tree = build_cached(
+        tmp_path_factory, f"deepspeed_z{stage}", lambda d: _write(WRITER, d / "ds", str(stage)), key=key
+    )
+    return tree / "ds"
 
 
 @pytest.fixture(scope="session")
@@ -56,6 +60,14 @@ def ds_z2(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def ds_z3(tmp_path_factory) -> Path:
     return _tree(tmp_path_factory, 3)
+
+
+@pytest.fixture(scope="session")
+def hf_ds(tmp_path_factory) -> Path:
+    """A transformers Trainer output directory with DeepSpeed ZeRO-2 on (checkpoint-2, -4), resumed by Trainer."""
+    pytest.importorskip("deepspeed")
+    key = writer_key(HF_WRITER, ("torch", "deepspeed", "transformers", "accelerate"))
+    return build_cached(tmp_path_factory, "hf_deepspeed", lambda d: _write(HF_WRITER, d / "out"), key=key) / "out"
 
 
 @pytest.fixture(params=[2, 3], ids=["zero2", "zero3"])
@@ -161,6 +173,28 @@ def test_verify_loads_deepspeed_optimizer_states_without_importing_deepspeed(ds_
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_trainer_checkpoint_with_deepspeed_is_complete_and_its_tag_judged_by_deepspeed_rules(hf_ds, tmp_path):
+    out = tmp_path / "runs" / "out"
+    shutil.copytree(hf_ds, out)
+    age(out)
+    doc = scan_json(out.parent, tmp_path / "c.db")
+    [run] = doc["runs"]
+    assert run["layout"] == "hf-trainer" and statuses(doc) == {2: "complete", 4: "complete"}
+    res = invoke("latest", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(out / "checkpoint-4")
+    # Trainer resumes with load_checkpoint(checkpoint-N, tag=None): without `latest` it raises ValueError, and a
+    # missing optimizer shard fails that rank's load (FileNotFoundError)
+    (out / "checkpoint-4" / "latest").unlink()
+    (out / "checkpoint-2" / "global_step2" / Z2_OPTIM.format(1)).unlink()
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc) == {2: "incomplete", 4: "incomplete"}
+    assert "hf-deepspeed-latest" in codes_of(doc, 4)
+    [f] = [f for f in findings_of(doc, 2) if f["code"] == "ds-missing-shard"]
+    assert f["path"] == str(out / "checkpoint-2" / "global_step2" / Z2_OPTIM.format(1))
 
 
 # -- the tag rules on what files record (pure) -----------------------------------------------------------------

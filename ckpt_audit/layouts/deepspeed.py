@@ -141,6 +141,31 @@ def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, F
     )
 
 
+def trainer_state_findings(ckpt_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[Finding, ...]:
+    """DeepSpeed's state inside an HF Trainer `checkpoint-N/` (layouts.hf_trainer): Trainer resumes it with
+    `engine.load_checkpoint(checkpoint-N)`, tag=None, so `checkpoint-N/latest` must name a tag there, and each tag is
+    held to the same rules as a bare engine tree's."""
+    tags = sorted(s for s in tree.subdirs(ckpt_dir) if is_tag(f"{ckpt_dir}/{s}", tree))
+    if not tags:
+        return ()
+    path = f"{ckpt_dir}/{rules.LATEST}"
+    out: list[Finding] = []
+    if rules.LATEST not in tree.file_names(ckpt_dir):
+        out.append(
+            finding("hf-deepspeed-latest", path, "no `latest`: Trainer's resume raises ValueError (failed to resume)")
+        )
+    elif (fact := facts.get(path)) is not None and fact.text is not None:
+        tag = rules.read_latest(fact.text)
+        if tag not in tags:
+            out.append(
+                finding("hf-deepspeed-latest", path, f"`latest` names {tag!r}, not a tag here ({', '.join(tags)})")
+            )
+    for t in tags:
+        tag_dir = f"{ckpt_dir}/{t}"
+        out += rules.check_tag(tag_dir, rules.tag_step(t), tag_files(tag_dir, tree, facts)[2])[1]
+    return tuple(out)
+
+
 def check_latest(run_dir: str, present: bool, tag: str | None, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:
     """What load_checkpoint(tag=None) makes of `latest`: missing, naming no usable tag, or behind whole tags."""
     path = f"{run_dir}/{rules.LATEST}"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import shard_file
+from ckpt_audit.layouts import deepspeed, shard_file
 from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
 from ckpt_audit.rules import hf_trainer as rules
 from ckpt_audit.rules import status
@@ -159,7 +159,8 @@ class HfTrainer:
             path=step_dir,
             status=Status.INCOMPLETE,  # placeholder; status.judge decides
             components=(comp,),
-            findings=rules.check_checkpoint(step_dir, step, names, subdirs, texts, weights_below=below),
+            findings=rules.check_checkpoint(step_dir, step, names, subdirs, texts, weights_below=below)
+            + deepspeed.trainer_state_findings(step_dir, tree, facts),
             mtime_ns=mtime,
         )
 
