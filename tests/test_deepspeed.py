@@ -231,3 +231,6 @@ def test_mixed_world_sizes_spellings_and_unknown_degrees_are_findings():
     assert "ds-mixed-names" in codes and "ds-missing-shard" in codes
     deg, found = rules.check_tag("/r/t", 6, {Z2_OPTIM.format(0): {"ds_version": "0.19.8"}})
     assert deg is None and [f.code for f in found] == ["ds-degrees-unknown"]
+    # model states replaced by some other torch file (read, recording nothing): no mp degree, never complete
+    deg, found = rules.check_tag("/r/t", 6, {**_z2(2), "mp_rank_00_model_states.pt": {}})
+    assert deg is None and [f.code for f in found] == ["ds-degrees-unknown"]

@@ -107,7 +107,8 @@ def tag_files(
         files.append(shard_file(fact, kind, rules.rank_of(name) if kind is not FileKind.OTHER else None))
         file_findings.extend(fact.findings)
         if kind is not FileKind.OTHER:
-            metas[name] = dict(fact.pt.meta) if fact.pt is not None and fact.pt.meta else None
+            # None: the pickle was not read (its own findings say why); {}: read, and it records none of the keys
+            metas[name] = dict(fact.pt.meta) if fact.pt is not None else None
     return files, file_findings, metas
 
 
