@@ -15,6 +15,11 @@ import sys
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import deepspeed  # noqa: E402
+import deepspeed.comm.torch  # noqa: E402
+
+# DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce op at init (minutes on a cold machine, a C++
+# compiler needed); it only speeds up collectives, and what save_checkpoint writes does not depend on it
+sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # (its attribute deepspeed.comm.torch is torch)
 import torch  # noqa: E402
 
 

@@ -12,7 +12,12 @@ import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+import deepspeed.comm.torch  # noqa: E402
 import torch  # noqa: E402
+
+# DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce op at init (minutes on a cold machine, a C++
+# compiler needed); it only speeds up collectives, and what save_checkpoint writes does not depend on it
+sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # (its attribute deepspeed.comm.torch is torch)
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 
