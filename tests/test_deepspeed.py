@@ -234,3 +234,13 @@ def test_mixed_world_sizes_spellings_and_unknown_degrees_are_findings():
     # model states replaced by some other torch file (read, recording nothing): no mp degree, never complete
     deg, found = rules.check_tag("/r/t", 6, {**_z2(2), "mp_rank_00_model_states.pt": {}})
     assert deg is None and [f.code for f in found] == ["ds-degrees-unknown"]
+
+
+def test_a_catalog_row_from_before_meta_is_read_again_only_for_deepspeed_files():
+    from ckpt_audit.catalog.manifest import pt_from_json
+
+    old = '{"prefix": "x", "n_tensors": 1, "n_dtensors": 0, "mesh_sizes": [], "top_keys": %s}'
+    assert pt_from_json(old % '["model", "optimizer"]')[1] is True  # no re-read of every other torch file
+    assert pt_from_json(old % '["optimizer_state_dict", "ds_config", "ds_version"]')[1] is False
+    pt, whole = pt_from_json(old.replace("}", ', "meta": [["dp_world_size", 2]]}') % "[]")
+    assert whole and pt.meta == (("dp_world_size", 2),)

@@ -185,7 +185,10 @@ def pt_from_json(doc: str | None) -> tuple[PtFacts | None, bool]:
     pt = PtFacts(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _PT_FIELDS})
     if pt.meta:  # JSON keeps its (key, value) pairs as lists
         pt = replace(pt, meta=tuple((str(k), v) for k, v in pt.meta))
-    return pt, set(d) >= _PT_FIELDS
+    missing = _PT_FIELDS - set(d)
+    # `meta` holds only what DeepSpeed's files record (top-level ds_version): a row from before it, of any other
+    # file, lacks nothing, so an upgrade does not re-read every torch file of every run
+    return pt, not missing or (missing == {"meta"} and "ds_version" not in pt.top_keys)
 
 
 def as_shard_files(
