@@ -8,6 +8,7 @@ each cut is in docs/layouts.md (scripts/probe_deepspeed_load.py reproduces it).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -157,6 +158,28 @@ def test_tag_newer_than_latest_is_uncommitted_and_missing_latest_is_said(ds_z2, 
     doc = scan_json(save_dir, tmp_path / "c.db")
     assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"}  # each still loads by its tag
     assert {f["code"] for f in doc["runs"][0]["findings"]} == {"ds-latest-missing"}
+
+
+@pytest.mark.slow
+def test_unreadable_latest_protects_every_tag_from_prune(ds_z2, tmp_path):
+    """`latest` that cannot be read names an unknown tag: tracker-unread, never a dangling or missing `latest`, and
+    prune deletes nothing (any tag may be the one a resume loads)."""
+    from test_scan import _unprivileged
+
+    if (prefix := _unprivileged()) is None:
+        pytest.skip("root without setpriv: chmod is not enforced")
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z2, save_dir)
+    (save_dir / "latest").chmod(0)
+    age(save_dir)
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    cmd = [*prefix, sys.executable, "-m", "ckpt_audit"]
+    scan = subprocess.run([*cmd, "scan", "--json", str(save_dir)], capture_output=True, text=True, env=env)
+    doc = json.loads(scan.stdout)
+    assert {f["code"] for f in doc["runs"][0]["findings"]} == {"tracker-unread", "unreadable"}, scan.stdout
+    prune = subprocess.run([*cmd, "prune", "--yes", "--keep-last", "1", str(save_dir)], capture_output=True, env=env)
+    assert prune.returncode == 0, prune.stderr
+    assert sorted(p.name for p in save_dir.glob("global_step*")) == ["global_step2", "global_step4", "global_step6"]
 
 
 @pytest.mark.slow

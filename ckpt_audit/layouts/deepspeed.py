@@ -70,6 +70,17 @@ class DeepSpeed:
         latest_fact = facts.get(latest_path)
         latest_tag = rules.read_latest(latest_fact.text if latest_fact else None)
         found: list[Finding] = list(latest_fact.findings) if latest_fact else []
+        # present but not read (permission, I/O, a link out of the root): which tag resumes is unknown, and prune
+        # keeps every tag (retention reads tracker-unread for any layout)
+        walked = tuple(f for f in ctx.unread if f.path == latest_path)
+        unread = tracker.unread_tracker(
+            latest_path,
+            text=latest_fact.text if latest_fact else None,
+            present=latest_fact is not None,
+            read=latest_fact.findings if latest_fact else (),
+            walked=walked,
+        )
+        found += unread
         checkpoints: list[Checkpoint] = []
         for sub in tree.subdirs(run_dir):
             d = f"{run_dir}/{sub}"
@@ -85,7 +96,8 @@ class DeepSpeed:
         judged = sorted(
             (status.judge(c, tracker_step=committed, ctx=ctx) for c in checkpoints), key=lambda c: (c.step, c.path)
         )
-        found += check_latest(run_dir, latest_fact is not None, latest_tag, judged)
+        if not unread:
+            found += check_latest(run_dir, latest_fact is not None, latest_fact.text if latest_fact else None, judged)
         return models.Run(
             path=run_dir, layout=NAME, tracker_step=committed, checkpoints=tuple(judged), findings=tuple(found)
         )
@@ -167,13 +179,15 @@ def trainer_state_findings(ckpt_dir: str, tree: Tree, facts: Mapping[str, FileFa
     return tuple(out)
 
 
-def check_latest(run_dir: str, present: bool, tag: str | None, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:
-    """What load_checkpoint(tag=None) makes of `latest`: missing, naming no usable tag, or behind whole tags."""
+def check_latest(run_dir: str, present: bool, text: str | None, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:
+    """What load_checkpoint(tag=None) makes of `latest` (read as `text`): missing, naming no usable tag (an empty
+    one makes it look in the save directory itself), or behind whole tags."""
     path = f"{run_dir}/{rules.LATEST}"
     if not checkpoints:
         return ()
     if not present:
         return (finding("ds-latest-missing", path, "no `latest`: load_checkpoint(tag=None) trains from scratch"),)
+    tag = (text or "").strip()
     out: list[Finding] = []
     target = [c for c in checkpoints if c.path == f"{run_dir}/{tag}"]
     if not target:
