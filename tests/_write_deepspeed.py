@@ -1,10 +1,10 @@
 """Write a bare DeepSpeed engine tree with DeepSpeed itself, then load every save back with DeepSpeed's own
 `load_checkpoint` to prove the tree is real. Run as 2 processes by torch.distributed.run (CPU accelerator, gloo):
 
-    DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 tests/_write_deepspeed.py DEST STAGE
+    DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 tests/_write_deepspeed.py DEST STAGE [bf16]
 
 DEST/global_step2, global_step4, global_step6 and `latest` (naming global_step6), ZeRO stage STAGE (2 or 3),
-torch's AdamW as the client optimizer (DeepSpeed's fused Adam needs CUDA), fp32 (bf16 off).
+torch's AdamW as the client optimizer (DeepSpeed's fused Adam needs CUDA), fp32 unless `bf16` is given.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # (its attribut
 import torch  # noqa: E402
 
 
-def main(dest: str, stage: int) -> None:
+def main(dest: str, stage: int, bf16: bool = False) -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     config = {
@@ -32,6 +32,7 @@ def main(dest: str, stage: int) -> None:
         "zero_optimization": {"stage": stage},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1000,
+        "bf16": {"enabled": bf16},
     }
 
     def engine():
@@ -41,7 +42,7 @@ def main(dest: str, stage: int) -> None:
 
     eng = engine()
     for step in range(1, 7):
-        x = torch.randn(2, 8)
+        x = torch.randn(2, 8, dtype=torch.bfloat16 if bf16 else torch.float32)
         loss = eng(x).pow(2).mean()
         eng.backward(loss)
         eng.step()
@@ -56,4 +57,4 @@ def main(dest: str, stage: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), bf16=sys.argv[3:] == ["bf16"])

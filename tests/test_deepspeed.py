@@ -1,9 +1,11 @@
 """Bare DeepSpeed engine trees written by DeepSpeed itself, judged through the real CLI.
 
-The trees come from tests/_write_deepspeed.py (deepspeed 0.19 on its CPU accelerator, gloo, 2 ranks, torch's AdamW,
-ZeRO-2 and ZeRO-3, saves at steps 2, 4, 6; every save loaded back by DeepSpeed's own load_checkpoint at build time),
-cached between sessions like the other writers. One defect per test, on a copy. What DeepSpeed's own load does with
-each cut is in docs/layouts.md (scripts/probe_deepspeed_load.py reproduces it).
+The trees come from tests/_write_deepspeed.py (deepspeed 0.19 on its CPU accelerator, gloo, 2 ranks, torch's AdamW;
+ZeRO-2 with bf16, so its optimizer shards are bf16_zero_pp_rank_*, and ZeRO-3 in fp32; saves at steps 2, 4, 6, each
+loaded back by DeepSpeed's own load_checkpoint at build time) and tests/_write_hf_deepspeed.py (transformers' Trainer
+with a ZeRO-2 config, both saves resumed by Trainer), cached between sessions like the other writers. One defect per
+test, on a copy. What DeepSpeed's own load does with each cut is in docs/layouts.md
+(scripts/probe_deepspeed_load.py reproduces it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ HF_WRITER = Path(__file__).with_name("_write_hf_deepspeed.py")
 Z2_OPTIM = "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
 
 
+def optim(tag_dir: Path, rank: int) -> Path:
+    """The optimizer shard of `rank` in a tag, either spelling (the ZeRO-2 tree is bf16: bf16_zero_pp_rank_*)."""
+    [p] = tag_dir.glob("*" + Z2_OPTIM.format(rank))
+    return p
+
+
 def _write(writer: Path, dest: Path, *args: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1"}
     with socket.socket() as s:  # a free port for the gloo rendezvous
@@ -44,18 +52,21 @@ def _write(writer: Path, dest: Path, *args: str) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
 
 
-def _tree(tmp_path_factory, stage: int) -> Path:
+def _tree(tmp_path_factory, stage: int, *flags: str) -> Path:
     pytest.importorskip("deepspeed")  # the test extra installs it
     key = writer_key(WRITER, ("torch", "deepspeed"))
     tree = build_cached(
-        tmp_path_factory, f"deepspeed_z{stage}", lambda d: _write(WRITER, d / "ds", str(stage)), key=key
+        tmp_path_factory,
+        f"deepspeed_z{stage}{''.join(flags)}",
+        lambda d: _write(WRITER, d / "ds", str(stage), *flags),
+        key=key,
     )
     return tree / "ds"
 
 
 @pytest.fixture(scope="session")
 def ds_z2(tmp_path_factory) -> Path:
-    return _tree(tmp_path_factory, 2)
+    return _tree(tmp_path_factory, 2, "bf16")
 
 
 @pytest.fixture(scope="session")
@@ -98,11 +109,27 @@ def test_engine_tree_is_recognised_complete_and_latest_names_its_tag(save_dir, t
 @pytest.mark.slow
 def test_missing_optimizer_shard_is_incomplete(save_dir, tmp_path):
     # DeepSpeed: rank 1's load_checkpoint(tag="global_step4") raises FileNotFoundError on that file
-    (save_dir / "global_step4" / Z2_OPTIM.format(1)).unlink()
+    shard = optim(save_dir / "global_step4", 1)
+    shard.unlink()
     doc = scan_json(save_dir, tmp_path / "c.db")
     assert statuses(doc) == {2: "complete", 4: "incomplete", 6: "complete"}
     [f] = [f for f in findings_of(doc, 4) if f["code"] == "ds-missing-shard"]
-    assert f["path"] == str(save_dir / "global_step4" / Z2_OPTIM.format(1)) and f["rank"] == 1
+    assert f["path"] == str(shard) and f["rank"] == 1
+
+
+@pytest.mark.slow
+def test_optimizer_shards_in_two_spellings_are_incomplete(ds_z2, tmp_path):
+    # the bf16 engine opens bf16_zero_pp_rank_D_* for every rank (engine._get_all_zero_checkpoint_names with its own
+    # bf16 mode): rank 1's shard under the plain name is missing to it
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z2, save_dir)
+    shard = optim(save_dir / "global_step6", 1)
+    assert shard.name.startswith("bf16_")
+    shard.rename(shard.with_name(shard.name.removeprefix("bf16_")))
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "incomplete"}
+    assert {"ds-mixed-names", "ds-missing-shard"} <= codes_of(doc, 6)
 
 
 @pytest.mark.slow
@@ -131,7 +158,7 @@ def test_truncated_optimizer_shard_is_corrupt(ds_z2, tmp_path):
     # DeepSpeed: rank 1's torch.load of the shard raises (OSError: Invalid argument), the job dies
     save_dir = tmp_path / "ds"
     shutil.copytree(ds_z2, save_dir)
-    shard = save_dir / "global_step6" / Z2_OPTIM.format(1)
+    shard = optim(save_dir / "global_step6", 1)
     with open(shard, "r+b") as f:
         f.truncate(shard.stat().st_size - 100)
     age(save_dir)
@@ -185,7 +212,7 @@ def test_unreadable_latest_protects_every_tag_from_prune(ds_z2, tmp_path):
 @pytest.mark.slow
 def test_verify_loads_deepspeed_optimizer_states_without_importing_deepspeed(ds_z3):
     """verify's weights-only load admits LossScaler and ZeroStageEnum as inert records, DeepSpeed never imported."""
-    shard = ds_z3 / "global_step6" / Z2_OPTIM.format(0)
+    shard = optim(ds_z3 / "global_step6", 0)
     code = (
         "import sys\nfrom ckpt_audit.deep import safe_load\n"
         f"r = safe_load.load({str(shard)!r})\n"
