@@ -180,6 +180,10 @@ def test_tag_newer_than_latest_is_uncommitted_and_missing_latest_is_said(ds_z2, 
     # the gate answers the whole tag beyond the lagging `latest`, as for verl's tracker: a resume passes it as the tag
     res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
     assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "global_step6")
+    # fix-tracker writes no verl tracker into a DeepSpeed save directory (rewriting `latest` is not built yet)
+    res = invoke("fix-tracker", "--yes", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 1 and "DeepSpeed run's tracker is `latest`" in res.output
+    assert (save_dir / "latest").read_text() == "global_step4" and not list(save_dir.glob("latest_*"))
     # DeepSpeed without `latest`: load_checkpoint(tag=None) warns and returns (None, None): training from scratch
     (save_dir / "latest").unlink()
     doc = scan_json(save_dir, tmp_path / "c.db")
