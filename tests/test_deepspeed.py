@@ -239,6 +239,15 @@ def test_trainer_checkpoint_with_deepspeed_is_complete_and_its_tag_judged_by_dee
     assert run["layout"] == "hf-trainer" and statuses(doc) == {2: "complete", 4: "complete"}
     res = invoke("latest", str(out), catalog=tmp_path / "c.db")
     assert res.exit_code == 0 and res.stdout.strip() == str(out / "checkpoint-4")
+    # an export is the HF model alone: no global_step4/, no `latest`, no zero_to_fp32.py
+    res = invoke("export", str(out / "checkpoint-4"), "--to", str(tmp_path / "hf"), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
+        ".ckpt-audit-export.json",  # the export's lineage
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
     # Trainer resumes with load_checkpoint(checkpoint-N, tag=None): without `latest` it raises ValueError, and a
     # missing optimizer shard fails that rank's load (FileNotFoundError)
     (out / "checkpoint-4" / "latest").unlink()

@@ -37,6 +37,8 @@ TEXT_LIMIT = 64 * 1024  # what the scanner reads of a JSON file (scanner.TEXT_LI
 # names only Trainer writes together: one of them in a checkpoint-N/ makes its parent an HF output directory
 SIGNS = frozenset({rules.TRAINER_STATE, rules.TRAINING_ARGS, rules.SCHEDULER, "rng_state.pth", *rules.OPTIMIZER_FILES})
 ADAPTER_NAMES = frozenset({"adapter_model.safetensors", "adapter_model.bin"})
+# what DeepSpeed's save_checkpoint puts beside its global_stepK/: the tag pointer and converters of that state
+DEEPSPEED_FILES = frozenset({"latest", "zero_to_fp32.py", "zero_to_torch.py"})
 
 
 def step_of(name: str) -> int | None:
@@ -68,6 +70,7 @@ def is_resume_state(name: str) -> bool:
     return classify(name)[0] in (FileKind.OPTIM, FileKind.EXTRA_STATE) or name in (
         rules.TRAINER_STATE,
         rules.TRAINING_ARGS,
+        *DEEPSPEED_FILES,
     )
 
 
