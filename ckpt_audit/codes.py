@@ -665,6 +665,12 @@ _TABLE: tuple[Code, ...] = (
         "behind): load_checkpoint never opens it, zero_to_fp32 may trip over it",
     ),
     Code(
+        code="ds-tag-unplaced",
+        severity=W,
+        explanation="a tag with a custom name whose files record no single global_steps (its model states are "
+        "missing or unreadable): no step to file it under, so it is not judged, and prune never touches it",
+    ),
+    Code(
         code="ds-latest-missing",
         severity=W,
         explanation="no `latest` file: load_checkpoint(tag=None) logs a warning and returns (None, None), so the "

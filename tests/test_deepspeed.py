@@ -192,6 +192,46 @@ def test_tag_newer_than_latest_is_uncommitted_and_missing_latest_is_said(ds_z2, 
 
 
 @pytest.mark.slow
+def test_any_tag_name_is_a_checkpoint_filed_under_its_step(ds_z3, tmp_path):
+    # load_checkpoint(tag=...) takes any directory name; OpenRLHF keeps best_global_stepN tags
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z3, save_dir)
+    (save_dir / "global_step6").rename(save_dir / "final")  # a custom tag: step 6 as its files record
+    (save_dir / "global_step4").rename(save_dir / "best_global_step4")
+    (save_dir / "latest").write_text("final")
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"} and doc["exit_code"] == 0
+    res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "final")
+    # a custom tag without model states records no step: said, not judged, never pruned
+    for p in (save_dir / "final").glob("*model_states.pt"):
+        p.unlink()
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete"}
+    assert "ds-tag-unplaced" in {f["code"] for f in doc["runs"][0]["findings"]}
+    res = invoke("prune", "--yes", "--keep-last", "1", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and (save_dir / "final").is_dir()
+
+
+@pytest.mark.slow
+def test_a_mixed_root_judges_each_run_by_its_own_layout(verl_run, ds_z3, hf_ds, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(verl_run, root / "verl" / verl_run.name)
+    shutil.copytree(ds_z3, root / "ds")
+    shutil.copytree(hf_ds, root / "hf" / "out")
+    age(root)
+    doc = scan_json(root, tmp_path / "c.db")
+    assert {Path(r["path"]).relative_to(root).as_posix(): r["layout"] for r in doc["runs"]} == {
+        f"verl/{verl_run.name}": "verl-fsdp",
+        "ds": "deepspeed",
+        "hf/out": "hf-trainer",
+    }
+    assert {c["status"] for r in doc["runs"] for c in r["checkpoints"]} == {"complete"}
+
+
+@pytest.mark.slow
 def test_unreadable_latest_protects_every_tag_from_prune(ds_z2, tmp_path):
     """`latest` that cannot be read names an unknown tag: tracker-unread, never a dangling or missing `latest`, and
     prune deletes nothing (any tag may be the one a resume loads)."""

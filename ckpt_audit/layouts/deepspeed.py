@@ -88,7 +88,13 @@ class DeepSpeed:
                 continue
             ckpt = tag_checkpoint(run_dir, d, tree, facts)
             if ckpt is None:
-                found.append(finding("step-out-of-range", d, f"tag {sub!r}: no step within 2^63-1; not judged"))
+                found.append(
+                    finding(
+                        "ds-tag-unplaced",
+                        d,
+                        f"tag {sub!r}: no step (within 2^63-1) in its name or its files; not judged",
+                    )
+                )
                 continue
             checkpoints.append(ckpt)
         by_tag = {c.path.rsplit("/", 1)[-1]: c for c in checkpoints}
@@ -130,8 +136,8 @@ def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, F
     step = rules.tag_step(tag_dir.rsplit("/", 1)[-1])
     degrees, found = rules.check_tag(tag_dir, step, metas)
     if step is None:  # a custom tag: filed under the step its own files record
-        steps = {m.get("global_steps") for m in metas.values() if m}
-        step = next(iter(steps)) if len(steps) == 1 and isinstance(next(iter(steps)), int) else None
+        steps = {v for m in metas.values() if m and isinstance(v := m.get("global_steps"), int)}
+        step = steps.pop() if len(steps) == 1 else None
     if step is None or step > MAX_STEP:
         return None
     comp = models.Component(
