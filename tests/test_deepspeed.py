@@ -292,10 +292,13 @@ def test_trainer_checkpoint_with_deepspeed_is_complete_and_its_tag_judged_by_dee
     # missing optimizer shard fails that rank's load (FileNotFoundError)
     (out / "checkpoint-4" / "latest").unlink()
     (out / "checkpoint-2" / "global_step2" / Z2_OPTIM.format(1)).unlink()
+    # a save cut before trainer_state.json: still Trainer's checkpoint, never a verl run of its own whose
+    # global_step4/ would read as a misnamed, disposable husk
+    (out / "checkpoint-4" / "trainer_state.json").unlink()
     age(out)
-    doc = scan_json(out, tmp_path / "c.db")
+    doc = scan_json(out, tmp_path / "c.db")  # (one run: statuses() unpacks exactly one)
     assert statuses(doc) == {2: "incomplete", 4: "incomplete"}
-    assert "hf-deepspeed-latest" in codes_of(doc, 4)
+    assert {"hf-deepspeed-latest", "hf-missing-trainer-state"} <= codes_of(doc, 4)
     [f] = [f for f in findings_of(doc, 2) if f["code"] == "ds-missing-shard"]
     assert f["path"] == str(out / "checkpoint-2" / "global_step2" / Z2_OPTIM.format(1))
 

@@ -261,7 +261,8 @@ def _hf_checkpoint(d: str, tree: Tree) -> bool:
     return (
         bool(HF_CHECKPOINT_RE.fullmatch(d.rsplit("/", 1)[-1]))
         and TRACKER not in names
-        and "trainer_state.json" in names
+        # trainer_state.json comes last; training_args.bin with the weights, before DeepSpeed's global_stepK/
+        and ("trainer_state.json" in names or "training_args.bin" in names)
     )
 
 
