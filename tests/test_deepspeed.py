@@ -168,7 +168,7 @@ def test_truncated_optimizer_shard_is_corrupt(ds_z2, tmp_path):
 
 
 @pytest.mark.slow
-def test_tag_newer_than_latest_is_uncommitted_and_missing_latest_is_said(ds_z2, tmp_path):
+def test_tag_newer_than_latest_is_uncommitted_prune_keeps_it_and_missing_latest_is_said(ds_z2, tmp_path):
     # DeepSpeed: load_checkpoint(tag=None) loads the tag `latest` names (global_step4), never the newer one
     save_dir = tmp_path / "ds"
     shutil.copytree(ds_z2, save_dir)
@@ -184,10 +184,20 @@ def test_tag_newer_than_latest_is_uncommitted_and_missing_latest_is_said(ds_z2, 
     res = invoke("fix-tracker", "--yes", str(save_dir), catalog=tmp_path / "c.db")
     assert res.exit_code == 1 and "DeepSpeed run's tracker is `latest`" in res.output
     assert (save_dir / "latest").read_text() == "global_step4" and not list(save_dir.glob("latest_*"))
+    # prune keeps the tag `latest` names and the whole one beyond it; DeepSpeed's own files beside the tags stay
+    res = invoke("prune", "--yes", "--keep-last", "1", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in save_dir.iterdir()) == [
+        "global_step4",
+        "global_step6",
+        "latest",
+        "zero_to_fp32.py",
+        "zero_to_torch.py",
+    ]
     # DeepSpeed without `latest`: load_checkpoint(tag=None) warns and returns (None, None): training from scratch
     (save_dir / "latest").unlink()
     doc = scan_json(save_dir, tmp_path / "c.db")
-    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"}  # each still loads by its tag
+    assert statuses(doc) == {4: "complete", 6: "complete"}  # each still loads by its tag
     assert {f["code"] for f in doc["runs"][0]["findings"]} == {"ds-latest-missing"}
 
 
