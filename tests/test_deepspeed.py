@@ -214,6 +214,9 @@ def test_any_tag_name_is_a_checkpoint_filed_under_its_step(ds_z3, tmp_path):
     assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"} and doc["exit_code"] == 0
     res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
     assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "final")
+    # a path at a best_ tag scans that checkpoint with its run
+    doc = scan_json(save_dir / "best_global_step4", tmp_path / "c.db")
+    assert statuses(doc) == {4: "complete"}
     # a custom tag without model states records no step: said, not judged, never pruned
     for p in (save_dir / "final").glob("*model_states.pt"):
         p.unlink()
