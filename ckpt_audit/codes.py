@@ -754,10 +754,73 @@ _TABLE: tuple[Code, ...] = (
         "optimizer: state/param_groups)",
     ),
     Code(
+        code="hf-deepspeed-latest",
+        severity=E,
+        explanation="checkpoint-N holds DeepSpeed state (global_stepK/) but no `latest` naming one of its tags: "
+        "Trainer resumes with load_checkpoint(checkpoint-N, tag=None), which finds nothing, and raises ValueError",
+    ),
+    Code(
         code="training-args-pickle",
         severity=INFO,
         explanation="training_args.bin is a pickled TrainingArguments object: unpickling it runs transformers' "
         "code, so ckpt-audit never does and Trainer never loads it on resume (any other global in it is unsafe-pickle)",
+    ),
+    # DeepSpeed engine trees: <save_dir>/latest + tag directories (layouts/deepspeed.py, rules/deepspeed.py)
+    Code(
+        code="ds-missing-shard",
+        severity=E,
+        explanation="a file DeepSpeed's load_checkpoint opens for this tag (by the ZeRO stage and the data- and "
+        "model-parallel degrees its own files record) is absent: that rank's resume raises FileNotFoundError",
+    ),
+    Code(
+        code="ds-mixed-shards",
+        severity=E,
+        explanation="the tag's files disagree on what they record (global_steps against the tag's N, ds_version, "
+        "zero_stage, dp_world_size, partition_count): files of two saves or two world sizes are mixed; DeepSpeed "
+        "loads them without a word or fails on the world size",
+        corrupts=True,
+    ),
+    Code(
+        code="ds-mixed-names",
+        severity=E,
+        explanation="optimizer shards spelled both bf16_zero_pp_rank_* and zero_pp_rank_*: the engine opens one "
+        "spelling for every rank, so one set is missing to it",
+    ),
+    Code(
+        code="ds-degrees-unknown",
+        severity=E,
+        explanation="no file of the tag records its ZeRO stage or data-parallel degree: which files a resume needs "
+        "cannot be told, so it is not called complete",
+    ),
+    Code(
+        code="ds-extra-shard",
+        severity=W,
+        explanation="a shard for a rank beyond the degrees the checkpoint records (a save from a larger world left "
+        "behind): load_checkpoint never opens it, zero_to_fp32 may trip over it",
+    ),
+    Code(
+        code="ds-tag-unplaced",
+        severity=W,
+        explanation="a tag with a custom name whose files record no single global_steps (its model states are "
+        "missing or unreadable): no step to file it under, so it is not judged, and prune never touches it",
+    ),
+    Code(
+        code="ds-latest-missing",
+        severity=W,
+        explanation="no `latest` file: load_checkpoint(tag=None) logs a warning and returns (None, None), so the "
+        "engine trains from scratch unless a tag is passed",
+    ),
+    Code(
+        code="ds-latest-dangling",
+        severity=E,
+        explanation="`latest` names a tag that is absent or not complete: load_checkpoint(tag=None) fails or "
+        "loses state",
+    ),
+    Code(
+        code="ds-latest-behind",
+        severity=W,
+        explanation="whole tags are newer than the one `latest` names: load_checkpoint(tag=None) resumes from the "
+        "older one (a save that died before it rewrote `latest`)",
     ),
     # the walk
     Code(

@@ -315,6 +315,7 @@ class PtFacts:
     n_dtensors: int = 0
     mesh_sizes: tuple[int, ...] = ()  # distinct DeviceMesh sizes seen on DTensors
     top_keys: tuple[str, ...] = ()  # top-level dict keys, when the pickle is a dict
+    meta: tuple[tuple[str, int | str], ...] = ()  # what a framework's file says of itself (readers.deepspeed_meta)
 
     __reduce__ = reduce_as_tuple
 

@@ -40,7 +40,14 @@ if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on
     from ckpt_audit.tree import Partial
 
 TEXT_NAMES = frozenset(
-    {"latest_checkpointed_iteration.txt", "fsdp_config.json", "metadata.json", "config.yaml", "ckpt_contents.json"}
+    {
+        "latest_checkpointed_iteration.txt",
+        "fsdp_config.json",
+        "metadata.json",
+        "config.yaml",
+        "ckpt_contents.json",
+        "latest",
+    }
 )
 # HF Trainer's JSON grows with the run (log_history, weight_map): the first TEXT_LIMIT bytes are read, and the HF
 # rules read what they need from a prefix (trainer_state.json is dumped with sorted keys: global_step comes first);
@@ -636,7 +643,7 @@ def _safetensors(path: str) -> tuple[tuple[Finding, ...], tuple[str, ...] | None
 
 def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
     # imported on the first pickle read, not at start-up: the first file is opened (and hashed) without it
-    from ckpt_audit.readers import pt_structure
+    from ckpt_audit.readers import deepspeed_meta, pt_structure
 
     try:
         s = pt_structure.read_pt_structure(path)
@@ -651,6 +658,7 @@ def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
         n_dtensors=sum(1 for t in s.tensors if t.is_dtensor),
         mesh_sizes=tuple(meshes),
         top_keys=s.keys,
+        meta=deepspeed_meta.read_meta(s.tree),
     )
     return facts, file_rules.structure_findings(path, problems=s.problems, unsafe_globals=s.unsafe_globals)
 

@@ -210,6 +210,9 @@ SLOW_FIXTURES = frozenset(
         "trainer_logs",  # test_continuity: three trainer runs
         "dtensor_dir",  # test_pickles: a 2-process gloo group saving DTensors
         "hf_run",  # test_hf_trainer: a real transformers Trainer run (cached like the trees above)
+        "ds_z2",  # test_deepspeed: trees DeepSpeed itself writes (2 gloo ranks), and Trainer with DeepSpeed
+        "ds_z3",
+        "hf_ds",
         "ray_cluster",  # tests/ray_cluster.py: the session's local Ray cluster (tens of seconds to start)
     }
 )

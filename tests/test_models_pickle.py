@@ -18,7 +18,14 @@ from ckpt_audit.tree import Partial, Tree
 FINDING = Finding(
     severity=Severity.ERROR, code="missing-rank", path="/c/s", message="rank 3 missing", rank=3, tensor="w"
 )
-PT = PtFacts(prefix="model_world_size_8_rank_0", n_tensors=4, n_dtensors=2, mesh_sizes=(8, 2), top_keys=("a", "b"))
+PT = PtFacts(
+    prefix="model_world_size_8_rank_0",
+    n_tensors=4,
+    n_dtensors=2,
+    mesh_sizes=(8, 2),
+    top_keys=("a", "b"),
+    meta=(("ds_version", "0.19.8"), ("zero_stage", 2)),
+)
 DCP = DcpFacts(file_ends=(("__0_0.distcp", 128), ("__1_0.distcp", 64)), key_roots=("model", "optimizer"))
 FACTS = FileFacts(
     path="/c/p/e/global_step_2/actor/model_world_size_8_rank_0.pt",

@@ -9,7 +9,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit import models
@@ -190,7 +190,12 @@ def pt_from_json(doc: str | None) -> tuple[PtFacts | None, bool]:
         return None, True
     d = json.loads(doc)
     pt = PtFacts(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _PT_FIELDS})
-    return pt, set(d) >= _PT_FIELDS
+    if pt.meta:  # JSON keeps its (key, value) pairs as lists
+        pt = replace(pt, meta=tuple((str(k), v) for k, v in pt.meta))
+    missing = _PT_FIELDS - set(d)
+    # `meta` holds only what DeepSpeed's files record (top-level ds_version): a row from before it, of any other
+    # file, lacks nothing, so an upgrade does not re-read every torch file of every run
+    return pt, not missing or (missing == {"meta"} and "ds_version" not in pt.top_keys)
 
 
 def as_shard_files(

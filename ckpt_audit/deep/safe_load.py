@@ -24,7 +24,7 @@ from typing import Any
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
 from ckpt_audit.readers import pt_structure
-from ckpt_audit.readers.torch_globals import KNOWN_SAFE_GLOBALS
+from ckpt_audit.readers.torch_globals import KNOWN_SAFE_GLOBALS, RECORD_GLOBALS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,7 +138,7 @@ def _allowlisted_globals() -> list:
     for name in sorted(KNOWN_SAFE_GLOBALS):
         if name.startswith("torch."):
             continue
-        obj = _resolve(name)
+        obj = _stand_in(name) if name in RECORD_GLOBALS else _resolve(name)
         if obj is not None:
             out.append((obj, name))
     try:  # numpy's RNG state carries its dtype class along with np.dtype
@@ -148,6 +148,34 @@ def _allowlisted_globals() -> list:
     except ImportError:
         pass
     return out
+
+
+class Record:
+    """What verify loads in place of a `RECORD_GLOBALS` class (DeepSpeed's LossScaler, ZeroStageEnum, ...): the call
+    arguments and the pickled state, kept as data. The real class is never imported, so no code of its runs."""
+
+    __slots__ = ("args", "state")
+    qualname = ""
+
+    def __new__(cls, *args: Any) -> Record:  # NEWOBJ calls __new__ alone, REDUCE the class: both land here
+        self = super().__new__(cls)
+        self.args = args
+        self.state = None
+        return self
+
+    def __init__(self, *args: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"{self.qualname}(args={self.args!r}, state={self.state!r})"
+
+
+def _stand_in(name: str) -> type[Record]:
+    # one subclass per name: torch's weights-only unpickler admits a NEWOBJ/BUILD by the object's exact type
+    return type(name.rpartition(".")[2], (Record,), {"__slots__": (), "qualname": name})
 
 
 def _resolve(name: str) -> Any:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the judged model is made on first use, after the scan's rea
 
 # module path of each layout plug-in, in priority order (first claim wins).
 LAYOUTS: tuple[str, ...] = (
+    "ckpt_audit.layouts.deepspeed",  # before verl: DeepSpeed's global_stepN tags read like misnamed verl steps
     "ckpt_audit.layouts.verl_fsdp",
     "ckpt_audit.layouts.torchtitan",  # before dcp: its step-N folders are DCP directories too
     "ckpt_audit.layouts.megatron_v2",  # before dcp: a migrated v2 role directory still holds the old dist_ckpt/

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import shard_file
+from ckpt_audit.layouts import deepspeed, shard_file
 from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
 from ckpt_audit.rules import hf_trainer as rules
 from ckpt_audit.rules import status
@@ -36,6 +36,8 @@ CHECKPOINT_RE = re.compile(r"checkpoint-(\d{1,19})")  # transformers' _re_checkp
 # names only Trainer writes together: one of them in a checkpoint-N/ makes its parent an HF output directory
 SIGNS = frozenset({rules.TRAINER_STATE, rules.TRAINING_ARGS, rules.SCHEDULER, "rng_state.pth", *rules.OPTIMIZER_FILES})
 ADAPTER_NAMES = frozenset({"adapter_model.safetensors", "adapter_model.bin"})
+# what DeepSpeed's save_checkpoint puts beside its global_stepK/: the tag pointer and converters of that state
+DEEPSPEED_FILES = frozenset({"latest", "zero_to_fp32.py", "zero_to_torch.py"})
 
 
 def step_of(name: str) -> int | None:
@@ -67,6 +69,7 @@ def is_resume_state(name: str) -> bool:
     return classify(name)[0] in (FileKind.OPTIM, FileKind.EXTRA_STATE) or name in (
         rules.TRAINER_STATE,
         rules.TRAINING_ARGS,
+        *DEEPSPEED_FILES,
     )
 
 
@@ -163,9 +166,8 @@ class HfTrainer:
             path=step_dir,
             status=Status.INCOMPLETE,  # placeholder; status.judge decides
             components=(comp,),
-            findings=rules.check_checkpoint(
-                step_dir, step, names, subdirs, texts, weights_below=below, headers=headers
-            ),
+            findings=rules.check_checkpoint(step_dir, step, names, subdirs, texts, weights_below=below, headers=headers)
+            + deepspeed.trainer_state_findings(step_dir, tree, facts),
             mtime_ns=mtime,
         )
 

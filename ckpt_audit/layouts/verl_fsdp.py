@@ -22,7 +22,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
 from ckpt_audit.models import MAX_STEP, FileKind, Status
-from ckpt_audit.rules import save_order, shards, status, tracker
+from ckpt_audit.rules import deepspeed, save_order, shards, status, tracker
 from ckpt_audit.tree import FileFacts, Tree
 
 if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
@@ -77,11 +77,17 @@ TITAN_STEP_RE = re.compile(r"step-\d+")  # torchtitan's step-N (layouts.torchtit
 
 def enclosing_step_dir(path: str) -> str | None:
     """`path` itself or its nearest ancestor that is a step directory (global_step_N, or misnamed, or HF Trainer's
-    checkpoint-N, or torchtitan's step-N), else None."""
+    checkpoint-N, or torchtitan's step-N, or DeepSpeed's [best_]global_stepN; a custom DeepSpeed tag has no
+    telling name), else None."""
     p = path.rstrip("/")
     while p and p != "/":
         name = p.rsplit("/", 1)[-1]
-        if step_of(name)[0] is not None or HF_CHECKPOINT_RE.fullmatch(name) or TITAN_STEP_RE.fullmatch(name):
+        if (
+            step_of(name)[0] is not None
+            or HF_CHECKPOINT_RE.fullmatch(name)
+            or TITAN_STEP_RE.fullmatch(name)
+            or deepspeed.STEP_TAG_RE.fullmatch(name)
+        ):
             return p
         p = p.rsplit("/", 1)[0]
     return None
@@ -261,7 +267,8 @@ def _hf_checkpoint(d: str, tree: Tree) -> bool:
     return (
         bool(HF_CHECKPOINT_RE.fullmatch(d.rsplit("/", 1)[-1]))
         and TRACKER not in names
-        and "trainer_state.json" in names
+        # trainer_state.json comes last; training_args.bin with the weights, before DeepSpeed's global_stepK/
+        and ("trainer_state.json" in names or "training_args.bin" in names)
     )
 
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from ckpt_audit.killpoints import OpCounter
+from ckpt_audit.layouts.deepspeed import NAME as DEEPSPEED
 from ckpt_audit.layouts.hf_trainer import NAME as HF_TRAINER
 from ckpt_audit.layouts.torchtitan import NAME as TORCHTITAN
 from ckpt_audit.layouts.tracker import resume_step
@@ -144,6 +145,11 @@ def _refusal(run: Run, tracker: TrackerState, problem: str, target, *, now_ns: i
         return (
             "a torchtitan run has no tracker (it resumes from the highest step-N holding a .metadata): "
             "move a broken newest step-N aside, or set checkpoint.load_step"
+        )
+    if run.layout == DEEPSPEED:  # its tracker is `latest`, naming a tag; rewriting it is not built yet (issue 29)
+        return (
+            "a DeepSpeed run's tracker is `latest` (a tag name), which fix-tracker does not rewrite yet: "
+            "pass the tag `ckpt-audit latest` names to load_checkpoint(tag=...)"
         )
     if tracker.is_link:
         return "the tracker is a symbolic link: not replacing a link (fix its target by hand)"

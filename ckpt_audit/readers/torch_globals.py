@@ -111,6 +111,15 @@ NUMPY_DATA_GLOBALS = (
     "numpy.ndarray",
     "numpy.dtype",
 )
+# DeepSpeed's own data classes in its optimizer pickles (deepspeed 0.19.x, ZeRO 1-3; read off the GLOBAL opcodes of
+# files DeepSpeed itself wrote): a loss-scale record, an int enum and a (start, numel) pair. Nothing of DeepSpeed is
+# ever imported for them: the unpickler keeps a record of their state, verify's torch.load an inert stand-in
+# (deep/safe_load.py).
+RECORD_GLOBALS = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
 # Plain values a state dict may hold, pickled through their type: calling these builds data and runs nothing else.
 _DATA_BUILTINS = (
     "set",
@@ -195,5 +204,6 @@ KNOWN_SAFE_GLOBALS: frozenset[str] = frozenset(
         "torch.distributed._mesh_layout._FlatLayout",
         # numpy RNG state and scalars in extra_state / data.pt: data-only reconstructors
         *NUMPY_DATA_GLOBALS,
+        *RECORD_GLOBALS,
     }
 )

@@ -1,0 +1,217 @@
+"""DeepSpeed engine trees (`engine.save_checkpoint(save_dir)`), recognised with no configuration.
+
+<save_dir>/latest                                   the tag load_checkpoint(tag=None) resumes, written after the save
+<save_dir>/<tag>/mp_rank_MM_model_states.pt         ZeRO 0-2: module weights and engine state, one per mp rank
+                 zero_pp_rank_D_mp_rank_MM_model_states.pt      ZeRO-3: one per dp rank too
+                 [bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt  ZeRO >= 1: one optimizer partition per dp rank
+<save_dir>/zero_to_fp32.py                          DeepSpeed's converter, copied next to the tags
+
+The save directory is the run; each directory holding DeepSpeed shards is a checkpoint (tag `global_stepN`,
+`best_global_stepN` or any custom name; a custom tag's step is what its model states record). The degrees and the
+rank grid come from what the files record (rules/deepspeed.py); tags newer than `latest` are uncommitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from ckpt_audit import models
+from ckpt_audit.codes import finding
+from ckpt_audit.layouts import shard_file
+from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
+from ckpt_audit.rules import deepspeed as rules
+from ckpt_audit.rules import hf_trainer as hf_rules
+from ckpt_audit.rules import status, tracker
+from ckpt_audit.tree import FileFacts, Tree
+
+if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
+    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
+    from ckpt_audit.rules.status import ScanContext
+
+NAME = "deepspeed"
+
+
+def is_tag(d: str, tree: Tree) -> bool:
+    """A directory holding DeepSpeed shard files."""
+    return any(rules.is_shard(n) for n in tree.file_names(d))
+
+
+def classify(name: str) -> FileKind:
+    if rules.OPTIM_RE.fullmatch(name):
+        return FileKind.OPTIM
+    if rules.MODEL_RE.fullmatch(name) or rules.ZERO3_MODEL_RE.fullmatch(name):
+        return FileKind.MODEL
+    return FileKind.OTHER
+
+
+class DeepSpeed:
+    name = NAME
+
+    def find_runs(self, tree: Tree) -> Iterable[str]:
+        for d, subdirs in tree.dirs.items():
+            names = tree.file_names(d)
+            if is_tag(d, tree) or hf_rules.TRAINER_STATE in names or hf_rules.TRAINING_ARGS in names:
+                continue  # a tag is never a run; Trainer's checkpoint-N/global_stepN is Trainer's (layouts.hf_trainer)
+            if any(is_tag(f"{d}/{s}", tree) for s in subdirs):
+                yield d
+
+    def file_kind(self, path: str) -> FileKind | None:
+        kind = classify(path.rsplit("/", 1)[-1])
+        return None if kind is FileKind.OTHER else kind
+
+    def build_component(
+        self, role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext
+    ) -> Component | None:
+        return None  # a DeepSpeed save directory is a run of its own
+
+    def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:
+        latest_path = f"{run_dir}/{rules.LATEST}"
+        latest_fact = facts.get(latest_path)
+        latest_tag = rules.read_latest(latest_fact.text if latest_fact else None)
+        found: list[Finding] = list(latest_fact.findings) if latest_fact else []
+        # present but not read (permission, I/O, a link out of the root): which tag resumes is unknown, and prune
+        # keeps every tag (retention reads tracker-unread for any layout)
+        walked = tuple(f for f in ctx.unread if f.path == latest_path)
+        unread = tracker.unread_tracker(
+            latest_path,
+            text=latest_fact.text if latest_fact else None,
+            present=latest_fact is not None,
+            read=latest_fact.findings if latest_fact else (),
+            walked=walked,
+        )
+        found += unread
+        checkpoints: list[Checkpoint] = []
+        for sub in tree.subdirs(run_dir):
+            d = f"{run_dir}/{sub}"
+            if not is_tag(d, tree):
+                continue
+            ckpt = tag_checkpoint(run_dir, d, tree, facts)
+            if ckpt is None:
+                found.append(
+                    finding(
+                        "ds-tag-unplaced",
+                        d,
+                        f"tag {sub!r}: no step (within 2^63-1) in its name or its files; not judged",
+                    )
+                )
+                continue
+            checkpoints.append(ckpt)
+        by_tag = {c.path.rsplit("/", 1)[-1]: c for c in checkpoints}
+        committed = by_tag[latest_tag].step if latest_tag in by_tag else None
+        judged = sorted(
+            (status.judge(c, tracker_step=committed, ctx=ctx) for c in checkpoints), key=lambda c: (c.step, c.path)
+        )
+        if not unread:
+            found += check_latest(run_dir, latest_fact is not None, latest_fact.text if latest_fact else None, judged)
+        return models.Run(
+            path=run_dir, layout=NAME, tracker_step=committed, checkpoints=tuple(judged), findings=tuple(found)
+        )
+
+
+def tag_files(
+    tag_dir: str, tree: Tree, facts: Mapping[str, FileFacts]
+) -> tuple[list[ShardFile], list[Finding], dict[str, Mapping[str, int | str] | None]]:
+    """A tag directory's files as ShardFiles, their readers' findings, and what each DeepSpeed shard records."""
+    files = []
+    file_findings: list[Finding] = []
+    metas: dict[str, Mapping[str, int | str] | None] = {}
+    for path in tree.files_below(tag_dir):
+        fact = facts.get(path)
+        if fact is None:
+            continue  # not read: a focused scan of a neighbour
+        name = path[len(tag_dir) + 1 :]
+        kind = classify(name) if "/" not in name else FileKind.OTHER
+        files.append(shard_file(fact, kind, rules.rank_of(name) if kind is not FileKind.OTHER else None))
+        file_findings.extend(fact.findings)
+        if kind is not FileKind.OTHER:
+            # None: the pickle was not read (its own findings say why); {}: read, and it records none of the keys
+            metas[name] = dict(fact.pt.meta) if fact.pt is not None else None
+    return files, file_findings, metas
+
+
+def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Checkpoint | None:
+    """One tag directory as a Checkpoint with the tag rules' findings (None: no step to file it under)."""
+    files, file_findings, metas = tag_files(tag_dir, tree, facts)
+    step = rules.tag_step(tag_dir.rsplit("/", 1)[-1])
+    degrees, found = rules.check_tag(tag_dir, step, metas)
+    if step is None:  # a custom tag: filed under the step its own files record
+        steps = {v for m in metas.values() if m and isinstance(v := m.get("global_steps"), int)}
+        step = steps.pop() if len(steps) == 1 else None
+    if step is None or step > MAX_STEP:
+        return None
+    comp = models.Component(
+        role="",
+        path=tag_dir,
+        layout=NAME,
+        world_size=degrees.dp * degrees.mp if degrees else None,
+        files=tuple(files),
+        findings=tuple(file_findings),
+    )
+    mtime = max([tree.newest_dir_mtime_ns(tag_dir), *(f.mtime_ns for f in files)])
+    return models.Checkpoint(
+        run_path=run_dir,
+        step=step,
+        path=tag_dir,
+        status=Status.INCOMPLETE,  # placeholder; status.judge decides
+        components=(comp,),
+        findings=found,
+        mtime_ns=mtime,
+    )
+
+
+def trainer_state_findings(ckpt_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[Finding, ...]:
+    """DeepSpeed's state inside an HF Trainer `checkpoint-N/` (layouts.hf_trainer): Trainer resumes it with
+    `engine.load_checkpoint(checkpoint-N)`, tag=None, so `checkpoint-N/latest` must name a tag there, and each tag is
+    held to the same rules as a bare engine tree's."""
+    tags = sorted(s for s in tree.subdirs(ckpt_dir) if is_tag(f"{ckpt_dir}/{s}", tree))
+    if not tags:
+        return ()
+    path = f"{ckpt_dir}/{rules.LATEST}"
+    out: list[Finding] = []
+    if rules.LATEST not in tree.file_names(ckpt_dir):
+        out.append(
+            finding("hf-deepspeed-latest", path, "no `latest`: Trainer's resume raises ValueError (failed to resume)")
+        )
+    elif (fact := facts.get(path)) is not None and fact.text is not None:
+        tag = rules.read_latest(fact.text)
+        if tag not in tags:
+            out.append(
+                finding("hf-deepspeed-latest", path, f"`latest` names {tag!r}, not a tag here ({', '.join(tags)})")
+            )
+    for t in tags:
+        tag_dir = f"{ckpt_dir}/{t}"
+        out += rules.check_tag(tag_dir, rules.tag_step(t), tag_files(tag_dir, tree, facts)[2])[1]
+    return tuple(out)
+
+
+def check_latest(run_dir: str, present: bool, text: str | None, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:
+    """What load_checkpoint(tag=None) makes of `latest` (read as `text`): missing, naming no usable tag (an empty
+    one makes it look in the save directory itself), or behind whole tags."""
+    path = f"{run_dir}/{rules.LATEST}"
+    if not checkpoints:
+        return ()
+    if not present:
+        return (finding("ds-latest-missing", path, "no `latest`: load_checkpoint(tag=None) trains from scratch"),)
+    tag = (text or "").strip()
+    out: list[Finding] = []
+    target = [c for c in checkpoints if c.path == f"{run_dir}/{tag}"]
+    if not target:
+        out.append(finding("ds-latest-dangling", path, f"`latest` names {tag!r}, which is no tag here"))
+    elif target[0].status not in (Status.COMPLETE, Status.IN_PROGRESS):
+        out.append(finding("ds-latest-dangling", path, f"`latest` names {tag}, which is {target[0].status.value}"))
+    if whole := tracker.ahead_of_tracker(checkpoints):
+        names = ", ".join(c.path.rsplit("/", 1)[-1] for c in whole)
+        out.append(
+            finding(
+                "ds-latest-behind",
+                path,
+                f"`latest` names {tag} but {names} look whole: load_checkpoint(tag=None) resumes the older one",
+            )
+        )
+    if not any(c.status in (Status.COMPLETE, Status.IN_PROGRESS) for c in checkpoints):
+        out.append(finding("no-complete-checkpoint", run_dir, f"none of {len(checkpoints)} checkpoint(s) is complete"))
+    return tuple(out)
+
+
+LAYOUT = DeepSpeed()

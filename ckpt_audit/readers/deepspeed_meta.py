@@ -1,0 +1,46 @@
+"""The scalars a DeepSpeed checkpoint file says about itself, from the restricted unpickler's tree (no torch).
+
+model states (`mp_rank_MM_model_states.pt`, ZeRO-3's `zero_pp_rank_D_mp_rank_MM_model_states.pt`): top-level
+`global_steps`, `dp_world_size`, `mp_world_size`, `ds_version`, and the ZeRO stage of its `ds_config`.
+optimizer states (`[bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt`): `ds_version`, and in `optimizer_state_dict`
+the `zero_stage` (a ZeroStageEnum record) and `partition_count` (an int, or one per parameter group).
+The layout judges the checkpoint's degrees and its consistency by these, never by file indices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckpt_audit.readers.unpickler import is_record
+
+ZERO_STAGE = "deepspeed.runtime.zero.config.ZeroStageEnum"
+_TOP_INTS = ("global_steps", "dp_world_size", "mp_world_size")
+
+
+def read_meta(tree: Any) -> tuple[tuple[str, int | str], ...]:
+    """(key, value) pairs for what the file holds of the keys above; () for anything that is not DeepSpeed's."""
+    if not isinstance(tree, dict) or not isinstance(tree.get("ds_version"), str):
+        return ()
+    out: dict[str, int | str] = {"ds_version": tree["ds_version"][:40]}
+    for key in _TOP_INTS:
+        if _is_int(v := tree.get(key)):
+            out[key] = v
+    cfg = tree.get("ds_config")
+    zero = cfg.get("zero_optimization") if isinstance(cfg, dict) else None
+    if isinstance(cfg, dict) and _is_int(stage := (zero if isinstance(zero, dict) else {}).get("stage", 0)):
+        out["zero_stage"] = stage  # DeepSpeed's default is stage 0 when the config names none
+    osd = tree.get("optimizer_state_dict")
+    if isinstance(osd, dict):
+        rec = osd.get("zero_stage")
+        if is_record(rec, ZERO_STAGE) and len(rec.args) == 1 and _is_int(rec.args[0]):
+            out["zero_stage"] = rec.args[0]
+        pc = osd.get("partition_count")
+        counts = set(pc) if isinstance(pc, (list, tuple)) else {pc}
+        if counts and all(_is_int(c) for c in counts):
+            # one per parameter group, all equal when saved by one world; a mix is reported as it is
+            out["partition_count"] = counts.pop() if len(counts) == 1 else ",".join(map(str, sorted(counts)))
+    return tuple(out.items())
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

@@ -1,0 +1,194 @@
+"""Completeness of one DeepSpeed checkpoint tag from its file names and what its files record of themselves. Pure.
+
+What `DeepSpeedEngine.load_checkpoint(load_dir, tag)` opens (deepspeed 0.19, runtime/engine.py): ZeRO 0-2 read
+`mp_rank_MM_model_states.pt` for the rank's model-parallel rank; ZeRO-3 reads
+`zero_pp_rank_D_mp_rank_MM_model_states.pt` for its own data-parallel rank D. With ZeRO >= 1 each rank then opens
+its own `[bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt`, one spelling for all (the engine's bf16 setting picks
+it). The checkpoint's data-parallel degree is the model states' `dp_world_size` (the engine refuses another world
+size), the model-parallel degree its `mp_world_size`: the grid is read from those, never from the highest file
+index, so a missing last rank is found and a leftover rank from a larger world is not taken for part of the save.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ckpt_audit.codes import finding
+from ckpt_audit.models import Finding
+
+LATEST = "latest"  # <save_dir>/latest: the tag load_checkpoint(tag=None) resumes
+MODEL_RE = re.compile(r"mp_rank_(\d{2,9})_model_states\.pt")
+ZERO3_MODEL_RE = re.compile(r"zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_model_states\.pt")
+OPTIM_RE = re.compile(r"(bf16_)?zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_optim_states\.pt")
+STEP_TAG_RE = re.compile(r"(?:best_)?global_step(\d{1,19})")  # engine's default tag, and OpenRLHF's best_ tags
+# what every file of one save records alike (partition_count is checked against dp_world_size below)
+SAME_KEYS = ("ds_version", "zero_stage", "dp_world_size", "mp_world_size", "global_steps", "partition_count")
+
+
+def is_shard(name: str) -> bool:
+    return bool(MODEL_RE.fullmatch(name) or ZERO3_MODEL_RE.fullmatch(name) or OPTIM_RE.fullmatch(name))
+
+
+def rank_of(name: str) -> int | None:
+    """The data-parallel rank of a zero_pp_rank_D file, the model-parallel rank of an mp_rank_MM file."""
+    if m := ZERO3_MODEL_RE.fullmatch(name):
+        return int(m.group(1))
+    if m := OPTIM_RE.fullmatch(name):
+        return int(m.group(2))
+    if m := MODEL_RE.fullmatch(name):
+        return int(m.group(1))
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Degrees:
+    stage: int
+    dp: int
+    mp: int
+
+
+def check_tag(
+    tag_dir: str, step: int | None, metas: Mapping[str, Mapping[str, int | str] | None]
+) -> tuple[Degrees | None, tuple[Finding, ...]]:
+    """(the degrees the tag records, findings) for the DeepSpeed files `metas` in `tag_dir`.
+
+    `metas`: file name -> what it records (readers.deepspeed_meta), or None when it could not be read (its own
+    findings say why); `step`: the N of a global_stepN tag, which every model states file's global_steps must equal.
+    """
+    at = lambda n: f"{tag_dir}/{n}"  # noqa: E731
+    out: list[Finding] = []
+    seen: dict[str, dict[int | str, list[str]]] = {}  # key -> value -> files recording it
+    for name, meta in sorted(metas.items()):
+        for key, value in (meta or {}).items():
+            seen.setdefault(key, {}).setdefault(value, []).append(name)
+    for key in SAME_KEYS:
+        if key == "global_steps" and step is not None:
+            continue  # checked against the tag's N below
+        values = seen.get(key, {})
+        if len(values) > 1:
+            common = max(values, key=lambda v: len(values[v]))
+            for value, names in values.items():
+                if value != common:
+                    out += [
+                        finding(
+                            "ds-mixed-shards",
+                            at(n),
+                            f"records {key}={value}, the tag's other files {key}={common}: from another save",
+                            rank=rank_of(n),
+                        )
+                        for n in names
+                    ]
+    if step is not None:
+        for value, names in seen.get("global_steps", {}).items():
+            if value != step:
+                out += [
+                    finding(
+                        "ds-mixed-shards",
+                        at(n),
+                        f"records global_steps={value} in tag global_step{step}: a stale file from another save",
+                        rank=rank_of(n),
+                    )
+                    for n in names
+                ]
+    stage, dp, mp = (_one(seen.get(k)) for k in ("zero_stage", "dp_world_size", "mp_world_size"))
+    if dp is None:
+        dp = _one(seen.get("partition_count"))  # the optimizer's own partition count: the same degree
+    if isinstance(dp, int) and (pc := _one(seen.get("partition_count"))) is not None and pc != dp:
+        out += [
+            finding(
+                "ds-mixed-shards",
+                at(n),
+                f"partition_count={pc} but the model states record dp_world_size={dp}: another world size",
+                rank=rank_of(n),
+            )
+            for n in seen["partition_count"][pc]
+        ]
+    if not all(isinstance(v, int) and v >= 0 for v in (stage, dp, mp)) or not dp or not mp:
+        if all(m is not None for m in metas.values()):  # an unread file already says why it is not known
+            out.append(
+                finding(
+                    "ds-degrees-unknown",
+                    tag_dir,
+                    "no file records the ZeRO stage, dp_world_size and mp_world_size: the files a resume needs "
+                    "cannot be told",
+                )
+            )
+        return None, tuple(out)
+    deg = Degrees(stage=stage, dp=dp, mp=mp)
+    out += _grid(tag_dir, deg, frozenset(metas))
+    return deg, tuple(out)
+
+
+def _grid(tag_dir: str, deg: Degrees, names: frozenset[str]) -> list[Finding]:
+    """Missing files of the grid the degrees require, one optimizer spelling, and leftovers beyond the grid."""
+    at = lambda n: f"{tag_dir}/{n}"  # noqa: E731
+    out: list[Finding] = []
+    mps = [f"{m:02d}" for m in range(deg.mp)]
+    if deg.stage == 3:
+        need = {f"zero_pp_rank_{d}_mp_rank_{m}_model_states.pt" for d in range(deg.dp) for m in mps}
+    else:
+        need = {f"mp_rank_{m}_model_states.pt" for m in mps}
+    optim = {n for n in names if OPTIM_RE.fullmatch(n)}
+    spellings = {n.startswith("bf16_") for n in optim}
+    if len(spellings) > 1:
+        plain = sorted(n for n in optim if not n.startswith("bf16_"))
+        out.append(
+            finding(
+                "ds-mixed-names",
+                at(plain[0]),
+                f"{len(optim) - len(plain)} bf16_zero_pp_rank_* and {len(plain)} zero_pp_rank_* optimizer shards: "
+                "the engine opens one spelling for every rank",
+            )
+        )
+    prefix = "bf16_" if spellings == {True} else ""
+    if deg.stage >= 1:
+        need |= {f"{prefix}zero_pp_rank_{d}_mp_rank_{m}_optim_states.pt" for d in range(deg.dp) for m in mps}
+    for n in sorted(need - names, key=_natural):
+        out.append(
+            finding(
+                "ds-missing-shard",
+                at(n),
+                f"missing: ZeRO-{deg.stage} with dp_world_size={deg.dp}, mp_world_size={deg.mp} needs it; "
+                "that rank's load_checkpoint raises FileNotFoundError",
+                rank=rank_of(n),
+            )
+        )
+    extra = names - need - (optim if len(spellings) > 1 else set())
+    for n in sorted(extra, key=_natural):
+        out.append(
+            finding(
+                "ds-extra-shard",
+                at(n),
+                f"beyond the grid of ZeRO-{deg.stage}, dp_world_size={deg.dp}, mp_world_size={deg.mp}: "
+                "left by another save; load_checkpoint never opens it",
+                rank=rank_of(n),
+            )
+        )
+    return out
+
+
+def _one(values: Mapping[int | str, list[str]] | None) -> int | str | None:
+    """The value most files record (ties: the smallest), or None when none does."""
+    if not values:
+        return None
+    return max(sorted(values, key=str), key=lambda v: len(values[v]))
+
+
+def _natural(name: str) -> tuple:
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def tag_step(tag: str) -> int | None:
+    """N of a global_stepN / best_global_stepN tag; None for a custom tag."""
+    m = STEP_TAG_RE.fullmatch(tag)
+    return int(m.group(1)) if m else None
+
+
+def read_latest(text: str | None) -> str | None:
+    """The tag `latest` names as load_checkpoint reads it (`fd.read().strip()`); None when empty or unread."""
+    if text is None:
+        return None
+    tag = text.strip()
+    return tag or None

@@ -1,0 +1,365 @@
+"""Bare DeepSpeed engine trees written by DeepSpeed itself, judged through the real CLI.
+
+The trees come from tests/_write_deepspeed.py (deepspeed 0.19 on its CPU accelerator, gloo, 2 ranks, torch's AdamW;
+ZeRO-2 with bf16, so its optimizer shards are bf16_zero_pp_rank_*, and ZeRO-3 in fp32; saves at steps 2, 4, 6, each
+loaded back by DeepSpeed's own load_checkpoint at build time) and tests/_write_hf_deepspeed.py (transformers' Trainer
+with a ZeRO-2 config, both saves resumed by Trainer), cached between sessions like the other writers. One defect per
+test, on a copy. What DeepSpeed's own load does with each cut is in docs/layouts.md
+(scripts/probe_deepspeed_load.py reproduces it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
+from conftest import build_cached, writer_key
+
+from ckpt_audit.rules import deepspeed as rules
+
+WRITER = Path(__file__).with_name("_write_deepspeed.py")
+HF_WRITER = Path(__file__).with_name("_write_hf_deepspeed.py")
+Z2_OPTIM = "zero_pp_rank_{}_mp_rank_00_optim_states.pt"
+
+
+def optim(tag_dir: Path, rank: int) -> Path:
+    """The optimizer shard of `rank` in a tag, either spelling (the ZeRO-2 tree is bf16: bf16_zero_pp_rank_*)."""
+    [p] = tag_dir.glob("*" + Z2_OPTIM.format(rank))
+    return p
+
+
+def _write(writer: Path, dest: Path, *args: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1"}
+    with socket.socket() as s:  # a free port for the gloo rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    res = subprocess.run(
+        [*run, str(writer), str(dest), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=dest.parent,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def _tree(tmp_path_factory, stage: int, *flags: str) -> Path:
+    pytest.importorskip("deepspeed")  # the test extra installs it
+    key = writer_key(WRITER, ("torch", "deepspeed"))
+    tree = build_cached(
+        tmp_path_factory,
+        f"deepspeed_z{stage}{''.join(flags)}",
+        lambda d: _write(WRITER, d / "ds", str(stage), *flags),
+        key=key,
+    )
+    return tree / "ds"
+
+
+@pytest.fixture(scope="session")
+def ds_z2(tmp_path_factory) -> Path:
+    return _tree(tmp_path_factory, 2, "bf16")
+
+
+@pytest.fixture(scope="session")
+def ds_z3(tmp_path_factory) -> Path:
+    return _tree(tmp_path_factory, 3)
+
+
+@pytest.fixture(scope="session")
+def hf_ds(tmp_path_factory) -> Path:
+    """A transformers Trainer output directory with DeepSpeed ZeRO-2 on (checkpoint-2, -4), resumed by Trainer."""
+    pytest.importorskip("deepspeed")
+    key = writer_key(HF_WRITER, ("torch", "deepspeed", "transformers", "accelerate"))
+    return build_cached(tmp_path_factory, "hf_deepspeed", lambda d: _write(HF_WRITER, d / "out"), key=key) / "out"
+
+
+@pytest.fixture(params=[2, 3], ids=["zero2", "zero3"])
+def save_dir(request, tmp_path) -> Path:
+    """A private copy of the ZeRO-2 or ZeRO-3 save directory, dated an hour back."""
+    dst = tmp_path / "runs" / "ds"
+    shutil.copytree(request.getfixturevalue(f"ds_z{request.param}"), dst)
+    age(dst)
+    return dst
+
+
+# -- real trees through the CLI --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_engine_tree_is_recognised_complete_and_latest_names_its_tag(save_dir, tmp_path):
+    doc = scan_json(save_dir.parent, tmp_path / "c.db")
+    [run] = doc["runs"]
+    assert run["layout"] == "deepspeed" and run["path"] == str(save_dir)
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"}  # not unsafe: LossScaler & co are data
+    assert doc["exit_code"] == 0 and run["tracker_step"] == 6
+    assert {c["world_size"] for c in run["checkpoints"]} == {2}  # dp_world_size as the files record it
+    res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "global_step6")
+
+
+@pytest.mark.slow
+def test_missing_optimizer_shard_is_incomplete(save_dir, tmp_path):
+    # DeepSpeed: rank 1's load_checkpoint(tag="global_step4") raises FileNotFoundError on that file
+    shard = optim(save_dir / "global_step4", 1)
+    shard.unlink()
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "incomplete", 6: "complete"}
+    [f] = [f for f in findings_of(doc, 4) if f["code"] == "ds-missing-shard"]
+    assert f["path"] == str(shard) and f["rank"] == 1
+
+
+@pytest.mark.slow
+def test_optimizer_shards_in_two_spellings_are_incomplete(ds_z2, tmp_path):
+    # the bf16 engine opens bf16_zero_pp_rank_D_* for every rank (engine._get_all_zero_checkpoint_names with its own
+    # bf16 mode): rank 1's shard under the plain name is missing to it
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z2, save_dir)
+    shard = optim(save_dir / "global_step6", 1)
+    assert shard.name.startswith("bf16_")
+    shard.rename(shard.with_name(shard.name.removeprefix("bf16_")))
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "incomplete"}
+    assert {"ds-mixed-names", "ds-missing-shard"} <= codes_of(doc, 6)
+
+
+@pytest.mark.slow
+def test_stale_model_states_from_another_step_are_caught(save_dir, tmp_path):
+    # DeepSpeed loads it without a word: the engine resumes at global_steps=4 with step 6's optimizer (ZeRO-3: rank 1
+    # alone at 4, rank 0 at 6)
+    name = (
+        "mp_rank_00_model_states.pt"
+        if (save_dir / "global_step6" / "mp_rank_00_model_states.pt").exists()
+        else ("zero_pp_rank_1_mp_rank_00_model_states.pt")
+    )
+    shutil.copy2(save_dir / "global_step4" / name, save_dir / "global_step6" / name)
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "corrupt"}
+    [f] = [f for f in findings_of(doc, 6) if f["code"] == "ds-mixed-shards"]
+    assert f["path"].endswith(name) and "global_steps=4" in f["message"]
+    # latest names the stale tag: the run says so, and the gate answers the newest good one
+    assert "ds-latest-dangling" in {f["code"] for f in doc["runs"][0]["findings"]}
+    res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "global_step4")
+
+
+@pytest.mark.slow
+def test_truncated_optimizer_shard_is_corrupt(ds_z2, tmp_path):
+    # DeepSpeed: rank 1's torch.load of the shard raises (OSError: Invalid argument), the job dies
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z2, save_dir)
+    shard = optim(save_dir / "global_step6", 1)
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 100)
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "corrupt"}
+    assert "truncated" in codes_of(doc, 6)
+
+
+@pytest.mark.slow
+def test_tag_newer_than_latest_is_uncommitted_prune_keeps_it_and_missing_latest_is_said(ds_z2, tmp_path):
+    # DeepSpeed: load_checkpoint(tag=None) loads the tag `latest` names (global_step4), never the newer one
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z2, save_dir)
+    (save_dir / "latest").write_text("global_step4")
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "uncommitted"}
+    assert {f["code"] for f in doc["runs"][0]["findings"]} == {"ds-latest-behind"}
+    # the gate answers the whole tag beyond the lagging `latest`, as for verl's tracker: a resume passes it as the tag
+    res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "global_step6")
+    # fix-tracker writes no verl tracker into a DeepSpeed save directory (rewriting `latest` is not built yet)
+    res = invoke("fix-tracker", "--yes", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 1 and "DeepSpeed run's tracker is `latest`" in res.output
+    assert (save_dir / "latest").read_text() == "global_step4" and not list(save_dir.glob("latest_*"))
+    # prune keeps the tag `latest` names and the whole one beyond it; DeepSpeed's own files beside the tags stay
+    res = invoke("prune", "--yes", "--keep-last", "1", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in save_dir.iterdir()) == [
+        "global_step4",
+        "global_step6",
+        "latest",
+        "zero_to_fp32.py",
+        "zero_to_torch.py",
+    ]
+    # DeepSpeed without `latest`: load_checkpoint(tag=None) warns and returns (None, None): training from scratch
+    (save_dir / "latest").unlink()
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {4: "complete", 6: "complete"}  # each still loads by its tag
+    assert {f["code"] for f in doc["runs"][0]["findings"]} == {"ds-latest-missing"}
+
+
+@pytest.mark.slow
+def test_any_tag_name_is_a_checkpoint_filed_under_its_step(ds_z3, tmp_path):
+    # load_checkpoint(tag=...) takes any directory name; OpenRLHF keeps best_global_stepN tags
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z3, save_dir)
+    (save_dir / "global_step6").rename(save_dir / "final")  # a custom tag: step 6 as its files record
+    (save_dir / "global_step4").rename(save_dir / "best_global_step4")
+    (save_dir / "latest").write_text("final")
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"} and doc["exit_code"] == 0
+    res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "final")
+    # a path at a best_ tag scans that checkpoint with its run
+    doc = scan_json(save_dir / "best_global_step4", tmp_path / "c.db")
+    assert statuses(doc) == {4: "complete"}
+    # a custom tag without model states records no step: said, not judged, never pruned
+    for p in (save_dir / "final").glob("*model_states.pt"):
+        p.unlink()
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete"}
+    assert "ds-tag-unplaced" in {f["code"] for f in doc["runs"][0]["findings"]}
+    res = invoke("prune", "--yes", "--keep-last", "1", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and (save_dir / "final").is_dir()
+
+
+@pytest.mark.slow
+def test_a_mixed_root_judges_each_run_by_its_own_layout(verl_run, ds_z3, hf_ds, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(verl_run, root / "verl" / verl_run.name)
+    shutil.copytree(ds_z3, root / "ds")
+    shutil.copytree(hf_ds, root / "hf" / "out")
+    age(root)
+    doc = scan_json(root, tmp_path / "c.db")
+    assert {Path(r["path"]).relative_to(root).as_posix(): r["layout"] for r in doc["runs"]} == {
+        f"verl/{verl_run.name}": "verl-fsdp",
+        "ds": "deepspeed",
+        "hf/out": "hf-trainer",
+    }
+    assert {c["status"] for r in doc["runs"] for c in r["checkpoints"]} == {"complete"}
+
+
+@pytest.mark.slow
+def test_unreadable_latest_protects_every_tag_from_prune(ds_z2, tmp_path):
+    """`latest` that cannot be read names an unknown tag: tracker-unread, never a dangling or missing `latest`, and
+    prune deletes nothing (any tag may be the one a resume loads)."""
+    from test_scan import _unprivileged
+
+    if (prefix := _unprivileged()) is None:
+        pytest.skip("root without setpriv: chmod is not enforced")
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z2, save_dir)
+    (save_dir / "latest").chmod(0)
+    age(save_dir)
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    cmd = [*prefix, sys.executable, "-m", "ckpt_audit"]
+    scan = subprocess.run([*cmd, "scan", "--json", str(save_dir)], capture_output=True, text=True, env=env)
+    doc = json.loads(scan.stdout)
+    assert {f["code"] for f in doc["runs"][0]["findings"]} == {"tracker-unread", "unreadable"}, scan.stdout
+    prune = subprocess.run([*cmd, "prune", "--yes", "--keep-last", "1", str(save_dir)], capture_output=True, env=env)
+    assert prune.returncode == 0, prune.stderr
+    assert sorted(p.name for p in save_dir.glob("global_step*")) == ["global_step2", "global_step4", "global_step6"]
+
+
+@pytest.mark.slow
+def test_verify_loads_deepspeed_optimizer_states_without_importing_deepspeed(ds_z3):
+    """verify's weights-only load admits LossScaler and ZeroStageEnum as inert records, DeepSpeed never imported."""
+    shard = optim(ds_z3 / "global_step6", 0)
+    code = (
+        "import sys\nfrom ckpt_audit.deep import safe_load\n"
+        f"r = safe_load.load({str(shard)!r})\n"
+        "osd = r.value['optimizer_state_dict']\n"
+        "assert r.loaded and not r.findings, r.findings\n"
+        "assert osd['zero_stage'].args == (3,) and osd['loss_scaler'].state['cur_scale'] == 1.0\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'deepspeed']\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_trainer_checkpoint_with_deepspeed_is_complete_and_its_tag_judged_by_deepspeed_rules(hf_ds, tmp_path):
+    out = tmp_path / "runs" / "out"
+    shutil.copytree(hf_ds, out)
+    age(out)
+    doc = scan_json(out.parent, tmp_path / "c.db")
+    [run] = doc["runs"]
+    assert run["layout"] == "hf-trainer" and statuses(doc) == {2: "complete", 4: "complete"}
+    res = invoke("latest", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip() == str(out / "checkpoint-4")
+    # an export is the HF model alone: no global_step4/, no `latest`, no zero_to_fp32.py
+    res = invoke("export", str(out / "checkpoint-4"), "--to", str(tmp_path / "hf"), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
+        ".ckpt-audit-export.json",  # the export's lineage
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    # Trainer resumes with load_checkpoint(checkpoint-N, tag=None): without `latest` it raises ValueError, and a
+    # missing optimizer shard fails that rank's load (FileNotFoundError)
+    (out / "checkpoint-4" / "latest").unlink()
+    (out / "checkpoint-2" / "global_step2" / Z2_OPTIM.format(1)).unlink()
+    # a save cut before trainer_state.json: still Trainer's checkpoint, never a verl run of its own whose
+    # global_step4/ would read as a misnamed, disposable husk
+    (out / "checkpoint-4" / "trainer_state.json").unlink()
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")  # (one run: statuses() unpacks exactly one)
+    assert statuses(doc) == {2: "incomplete", 4: "incomplete"}
+    assert {"hf-deepspeed-latest", "hf-missing-trainer-state"} <= codes_of(doc, 4)
+    [f] = [f for f in findings_of(doc, 2) if f["code"] == "ds-missing-shard"]
+    assert f["path"] == str(out / "checkpoint-2" / "global_step2" / Z2_OPTIM.format(1))
+
+
+# -- the tag rules on what files record (pure) -----------------------------------------------------------------
+
+Z2_META = {"ds_version": "0.19.8", "zero_stage": 2}
+
+
+def _z2(dp: int, **model) -> dict:
+    metas = {"mp_rank_00_model_states.pt": {**Z2_META, "global_steps": 6, "dp_world_size": dp, "mp_world_size": 1}}
+    metas["mp_rank_00_model_states.pt"].update(model)
+    for d in range(dp):
+        metas[Z2_OPTIM.format(d)] = {**Z2_META, "partition_count": dp}
+    return metas
+
+
+def test_grid_comes_from_recorded_degrees_not_the_highest_index():
+    metas = _z2(4)
+    del metas[Z2_OPTIM.format(3)]  # the last rank's shard: no higher index says it should be there
+    deg, found = rules.check_tag("/r/global_step6", 6, metas)
+    assert deg == rules.Degrees(stage=2, dp=4, mp=1)
+    assert [(f.code, f.rank) for f in found] == [("ds-missing-shard", 3)]
+    # a leftover shard of a larger world is not taken for part of the save
+    deg, found = rules.check_tag("/r/global_step6", 6, {**_z2(2), Z2_OPTIM.format(2): None})
+    assert [(f.code, f.rank) for f in found] == [("ds-extra-shard", 2)]
+
+
+def test_mixed_world_sizes_spellings_and_unknown_degrees_are_findings():
+    metas = _z2(2)
+    metas[Z2_OPTIM.format(1)] = {**Z2_META, "partition_count": 4}  # from a 4-rank save
+    assert "ds-mixed-shards" in {f.code for f in rules.check_tag("/r/t", 6, metas)[1]}
+    metas = _z2(2)
+    metas["bf16_" + Z2_OPTIM.format(1)] = metas.pop(Z2_OPTIM.format(1))
+    codes = [f.code for f in rules.check_tag("/r/t", 6, metas)[1]]
+    assert "ds-mixed-names" in codes and "ds-missing-shard" in codes
+    deg, found = rules.check_tag("/r/t", 6, {Z2_OPTIM.format(0): {"ds_version": "0.19.8"}})
+    assert deg is None and [f.code for f in found] == ["ds-degrees-unknown"]
+    # model states replaced by some other torch file (read, recording nothing): no mp degree, never complete
+    deg, found = rules.check_tag("/r/t", 6, {**_z2(2), "mp_rank_00_model_states.pt": {}})
+    assert deg is None and [f.code for f in found] == ["ds-degrees-unknown"]
+
+
+def test_a_catalog_row_from_before_meta_is_read_again_only_for_deepspeed_files():
+    from ckpt_audit.catalog.manifest import pt_from_json
+
+    old = '{"prefix": "x", "n_tensors": 1, "n_dtensors": 0, "mesh_sizes": [], "top_keys": %s}'
+    assert pt_from_json(old % '["model", "optimizer"]')[1] is True  # no re-read of every other torch file
+    assert pt_from_json(old % '["optimizer_state_dict", "ds_config", "ds_version"]')[1] is False
+    pt, whole = pt_from_json(old.replace("}", ', "meta": [["dp_world_size", 2]]}') % "[]")
+    assert whole and pt.meta == (("dp_world_size", 2),)
