@@ -267,3 +267,28 @@ def test_kill_9_during_transformers_load_ends_the_loader_and_leaves_nothing_at_t
     again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".hf.")]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_directories_transformers_saves_pass_the_check_and_a_changed_size_fails_it(tmp_path, tied):
+    """save_pretrained's own output (a Qwen2 in the template, a GPT-2 checked generically by its n_layer/n_embd) is a
+    model by the check; the same with one size changed in config.json is not."""
+    import transformers
+
+    from ckpt_audit.lifecycle.export_model import check_config
+
+    qwen = transformers.Qwen2Config(
+        vocab_size=37, hidden_size=16, intermediate_size=20, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, tie_word_embeddings=tied,
+    )  # fmt: skip
+    gpt2 = transformers.GPT2Config(vocab_size=37, n_embd=16, n_layer=2, n_head=4, n_positions=32)
+    for name, model in (("qwen2", transformers.Qwen2ForCausalLM(qwen)), ("gpt2", transformers.GPT2LMHeadModel(gpt2))):
+        out = tmp_path / name
+        model.save_pretrained(out)
+        checked = check_config(out, out)
+        assert checked.findings == () and bool(checked.notes) == (name == "gpt2"), (name, checked)
+        config = json.loads((out / "config.json").read_text())
+        key = "num_hidden_layers" if name == "qwen2" else "n_layer"
+        (out / "config.json").write_text(json.dumps({**config, key: 3}))
+        codes = {f.code for f in check_config(out, out).findings}
+        assert codes == {"export-config-mismatch"}, (name, codes)

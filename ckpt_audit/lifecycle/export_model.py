@@ -65,18 +65,18 @@ def check_config(work: Path, out: Path) -> ModelCheck:
     tensors = _headers(work)
     problems: list[str] = []
     notes: list[str] = []
-    if missing := [k for k in SIZES if not isinstance(config.get(k), int) or config[k] < 0]:
+    if config.get("model_type") not in TEMPLATE_FAMILIES:
+        notes.append(
+            f"model_type {config.get('model_type')!r}: names checked by layer count, layer likeness and embedding "
+            f"size only (all names and shapes for {', '.join(TEMPLATE_FAMILIES)})"
+        )
+        problems += _generic(config, tensors)
+    elif missing := [k for k in SIZES if not isinstance(config.get(k), int) or config[k] < 0]:
         problems.append(f"config.json gives no {', '.join(missing)}: the model's size cannot be checked")
+    elif config["num_hidden_layers"] > len(tensors):  # bounded work: never a template for a billion layers
+        problems.append(f"num_hidden_layers is {config['num_hidden_layers']}, more than the {len(tensors)} tensors")
     else:
-        expected = expected_tensors(config)
-        if expected is None:
-            notes.append(
-                f"model_type {config.get('model_type')!r}: names checked by layer count, layer likeness and "
-                f"embedding size only (names known for {', '.join(TEMPLATE_FAMILIES)})"
-            )
-            problems += _generic(config, tensors)
-        else:
-            problems += _against(expected, tensors, config)
+        problems += _against(expected_tensors(config) or {}, tensors, config)
     problems += _dtype(config, tensors, notes)
     return ModelCheck(
         findings=tuple(finding("export-config-mismatch", cfg_path, p) for p in problems), notes=tuple(notes)
@@ -101,8 +101,8 @@ def expected_tensors(config: dict) -> dict[str, tuple[int, ...]] | None:
     if family not in TEMPLATE_FAMILIES:
         return None
     layers, hidden, inter, heads, vocab = (config[k] for k in SIZES)
-    kv = config.get("num_key_value_heads") or heads
-    hd = config.get("head_dim") or (hidden // heads if heads else 0)
+    kv = _first_int(config, "num_key_value_heads") or heads
+    hd = _first_int(config, "head_dim") or (hidden // heads if heads else 0)
     attn_bias = bool(config.get("attention_bias", False)) if family in ("llama", "qwen3") else False
     qkv_bias = attn_bias or family == "qwen2"  # Qwen2Attention: q, k and v always biased, o never
     mlp_bias = family == "llama" and bool(config.get("mlp_bias", False))
@@ -187,21 +187,22 @@ def _against(expected: dict[str, tuple[int, ...]], tensors: dict[str, tuple[str,
 
 
 def _generic(config: dict, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> list[str]:
-    """Checks that hold for any decoder: layers 0..N-1 all alike, the embedding [vocab, hidden], lm_head iff untied."""
+    """Checks that hold for any decoder, as far as the config says (GPT-2's names for the sizes included): layers
+    0..N-1 all alike, the embedding [vocab, hidden], lm_head iff untied."""
     out = []
     layers: dict[int, dict[str, tuple[int, ...]]] = {}
     for name, (_dtype, shape) in tensors.items():
         if m := LAYER_RE.match(name):
             layers.setdefault(int(m[2]), {})[m[1] + "*." + m[3]] = shape
-    n = config["num_hidden_layers"]
-    if sorted(layers) != list(range(n)):
+    n = _first_int(config, "num_hidden_layers", "n_layer", "num_layers")
+    if n is not None and layers and sorted(layers) != list(range(n)):
         out.append(f"num_hidden_layers is {n} but the exported layers are {_some([str(i) for i in sorted(layers)])}")
     first = layers.get(0, {})
     if unlike := [i for i, names in sorted(layers.items()) if names != first]:
         out.append(f"layer(s) {_some([str(i) for i in unlike])} hold other tensors or shapes than layer 0")
-    want = (config["vocab_size"], config["hidden_size"])
+    want = (_first_int(config, "vocab_size"), _first_int(config, "hidden_size", "n_embd", "d_model"))
     for name, (_dtype, shape) in tensors.items():
-        if name.endswith(("embed_tokens.weight", "wte.weight")) and shape != want:
+        if None not in want and name.endswith(("embed_tokens.weight", "wte.weight")) and shape != want:
             out.append(f"{name} is {list(shape)}, the config implies {list(want)} (vocab_size, hidden_size)")
     if _architecture(config).endswith("ForCausalLM") and "tie_word_embeddings" in config:
         if _tied(config) and "lm_head.weight" in tensors:
@@ -209,6 +210,10 @@ def _generic(config: dict, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> l
         elif not _tied(config) and "lm_head.weight" not in tensors:
             out.append("tie_word_embeddings is false but no lm_head.weight is exported (random output layer)")
     return out
+
+
+def _first_int(config: dict, *keys: str) -> int | None:
+    return next((config[k] for k in keys if isinstance(config.get(k), int)), None)
 
 
 def _dtype(config: dict, tensors: dict[str, tuple[str, tuple[int, ...]]], notes: list[str]) -> list[str]:
