@@ -292,3 +292,29 @@ def test_directories_transformers_saves_pass_the_check_and_a_changed_size_fails_
         (out / "config.json").write_text(json.dumps({**config, key: 3}))
         codes = {f.code for f in check_config(out, out).findings}
         assert codes == {"export-config-mismatch"}, (name, codes)
+
+
+@pytest.mark.slow  # three CLI exports, two with transformers' load
+def test_a_float_the_config_dtype_would_round_is_refused_and_a_widened_one_is_not(tmp_path):
+    """A tiny Qwen2 saved as W=1 plain tensors (test_export_trees.write_plain). Mostly bf16 with a float32 norm: the
+    export's config says bfloat16 and transformers' load would round the norm, so refused; --dtype bf16 makes it one
+    dtype. Mostly float32 with a bf16 norm: widened exactly on load, so verified."""
+    import torch
+    from test_export_trees import write_plain
+
+    run = write_plain(tmp_path / "run")
+    shard = run / "global_step_1" / "actor" / "model_world_size_1_rank_0.pt"
+    state = torch.load(shard, weights_only=True)
+    norm = "model.norm.weight"
+    torch.save({k: v if k == norm else v.bfloat16() for k, v in state.items()}, shard)
+    out = tmp_path / "bf16"
+    refused(cli(tmp_path / "c.db", "export", run / "global_step_1", "--to", out), out, f"e.g. {norm} (float32)")
+    doc = json.loads(
+        cli(tmp_path / "c.db", "export", run / "global_step_1", "--to", out, "--dtype", "bf16", "--json").stdout
+    )
+    assert (doc["verified"], doc["model_check"]) == (True, "transformers"), doc
+
+    torch.save({k: v.bfloat16() if k == norm else v for k, v in state.items()}, shard)
+    out = tmp_path / "f32"
+    doc = json.loads(cli(tmp_path / "c.db", "export", run / "global_step_1", "--to", out, "--json").stdout)
+    assert (doc["dtype"], doc["verified"], doc["model_check"]) == ("float32", True, "transformers"), doc

@@ -106,7 +106,7 @@ def export_command(
     torch-based merge the stream is tested against.
 
     The export must be the model its config.json describes, checked without torch: config.json present, every
-    tensor the config implies there with its shape, none it does not, every floating tensor in the config's dtype,
+    tensor the config implies there with its shape, none it does not, no floating tensor the config's dtype would round,
     lm_head.weight present iff the embeddings are not tied. Where transformers is installed, the export is also
     loaded with it (from_pretrained on CPU, in a child process; up to --max-load-size) and its weights compared with
     the exported tensors; the output says whether that load ran. Otherwise it is refused, or with

@@ -3,7 +3,7 @@
 `check_config` needs no torch: config.json must exist and agree with the exported tensors as their safetensors
 headers say. For the architectures whose names it knows (TEMPLATE_FAMILIES: every tensor transformers builds from the
 config, with its shape) the names must be exactly those; for others it checks what any decoder shares (layer count,
-every layer alike, embedding size). Everywhere: every floating tensor in the config's dtype, and lm_head.weight
+every layer alike, embedding size). Everywhere: no floating tensor the config's dtype would round, and lm_head.weight
 present iff the embeddings are not tied (a tied config with its own lm_head contradicts itself: transformers 4 and
 vLLM tie them and drop lm_head's values; an untied one without lm_head gets a random output layer). What
 transformers' own load does is the final word: `load_with_transformers` runs it in a child process (export_load.py)
@@ -28,11 +28,22 @@ from ckpt_audit.units import format_size
 
 TEMPLATE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SIZES = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-FLOATING = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
-DTYPE_NAME = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+DTYPE_NAME = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
 MAX_HEADER = 100 * 2**20  # safetensors' own bound on a header
 LAYER_RE = re.compile(r"^(.*?\.(?:layers|h|blocks)\.)(\d+)\.(.+)$")
 LOADER = Path(__file__).with_name("export_load.py")
+NO_CONFIG = (
+    "no config.json: the step has no huggingface/ with the model's config (verl writes it with the checkpoint), so "
+    "transformers cannot load the export"
+)
 LOAD_TIMEOUT_S = 600
 
 
@@ -81,12 +92,6 @@ def check_config(work: Path, out: Path) -> ModelCheck:
     return ModelCheck(
         findings=tuple(finding("export-config-mismatch", cfg_path, p) for p in problems), notes=tuple(notes)
     )
-
-
-NO_CONFIG = (
-    "no config.json: the step has no huggingface/ with the model's config (verl writes it with the checkpoint), so "
-    "transformers cannot load the export"
-)
 
 
 def source_config_problem(hf_dir: Path) -> str | None:
@@ -217,17 +222,24 @@ def _first_int(config: dict, *keys: str) -> int | None:
 
 
 def _dtype(config: dict, tensors: dict[str, tuple[str, tuple[int, ...]]], notes: list[str]) -> list[str]:
+    """Floating tensors that transformers' load (in the config's dtype) would round: wider than it, or as wide and
+    another format (bf16 vs fp16). A narrower one is widened exactly, and loads as exported."""
     said = config.get("dtype") or config.get("torch_dtype")
     if not isinstance(said, str):
         notes.append("config.json names no dtype: transformers loads the weights as float32")
         return []
-    other = sorted(n for n, (dt, _s) in tensors.items() if dt in FLOATING and DTYPE_NAME.get(dt, dt) != said)
-    if not other:
+    width = {name: ITEMSIZE[code] for code, name in DTYPE_NAME.items()}
+    rounded = sorted(
+        n
+        for n, (dt, _s) in tensors.items()
+        if dt in DTYPE_NAME and DTYPE_NAME[dt] != said and ITEMSIZE[dt] >= width.get(said, 0)
+    )
+    if not rounded:
         return []
-    got = DTYPE_NAME.get(tensors[other[0]][0], tensors[other[0]][0])
+    got = DTYPE_NAME[tensors[rounded[0]][0]]
     return [
-        f"config.json's dtype is {said} but {len(other)} floating tensor(s) are not, e.g. {other[0]} ({got}): "
-        "transformers casts them on load (export with --dtype to make them one dtype)"
+        f"config.json's dtype is {said} but {len(rounded)} floating tensor(s) are wider or another format, e.g. "
+        f"{rounded[0]} ({got}): transformers' load rounds them (export with --dtype to make them one dtype)"
     ]
 
 
