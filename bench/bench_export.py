@@ -4,7 +4,9 @@ Baselines measured in the same run: `merge` is what verl's model merger does (to
 torch.cat every tensor into one state dict in memory, save it with safetensors); `cp` copies the model shards to the
 same disk and fsyncs them (the physical floor for reading and writing that many bytes). Ours: the default stream
 engine (no torch: bytes copied from the shards' zip entries in 8 MiB blocks, CRC-checked, hashed and read back in
-bounded chunks), the same with --no-verify, the torch engine (the oracle), and `source-check` alone (the re-read
+bounded chunks; then checked as a model and, where transformers is installed, loaded by transformers in a child
+process, whose peak RSS is shown beside the export's), the same without that load (`stream-no-load`: --max-load-size
+0) and with --no-verify, the torch engine (the oracle), and `source-check` alone (the re-read
 of every source file that every export starts with). A second checkpoint 4x as large is exported by the stream
 engine too: its peak RSS must stay the small one's (constant memory).
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -44,27 +47,52 @@ import time
 from pathlib import Path
 
 HIDDEN = 1024
+VOCAB = 8192 + 7  # not divisible by W: uneven shards
 
 
-def _layout(total_mb: int, dim0: bool = False) -> list[tuple[str, tuple[int, int], int]]:
-    """(name, global shape, shard dim): an embedding, per-layer projections, and an untied lm_head. `dim0`: every
-    tensor Shard(0), as FSDP2's fully_shard saves them (the default mixes in Shard(1) to exercise the row gather)."""
-    vocab = 8192 + 7  # not divisible by W: uneven shards
-    out = [("model.embed_tokens.weight", (vocab, HIDDEN), 0)]
-    per_layer = [
-        ("q_proj", (HIDDEN, HIDDEN), 0),
-        ("k_proj", (HIDDEN // 4, HIDDEN), 1),
-        ("o_proj", (HIDDEN, HIDDEN), 0),
-        ("up_proj", (HIDDEN * 3, HIDDEN), 0),
-        ("down_proj", (HIDDEN, HIDDEN * 3), 1),
-    ]
-    layer_bytes = sum(a * b for _, (a, b), _ in per_layer) * 4
-    fixed = 2 * vocab * HIDDEN * 4
-    layers = max(1, (total_mb * 2**20 - fixed) // layer_bytes)
-    for i in range(layers):
-        out += [(f"model.layers.{i}.{n}.weight", s, d) for n, s, d in per_layer]
-    out.append(("lm_head.weight", (vocab, HIDDEN), 0))
+PER_LAYER = (
+    ("self_attn.q_proj.weight", (HIDDEN, HIDDEN), 0),
+    ("self_attn.k_proj.weight", (HIDDEN // 4, HIDDEN), 1),
+    ("self_attn.v_proj.weight", (HIDDEN // 4, HIDDEN), 0),
+    ("self_attn.o_proj.weight", (HIDDEN, HIDDEN), 0),
+    ("mlp.gate_proj.weight", (HIDDEN * 3, HIDDEN), 0),
+    ("mlp.up_proj.weight", (HIDDEN * 3, HIDDEN), 0),
+    ("mlp.down_proj.weight", (HIDDEN, HIDDEN * 3), 1),
+    ("input_layernorm.weight", (HIDDEN,), 0),
+    ("post_attention_layernorm.weight", (HIDDEN,), 0),
+)
+
+
+def _layout(total_mb: int, dim0: bool = False) -> list[tuple[str, tuple[int, ...], int]]:
+    """(name, global shape, shard dim) of a Llama model (every tensor its config implies, so the export's model check
+    passes): an embedding, per-layer attention, MLP and norms, an untied lm_head. `dim0`: every tensor Shard(0), as
+    FSDP2's fully_shard saves them (the default mixes in Shard(1) to exercise the row gather)."""
+    out: list[tuple[str, tuple[int, ...], int]] = [("model.embed_tokens.weight", (VOCAB, HIDDEN), 0)]
+    for i in range(_layers(total_mb)):
+        out += [(f"model.layers.{i}.{n}", s, d) for n, s, d in PER_LAYER]
+    out += [("model.norm.weight", (HIDDEN,), 0), ("lm_head.weight", (VOCAB, HIDDEN), 0)]
     return [(n, s, 0) for n, s, _d in out] if dim0 else out
+
+
+def _layers(total_mb: int) -> int:
+    layer_bytes = sum(math.prod(s) for _, s, _ in PER_LAYER) * 4
+    return max(1, (total_mb * 2**20 - 2 * VOCAB * HIDDEN * 4) // layer_bytes)
+
+
+def _config(total_mb: int) -> dict:
+    """The Llama config that `_layout` is (head_dim 128, grouped-query attention with 2 key/value heads)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": 3 * HIDDEN,
+        "num_hidden_layers": _layers(total_mb),
+        "num_attention_heads": HIDDEN // 128,
+        "num_key_value_heads": HIDDEN // 4 // 128,
+        "vocab_size": VOCAB,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
 
 
 def _write_rank(rank: int, world: int, actor: str, total_mb: int, port: int, dim0: bool = False) -> None:
@@ -103,9 +131,7 @@ def make_checkpoint(root: Path, total_mb: int, world: int, dim0: bool = False) -
     step = root / "global_step_1"
     actor = step / "actor"
     (actor / "huggingface").mkdir(parents=True)
-    (actor / "huggingface" / "config.json").write_text(
-        json.dumps({"model_type": "llama", "tie_word_embeddings": False})
-    )
+    (actor / "huggingface" / "config.json").write_text(json.dumps(_config(total_mb)))
     (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}, indent=4))
     mp.spawn(_write_rank, args=(world, str(actor), total_mb, 29000 + os.getpid() % 1000, dim0), nprocs=world)
     return step
@@ -120,11 +146,12 @@ def child(variant: str, step: str, out: str) -> None:
         import torch.distributed.tensor  # noqa: F401
     if variant == "import-torch":
         pass
-    elif variant in ("stream", "stream-no-verify", "stream-4x", "torch"):
+    elif variant in ("stream", "stream-no-load", "stream-no-verify", "stream-4x", "torch"):
         from ckpt_audit.lifecycle.export import export_checkpoint
 
         engine = "torch" if variant == "torch" else "stream"
-        export_checkpoint(step, out, verify=variant != "stream-no-verify", engine=engine)
+        load = {"max_load_size": 0} if variant == "stream-no-load" else {}  # the default: transformers' load too
+        export_checkpoint(step, out, verify=variant != "stream-no-verify", engine=engine, **load)
         if engine == "stream":
             assert "torch" not in sys.modules, "the stream engine imported torch"
     elif variant == "merge":
@@ -142,7 +169,9 @@ def child(variant: str, step: str, out: str) -> None:
         check_source(_files_to_read(actor, actor / "huggingface"), manifest={}, status=None)
     else:
         raise SystemExit(f"unknown variant {variant}")
-    print(json.dumps({"variant": variant, "peak_mib": _peak_rss_kib() / 1024}))
+    # a child process of the export: transformers' load (export_load.py), where it ran
+    load_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(json.dumps({"variant": variant, "peak_mib": _peak_rss_kib() / 1024, "load_peak_mib": load_mib}))
 
 
 def _peak_rss_kib() -> int:
@@ -238,7 +267,8 @@ def main() -> None:
             + ("" if args.step else f", {len(_layout(args.mb))} tensors, largest {_largest(args.mb) / 2**20:.1f} MiB")
             + ("" if big is None else f"; 4x: {_shard_bytes(big) / 2**20:.0f} MiB")
         )
-        variants = ["import-torch", "merge", "cp", "stream", "stream-no-verify", "torch", "source-check"]
+        variants = ["import-torch", "merge", "cp", "stream", "stream-no-load", "stream-no-verify", "torch"]
+        variants.append("source-check")
         if big is not None:
             variants.append("stream-4x")
         if args.before:
@@ -257,20 +287,22 @@ def main() -> None:
                 if i >= warm:
                     results[v].append(got)
         med = {
-            v: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "cpu", "peak_mib")}
+            v: {k: statistics.median(r[k] for r in rs) for k in ("seconds", "cpu", "peak_mib", "load_peak_mib")}
             for v, rs in results.items()
         }
         print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-        print(f"{'variant':<18} {'wall s':>8} {'CPU s':>7} {'peak RSS MiB':>13}")
+        print(f"{'variant':<18} {'wall s':>8} {'CPU s':>7} {'peak RSS MiB':>13} {'its load child':>15}")
         for v in variants:
-            print(f"{v:<18} {med[v]['seconds']:>8.2f} {med[v]['cpu']:>7.2f} {med[v]['peak_mib']:>13.0f}")
+            m = med[v]
+            load = f"{m['load_peak_mib']:>15.0f}" if v.startswith("stream") and m["load_peak_mib"] else ""
+            print(f"{v:<18} {m['seconds']:>8.2f} {m['cpu']:>7.2f} {m['peak_mib']:>13.0f} {load}")
         _ratios(med, big is not None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _largest(mb: int) -> int:
-    return max(a * b for _, (a, b), _ in _layout(mb)) * 4
+    return max(math.prod(s) for _, s, _ in _layout(mb)) * 4
 
 
 def _ratios(med: dict[str, dict[str, float]], big: bool) -> None:
@@ -289,6 +321,8 @@ def _ratios(med: dict[str, dict[str, float]], big: bool) -> None:
             print(f"stream-before/cp: wall {b['seconds'] / c['seconds']:.2f}x, CPU {b['cpu'] / c['cpu']:.2f}x")
         if nv := med.get("stream-no-verify"):
             print(f"stream-no-verify/cp: wall {nv['seconds'] / c['seconds']:.2f}x")
+    if nl := med.get("stream-no-load"):
+        print(f"stream/stream-no-load (transformers' load): wall {s['seconds'] / nl['seconds']:.2f}x")
     if b := med.get("stream-before"):
         print(f"stream/stream-before: wall {s['seconds'] / b['seconds']:.2f}x, CPU {s['cpu'] / b['cpu']:.2f}x")
     if (t := med.get("torch")) and (m := med.get("merge")):

@@ -428,6 +428,9 @@ def test_tui_offers_a_default_destination_the_checks_accept(scanned):
 # ---------------------------------------------------------------------------------------------------- kill -9
 
 TENSORS = 27  # tensors in verl_run's export (asserted below): the kill points are counted in them
+# transformers' load of the export adds no kill point and would cost seconds per export here; its own kill test is
+# in test_export_model.py
+NO_LOAD = ("--max-load-size", "0")
 
 
 @pytest.fixture
@@ -459,13 +462,13 @@ def test_kill_9_at_every_point_of_an_export_leaves_source_target_and_catalog_who
     earlier export the next point's --force replaces (sources alternate, so the two are told apart)."""
     root, run, catalog = scanned
     out = tmp_path / "hf"
-    first = forked_cli(catalog, "export", step(run, 2), "--to", out, "--json")
+    first = forked_cli(catalog, "export", *NO_LOAD, step(run, 2), "--to", out, "--json")
     assert first.returncode == 0 and json.loads(first.stdout)["tensors"] == TENSORS
     before = tree_digest(root)
     earlier = step(run, 2)
     for point, k in kill_points(TENSORS).items():
         new = step(run, 6) if earlier != step(run, 6) else step(run, 4)
-        killed = forked_cli(catalog, "export", new, "--to", out, "--force", env={KILL_AFTER_ENV: str(k)})
+        killed = forked_cli(catalog, "export", *NO_LOAD, new, "--to", out, "--force", env={KILL_AFTER_ENV: str(k)})
         assert killed.returncode == -9, (point, killed.returncode, killed.stderr)
 
         assert tree_digest(root) == before, point
@@ -480,7 +483,7 @@ def test_kill_9_at_every_point_of_an_export_leaves_source_target_and_catalog_who
         ).fetchone() == (0,), point
         db.close()
 
-        again = forked_cli(catalog, "export", new, "--to", out, "--force")
+        again = forked_cli(catalog, "export", *NO_LOAD, new, "--to", out, "--force")
         assert again.returncode == 0, (point, again.stderr)
         assert export_files_match_marker(out)["source"] == str(new), point
         assert [p.name for p in out.parent.iterdir() if p.name.startswith(".hf.")] == [], point  # reclaimed
@@ -491,17 +494,21 @@ def test_the_kill_points_are_counted_as_the_matrix_assumes(scanned, forked_cli, 
     """One step past the last kill point the export completes: the matrix above killed where it says it did."""
     _root, run, catalog = scanned
     out = tmp_path / "hf"
-    assert forked_cli(catalog, "export", step(run, 4), "--to", out).returncode == 0
+    assert forked_cli(catalog, "export", *NO_LOAD, step(run, 4), "--to", out).returncode == 0
     past = max(kill_points(TENSORS).values()) + 1
-    proc = forked_cli(catalog, "export", step(run, 6), "--to", out, "--force", env={KILL_AFTER_ENV: str(past)})
+    proc = forked_cli(
+        catalog, "export", *NO_LOAD, step(run, 6), "--to", out, "--force", env={KILL_AFTER_ENV: str(past)}
+    )
     assert proc.returncode == 0, proc.stderr
     # Without an earlier export there is no removal step: the catalog transaction is one step sooner.
     fresh = tmp_path / "fresh"
-    killed = forked_cli(catalog, "export", step(run, 6), "--to", fresh, env={KILL_AFTER_ENV: str(past - 2)})
+    killed = forked_cli(catalog, "export", *NO_LOAD, step(run, 6), "--to", fresh, env={KILL_AFTER_ENV: str(past - 2)})
     assert killed.returncode == -9 and export_files_match_marker(fresh)["source"] == str(step(run, 6))
     db = sqlite3.connect(catalog)
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert db.execute("SELECT COUNT(*) FROM exports WHERE out_dir = ?", [str(fresh)]).fetchone() == (0,)
     db.close()
-    proc = forked_cli(catalog, "export", step(run, 6), "--to", fresh, "--force", env={KILL_AFTER_ENV: str(past)})
+    proc = forked_cli(
+        catalog, "export", *NO_LOAD, step(run, 6), "--to", fresh, "--force", env={KILL_AFTER_ENV: str(past)}
+    )
     assert proc.returncode == 0, proc.stderr

@@ -49,6 +49,20 @@ from ckpt_audit.exitcodes import ExitCode
     "verdict) anyway; recorded as an override, and the export is not called verified.",
 )
 @click.option(
+    "--allow-unverified",
+    is_flag=True,
+    help="Write an export that is not the model its config.json describes (no config.json, sizes, names, dtype or "
+    "tied embeddings that disagree with the tensors, or a failed transformers load) anyway; marked unverified.",
+)
+@click.option(
+    "--max-load-size",
+    default="16GB",
+    show_default=True,
+    metavar="SIZE",
+    help="Where transformers is installed, load the export with it (a child process, on CPU, the whole model in "
+    "memory) as part of verifying it, up to this size of tensors; 0: never.",
+)
+@click.option(
     "--engine",
     type=click.Choice(["auto", "stream", "torch"]),
     default="auto",
@@ -60,7 +74,20 @@ from ckpt_audit.exitcodes import ExitCode
 @catalog_option
 @click.pass_context
 def export_command(
-    ctx, step_dir, to, dtype, force, role, max_shard_size, no_verify, allow_corrupt, engine, as_json, catalog
+    ctx,
+    step_dir,
+    to,
+    dtype,
+    force,
+    role,
+    max_shard_size,
+    no_verify,
+    allow_corrupt,
+    allow_unverified,
+    max_load_size,
+    engine,
+    as_json,
+    catalog,
 ) -> None:
     """Merge a checkpoint's FSDP shards into a HuggingFace model directory.
 
@@ -78,7 +105,15 @@ def export_command(
     source checkpoint, how the source was checked, any override) is recorded in the catalog. --engine torch is the
     torch-based merge the stream is tested against.
 
-    Exit codes: 0 exported, 1 refused: the source failed its check (see --allow-corrupt), 2 usage, or --to
+    The export must be the model its config.json describes, checked without torch: config.json present, every
+    tensor the config implies there with its shape, none it does not, no floating tensor the config's dtype would round,
+    lm_head.weight present iff the embeddings are not tied. Where transformers is installed, the export is also
+    loaded with it (from_pretrained on CPU, in a child process; up to --max-load-size) and its weights compared with
+    the exported tensors; the output says whether that load ran. Otherwise it is refused, or with
+    --allow-unverified written and marked unverified.
+
+    Exit codes: 0 exported, 1 refused: the source failed its check (see --allow-corrupt) or the export is not the
+    model its config.json describes (see --allow-unverified), 2 usage, or --to
     refused (would touch a checkpoint, run or root; exists without --force; --force onto something that is not
     an earlier export or an empty directory), 3 error (unreadable or unsupported checkpoint, verification
     failed, catalog unusable, the export could not be written), 4 another run holds the catalog lock, 130
@@ -96,6 +131,10 @@ def export_command(
         shard_bytes = parse_size(max_shard_size)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--max-shard-size") from None
+    try:
+        load_bytes = parse_size(max_load_size)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--max-load-size") from None
     bar = _Progress(enabled=not as_json)
     try:
         with session(ctx, (), catalog) as s:  # the catalog's lock, as every other command that writes it
@@ -108,6 +147,8 @@ def export_command(
                 max_shard_size=shard_bytes,
                 verify=not no_verify,
                 allow_corrupt=allow_corrupt,
+                allow_unverified=allow_unverified,
+                max_load_size=load_bytes,
                 progress=bar.update,
                 engine=engine,
             )
@@ -147,7 +188,11 @@ def _checked(result) -> str:
     if result.override:
         source = f"source FAILED its check, exported with --{result.override}"
     back = "read back equal to the shards" if result.read_back else "not read back (--no-verify)"
-    return f"{back}; {source}"
+    if result.model_check == "failed":
+        model = "NOT the model config.json describes, exported with --allow-unverified"
+    else:
+        model = "config.json agrees with the tensors"
+    return f"{back}; {source}; {model}; {result.model_load}"
 
 
 class _Progress:

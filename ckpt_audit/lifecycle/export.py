@@ -68,6 +68,7 @@ from ckpt_audit.lifecycle.export_guard import (
     refusal,
     step_and_run,
 )
+from ckpt_audit.lifecycle.export_model import Load, check_config, load_with_transformers, source_config_problem
 from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, StreamUnsupported
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.readers import bounded_json
@@ -78,6 +79,7 @@ __all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "expo
 WEIGHT_FILE_RE = re.compile(r"(\.safetensors|\.bin)$|^(model\.safetensors|pytorch_model\.bin)\.index\.json$")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_MAX_SHARD = 5 * 10**9
+DEFAULT_MAX_LOAD = 16 * 10**9  # tensor bytes up to which transformers' load (all in memory) is part of "verified"
 ENGINES = ("auto", "stream", "torch")
 TORCH_EXTRA = "pip install 'ckpt-audit[torch]'"
 TIED = ("lm_head.weight", "model.embed_tokens.weight")
@@ -111,11 +113,23 @@ class ExportResult:
     source_findings: tuple[Finding, ...] = ()  # what the source check found (overridden when exported)
     replaced: str = ""  # what --to held before: "" nothing | "empty-dir" | "export"
     export_id: int | None = None  # the catalog's exports.id
+    # is it a model transformers loads as written (export_model)? "transformers": config.json agrees with the tensors
+    # and transformers' own load gave them back; "config": it agrees, the load did not run (model_load says why);
+    # "failed": it does not, exported with --allow-unverified; "none": not asked yet
+    model_check: str = "none"
+    model_findings: tuple[Finding, ...] = ()
+    model_load: str = ""  # one line: what transformers loaded, or why the load did not run
 
     @property
     def verified(self) -> bool:
-        """Read back equal to a source whose content was checked (manifest or CRCs) and passed."""
-        return self.read_back and self.source_check != "none" and not self.override
+        """Read back equal to a source whose content was checked (manifest or CRCs) and passed, and a model that
+        config.json describes (and transformers loads, where it is installed)."""
+        return (
+            self.read_back
+            and self.source_check != "none"
+            and not self.override
+            and self.model_check in ("transformers", "config")
+        )
 
     @property
     def source_verified(self) -> bool:
@@ -138,6 +152,9 @@ class ExportResult:
             "override": self.override,
             "source_findings": [f.to_dict() for f in self.source_findings],
             "replaced": self.replaced,
+            "model_check": self.model_check,
+            "model_findings": [f.to_dict() for f in self.model_findings],
+            "model_load": self.model_load,
             "lora_dir": self.lora_dir,
             "warnings": list(self.warnings),
             "files": [{"path": f.path, "size_bytes": f.size_bytes, "hash": f.hash} for f in self.files],
@@ -166,6 +183,8 @@ def export_checkpoint(
     verify: bool = True,
     catalog=None,
     allow_corrupt: bool = False,
+    allow_unverified: bool = False,
+    max_load_size: int = DEFAULT_MAX_LOAD,
     protected_roots: Iterable[str] = (),
     progress: Callable[[int, int, str], None] | None = None,
     engine: str = "auto",
@@ -178,6 +197,11 @@ def export_checkpoint(
     from `to`, its manifest is what the source is checked against, and the export is recorded in it.
     `protected_roots`: further roots the caller scanned. `allow_corrupt`: export a source that failed its check,
     recorded as an override. The directory appears at `to` only when complete.
+
+    The export must be a model: config.json present and agreeing with the tensors, and, where transformers is
+    installed and the tensors are at most `max_load_size` bytes, transformers' own load giving them back
+    (export_model). Otherwise ExportRefused (about "model"), unless `allow_unverified`: then it is written, not
+    verified, and the findings are in the result and its marker.
 
     `engine`: "stream" copies tensor bytes without torch (export_stream); "torch" loads the shards with torch (the
     oracle); "auto" streams and falls back to torch only for what streaming cannot do exactly.
@@ -195,6 +219,8 @@ def export_checkpoint(
     if catalog is not None:
         places += catalog.known_places()
     dest = check_destination(to, protected=places, force=force)
+    if not allow_unverified and (no_config := source_config_problem(hf_dir)) is not None:
+        raise ExportRefused(_MODEL_REFUSAL.format(head=no_config), about="model")
     status, manifest, status_findings = catalog.export_source(str(src)) if catalog is not None else (None, {}, ())
     reading = _files_to_read(role_dir, hf_dir)
     source = dict(manifest=manifest, status=status, status_findings=status_findings)
@@ -248,6 +274,12 @@ def export_checkpoint(
             if (refused := refusal(check)) is not None:
                 raise refused
         result = _with_source(result, check, dest, override="allow-corrupt" if refused is not None else "")
+        result = _with_model(result, tmp, out, verify=verify, max_load_size=max_load_size)
+        if result.model_findings and not allow_unverified:
+            first = result.model_findings[0]
+            more = f" (+{len(result.model_findings) - 1} more)" if len(result.model_findings) > 1 else ""
+            head = f"{first.path}: {first.code}: {first.message}{more}"
+            raise ExportRefused(_MODEL_REFUSAL.format(head=head), about="model", findings=result.model_findings)
         _sync_tree(tmp)
         _write_marker(tmp, result)
         ops.tick()  # complete and marked: right before the rename
@@ -275,6 +307,29 @@ def export_checkpoint(
     if catalog is not None:
         result = replace(result, export_id=catalog.record_export(result, tick=ops.tick))
     return result
+
+
+_MODEL_REFUSAL = (
+    "refusing to export what transformers cannot load as written: {head}; pass --allow-unverified to write it "
+    "anyway (marked unverified)"
+)
+
+
+def _with_model(result: ExportResult, tmp: Path, out: Path, *, verify: bool, max_load_size: int) -> ExportResult:
+    """The model check (export_model) of the finished work directory: config.json first, then transformers' load."""
+    checked = check_config(tmp, out)
+    warnings = [*result.warnings, *checked.notes]
+    if checked.findings:
+        load = Load(ran=False, note="transformers load not run: config.json disagrees with the tensors")
+    elif not verify:
+        load = Load(ran=False, note="transformers load not run (--no-verify)")
+    else:
+        load = load_with_transformers(tmp, out, total_bytes=result.total_bytes, max_size=max_load_size)
+    found = (*checked.findings, *load.findings)
+    if found:
+        warnings += [f"--allow-unverified: exported although {f.path}: {f.code}: {f.message}" for f in found]
+    mode = "failed" if found else ("transformers" if load.ran else "config")
+    return replace(result, model_check=mode, model_findings=found, model_load=load.note, warnings=tuple(warnings))
 
 
 def _missing_dirs(path: Path) -> list[Path]:
@@ -862,6 +917,8 @@ def _write_marker(tmp: Path, result: ExportResult) -> None:
         created_ns=time.time_ns(),
         source_check=result.source_check,
         override=result.override,
+        model_check=result.model_check,
+        verified=result.verified,
         files=files,
     )
     with open(tmp / MARKER, "w", encoding="utf-8") as fh:

@@ -184,9 +184,17 @@ def read_marker(top: str) -> dict | None:
 
 
 def marker_document(
-    *, source: str, created_ns: int, source_check: str, override: str, files: Iterable[tuple[str, int, str]]
+    *,
+    source: str,
+    created_ns: int,
+    source_check: str,
+    override: str,
+    model_check: str,
+    verified: bool,
+    files: Iterable[tuple[str, int, str]],
 ) -> dict:
-    """The marker's content: `files` are (path relative to the export, size, xxh3-128)."""
+    """The marker's content: `files` are (path relative to the export, size, xxh3-128). `verified` and `model_check`
+    (lifecycle.export.ExportResult's) say whether an --allow-unverified export is a model its config describes."""
     return {
         "kind": MARKER_KIND,
         "version": 1,
@@ -194,6 +202,8 @@ def marker_document(
         "created_ns": created_ns,
         "source_check": source_check,
         "override": override,
+        "model_check": model_check,
+        "verified": verified,
         "files": {rel: {"size_bytes": size, "hash": h} for rel, size, h in files},
     }
 
