@@ -121,6 +121,11 @@ class Status(StrEnum):
     UNKNOWN = "unknown"  # something inside could not be read (permissions, I/O, a link out of the root): protected
 
 
+# An uncommitted checkpoint (or a tracker) touched within this many seconds is being written: IN_PROGRESS, not broken.
+# The one default of every --in-progress-window and of the core's in_progress_window_s (docs/scan.md: 300 s).
+IN_PROGRESS_WINDOW_S = 300.0
+
+
 class FileKind(StrEnum):
     MODEL = "model"
     OPTIM = "optim"

@@ -22,7 +22,7 @@ from ckpt_audit import verdict_cache
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, file_kind, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
-from ckpt_audit.models import DcpFacts, FileKind, Finding, format_size, many_objects
+from ckpt_audit.models import IN_PROGRESS_WINDOW_S, DcpFacts, FileKind, Finding, format_size, many_objects
 from ckpt_audit.readers import hashing, safetensors_header
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.rules import files as file_rules
@@ -54,7 +54,6 @@ TEXT_NAMES = frozenset(
 # a weights index is read whole up to INDEX_TEXT_LIMIT (its weight_map is checked against the shards' headers)
 PREFIX_TEXT_NAMES = frozenset({"trainer_state.json", *hf_rules.INDEX_FILES})
 TEXT_LIMIT = 64 * 1024
-DEFAULT_IN_PROGRESS_WINDOW_S = 300.0
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total), called on the scanning thread
 # How the files a scan must read get read: (paths, walk stats, previous facts, kinds, workers=, now_ns=) ->
@@ -74,7 +73,7 @@ def scan(
     rehash: bool = False,
     previous: Mapping[str, FileFacts | ShardFile] | None = None,
     progress: Progress | None = None,
-    in_progress_window_s: float = DEFAULT_IN_PROGRESS_WINDOW_S,
+    in_progress_window_s: float = IN_PROGRESS_WINDOW_S,
     now_ns: int | None = None,
     scrub: ScrubPolicy | None = None,
     reader: Reader | None = None,
@@ -212,7 +211,7 @@ def scan_partial(
     now_ns: int | None = None,
     reader: Reader | None = None,
     verdicts: verdict_cache.Source | None = None,
-    window_ns: int = int(DEFAULT_IN_PROGRESS_WINDOW_S * 1e9),
+    window_ns: int = int(IN_PROGRESS_WINDOW_S * 1e9),
     deep_stamps: Mapping[str, str] | None = None,  # run -> its recorded deep verdicts (verdict_cache.deep_stamps)
 ) -> Partial:
     previous = previous if previous is not None else {}  # not `or`: a lazy catalog manifest loads on bool()

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit import lock, scanner
+from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -94,7 +95,7 @@ class Session:
         workers: int = 2,
         rehash: bool = False,
         progress: Progress | None = None,
-        in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+        in_progress_window_s: float = IN_PROGRESS_WINDOW_S,
         scrub: ScrubPolicy | None = None,
         now_ns: int | None = None,
         record: bool = True,
@@ -134,7 +135,7 @@ class Session:
         workers: int = 2,
         rehash: bool = True,
         progress: Progress | None = None,
-        in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+        in_progress_window_s: float = IN_PROGRESS_WINDOW_S,
         scrub: ScrubPolicy | None = None,
     ) -> Recorded:
         """Scan `paths`, then deepen, and record it. `rehash` True: every file is re-read by content whatever its
@@ -269,7 +270,7 @@ class Session:
         self,
         run: str | Path,
         *,
-        in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+        in_progress_window_s: float = IN_PROGRESS_WINDOW_S,
         now_ns: int | None = None,
     ) -> TrackerPlan:
         """Scan `run` (recorded: the catalog sees the run now), read its tracker and plan the repair
@@ -375,7 +376,7 @@ def latest(
     *,
     verified: bool = False,
     max_age_ns: int = 0,
-    in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+    in_progress_window_s: float = IN_PROGRESS_WINDOW_S,
 ) -> LatestAnswer:
     """The resume gate for `run` (lifecycle.latest.gate): scan it with the catalogued hashes (a stale or absent
     catalog still gives a true answer); with `verified`, read the candidate by content now (hash + CRC of every

@@ -20,7 +20,16 @@ from ckpt_audit import scanner
 from ckpt_audit.codes import CODES, finding
 from ckpt_audit.deep import dataloader, dcp_check, hf_check, identity, megatron_check, safe_load, structure, values
 from ckpt_audit.deep import rules as deep
-from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ScanResult, Severity, Status
+from ckpt_audit.models import (
+    IN_PROGRESS_WINDOW_S,
+    Checkpoint,
+    Component,
+    FileKind,
+    Finding,
+    ScanResult,
+    Severity,
+    Status,
+)
 from ckpt_audit.readers import bounded_json
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.rules import status as status_rules
@@ -38,7 +47,7 @@ def verify(
     rehash: bool = False,
     progress: Progress | None = None,
     previous: Mapping | None = None,
-    in_progress_window_s: float = scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+    in_progress_window_s: float = IN_PROGRESS_WINDOW_S,
     scrub: ScrubPolicy | None = None,
 ) -> ScanResult:
     """Scan `paths` (step directories, runs or roots) and add the deep findings. Raises scanner.ScanError."""

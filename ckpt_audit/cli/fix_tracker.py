@@ -8,6 +8,7 @@ import click
 
 from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, session
 from ckpt_audit.exitcodes import ExitCode
+from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 
 
 @click.command("fix-tracker")
@@ -16,7 +17,7 @@ from ckpt_audit.exitcodes import ExitCode
 @click.option(
     "--in-progress-window",
     type=click.FloatRange(0),
-    default=300.0,
+    default=IN_PROGRESS_WINDOW_S,
     show_default=True,
     metavar="SECONDS",
     help="A checkpoint or tracker written this recently means the run is alive: refuse.",

@@ -26,16 +26,16 @@ def plan_on_cluster(s, roots, policy, *, pins, address: str, now_ns: int, check:
     and (`check`) survivor-checked exactly as a local prune, and each node's trash. Returns the preview and the cluster
     handle whose `execute` Session.prune runs. The logical roots are spelled as scan --ray spells them (absolute,
     links not resolved): CKPT_AUDIT_NODE_ROOTS and the catalog's node memory are keyed by them."""
-    from ckpt_audit import scanner
     from ckpt_audit.cli.ray import _node_memory
     from ckpt_audit.cluster import ray_prune, ray_scan
+    from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 
     roots = [os.path.abspath(os.fspath(r)) for r in roots]
     memory = _node_memory(s.catalog_path)
     scanned = ray_scan.scan_cluster(
         roots,
         address=address,
-        in_progress_window_s=scanner.DEFAULT_IN_PROGRESS_WINDOW_S,
+        in_progress_window_s=IN_PROGRESS_WINDOW_S,
         memory=memory,
         now_ns=now_ns,
         deep=s.kept_deep(),

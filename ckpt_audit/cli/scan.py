@@ -24,6 +24,7 @@ from ckpt_audit.cli.common import (
     write_metrics_file,
 )
 from ckpt_audit.exitcodes import ExitCode
+from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 
 
 def scan_options(f):
@@ -52,7 +53,7 @@ def scan_options(f):
             click.option(
                 "--in-progress-window",
                 type=click.FloatRange(0),
-                default=300.0,
+                default=IN_PROGRESS_WINDOW_S,
                 show_default=True,
                 metavar="SECONDS",
                 help="An uncommitted checkpoint written this recently is in-progress, not broken.",

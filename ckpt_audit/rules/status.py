@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import CODES, finding
-from ckpt_audit.models import FileKind, Finding, Severity, Status, made_on_first_use
+from ckpt_audit.models import IN_PROGRESS_WINDOW_S, FileKind, Finding, Severity, Status, made_on_first_use
 
 if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
     from ckpt_audit.models import Checkpoint
@@ -23,7 +23,7 @@ def _define_scan_context() -> None:
         """What a verdict needs to know of the scan itself (the layouts pass it through to `judge`)."""
 
         now_ns: int  # wall clock at scan start
-        in_progress_window_ns: int = 120 * 10**9  # touched this recently (and uncommitted): being written
+        in_progress_window_ns: int = int(IN_PROGRESS_WINDOW_S * 1e9)  # touched this recently, uncommitted: in-progress
         changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
         unread: tuple[Finding, ...] = ()  # entries the walk or the readers could not read: their checkpoint is unknown
         # checkpoint path -> what an earlier verify found of it (catalog.deep_verdicts): binds while its files stand
