@@ -194,6 +194,7 @@ def _check_published(out: Path, *, world_size: int, architecture: str) -> dict:
 
 @pytest.mark.slow
 def test_github_recipe_runs_at_w1_with_a_llama_config_directory(tmp_path):
+    # a skip, not an import: verl is not in the test extra (its metadata pins clash); the README installs it --no-deps
     pytest.importorskip("verl.utils.checkpoint.fsdp_checkpoint_manager")
     gh = github()
     model = tmp_path / "model"
@@ -210,6 +211,7 @@ def test_github_recipe_runs_at_w1_with_a_llama_config_directory(tmp_path):
 
 @pytest.mark.slow
 def test_gitlab_recipe_runs_at_w2_with_a_qwen2_model_from_the_local_hub_cache(tmp_path):
+    # a skip, not an import: verl is not in the test extra (its metadata pins clash); the README installs it --no-deps
     pytest.importorskip("verl.utils.checkpoint.fsdp_checkpoint_manager")
     gl = gitlab()
     # the Hugging Face cache as huggingface_hub lays it out, under the recipe's cached HF_HOME; offline

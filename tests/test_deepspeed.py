@@ -53,7 +53,8 @@ def _write(writer: Path, dest: Path, *args: str) -> None:
 
 
 def _tree(tmp_path_factory, stage: int, *flags: str) -> Path:
-    pytest.importorskip("deepspeed")  # the test extra installs it
+    import deepspeed  # noqa: F401  the test extra installs it
+
     key = writer_key(WRITER, ("torch", "deepspeed"))
     tree = build_cached(
         tmp_path_factory,
@@ -77,7 +78,8 @@ def ds_z3(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def hf_ds(tmp_path_factory) -> Path:
     """A transformers Trainer output directory with DeepSpeed ZeRO-2 on (checkpoint-2, -4), resumed by Trainer."""
-    pytest.importorskip("deepspeed")
+    import deepspeed  # noqa: F401
+
     key = writer_key(HF_WRITER, ("torch", "deepspeed", "transformers", "accelerate"))
     return build_cached(tmp_path_factory, "hf_deepspeed", lambda d: _write(HF_WRITER, d / "out"), key=key) / "out"
 

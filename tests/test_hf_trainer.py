@@ -42,7 +42,8 @@ def _write(dest: Path) -> None:
 @pytest.fixture(scope="session")
 def hf_run(tmp_path_factory) -> Path:
     """The output directory of a real 2-process Trainer run (checkpoint-2, -4, -6), cached across sessions."""
-    pytest.importorskip("accelerate")  # Trainer needs it; the test extra installs it
+    import accelerate  # noqa: F401  Trainer needs it; the test extra installs it
+
     key = writer_key(WRITER, ("torch", "transformers", "accelerate", "safetensors", "numpy"))
     return build_cached(tmp_path_factory, "hf_trainer", lambda d: _write(d / "out"), key=key) / "out"
 

@@ -20,8 +20,6 @@ from ckpt_audit.cluster import ray_scan
 from ckpt_audit.cluster.findings import judge_nodes
 from ckpt_audit.session import open_session
 
-pytest.importorskip("ray")
-
 pytestmark = pytest.mark.slow
 LOGICAL = "/ckpt-audit-logical/ckpts"  # exists on no node: every node maps it to its own directory
 

@@ -13,8 +13,6 @@ from click.testing import CliRunner
 
 from ckpt_audit.cli import cli
 
-ray = pytest.importorskip("ray")
-
 pytestmark = pytest.mark.slow
 # columns that name the scan, not the tree: they differ between any two scans
 SCAN_COLUMNS = {"id", "scan_id", "last_scan_id", "verified_ns", "started_ns", "finished_ns"}
@@ -113,6 +111,8 @@ def test_nodes_whose_task_fails_leave_their_share_to_the_driver(ray_cluster, sha
 def test_the_auto_probe_reports_each_nodes_own_view_of_the_root(ray_cluster, shared_root, tmp_path):
     """On one machine every node sees the driver's root directory, unless its CKPT_AUDIT_NODE_ROOTS maps it to a
     copy: that node's view differs, so auto could not call the root shared even on a network filesystem."""
+    import ray
+
     from ckpt_audit.cluster.shared import RootView, choose_placement, probe_views, root_view
 
     ids, table = ray_cluster.ids, ray_cluster.table

@@ -20,6 +20,7 @@ SHORT = ["-w", "2", "--steps", "3", "--resume-step", "2"]  # restart mid-epoch (
 
 @pytest.mark.slow
 def test_verl_manager_resumes_bit_exactly(tmp_path):
+    # a skip, not an import: verl is not in the test extra (its metadata pins clash); the README installs it --no-deps
     pytest.importorskip("verl.utils.checkpoint.fsdp_checkpoint_manager")
     keep = tmp_path / "kept"
     result = CliRunner().invoke(cli, ["resume-test", *SHORT, "--checkpointer", "verl", "--json", "--keep", str(keep)])
@@ -37,6 +38,7 @@ def test_verl_manager_resumes_bit_exactly(tmp_path):
 
 @pytest.mark.slow
 def test_verl_data_position_withheld_is_caught_and_named(tmp_path):
+    # a skip, not an import: verl is not in the test extra (its metadata pins clash); the README installs it --no-deps
     pytest.importorskip("verl.utils.checkpoint.fsdp_checkpoint_manager")
     from junit_read import failed, read_junit
 
