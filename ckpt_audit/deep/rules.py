@@ -14,9 +14,9 @@ from typing import Any
 
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
+from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 
 KNOWN_MESH_NAMES = (("fsdp",), ("ddp", "fsdp"))
-TIED_PAIRS = (("lm_head.weight", "model.embed_tokens.weight"),)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -295,21 +295,21 @@ def _check_replicas(key: str, views: Sequence[tuple[RankView, TensorView]]) -> l
 def check_tied(c: ComponentView, ranks: Sequence[RankView]) -> list[Finding]:
     if c.tie_word_embeddings is not True:
         return []
+    a, b = TIED_EMBEDDINGS
     out = []
     for r in ranks:
         m = r.model or {}
-        for a, b in TIED_PAIRS:
-            if (a in m) != (b in m):
-                gone = a if b in m else b
-                out.append(
-                    finding(
-                        "tied-embedding-missing",
-                        r.model_path or "",
-                        f"config ties word embeddings but {gone} is absent (only {b if gone == a else a} is saved)",
-                        rank=r.rank,
-                        tensor=gone,
-                    )
+        if (a in m) != (b in m):
+            gone = a if b in m else b
+            out.append(
+                finding(
+                    "tied-embedding-missing",
+                    r.model_path or "",
+                    f"config ties word embeddings but {gone} is absent (only {b if gone == a else a} is saved)",
+                    rank=r.rank,
+                    tensor=gone,
                 )
+            )
     return out
 
 

@@ -72,6 +72,7 @@ from ckpt_audit.lifecycle.export_model import Load, check_config, load_with_tran
 from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, StreamUnsupported
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.readers import bounded_json
+from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 from ckpt_audit.rules.shards import current_world_size, parse_fsdp_config
 
 __all__ = ["ExportError", "ExportRefused", "ExportResult", "ExportedFile", "export_checkpoint"]
@@ -82,7 +83,6 @@ DEFAULT_MAX_SHARD = 5 * 10**9
 DEFAULT_MAX_LOAD = 16 * 10**9  # tensor bytes up to which transformers' load (all in memory) is part of "verified"
 ENGINES = ("auto", "stream", "torch")
 TORCH_EXTRA = "pip install 'ckpt-audit[torch]'"
-TIED = ("lm_head.weight", "model.embed_tokens.weight")
 LEFTOVER_RE = r"\.{name}\.ckpt-audit-(?:tmp|old)-(\d+)-[0-9a-f]{{8}}"  # a killed export's work dirs beside --to
 
 
@@ -675,10 +675,10 @@ def _export(
     tensors = source.tensors
 
     names = {t.name for t in tensors}
-    if config.get("tie_word_embeddings") and set(TIED) <= names:
-        lm, emb = (next(t for t in tensors if t.name == n) for n in TIED)
+    if config.get("tie_word_embeddings") and set(TIED_EMBEDDINGS) <= names:
+        lm, emb = (next(t for t in tensors if t.name == n) for n in TIED_EMBEDDINGS)
         if _same(lm, emb, torch):
-            tensors = [t for t in tensors if t.name != TIED[0]]
+            tensors = [t for t in tensors if t.name != TIED_EMBEDDINGS[0]]
         else:
             warnings.append("tie_word_embeddings is true but lm_head.weight differs from embed_tokens; kept both")
 

@@ -34,6 +34,7 @@ import xxhash
 from ckpt_audit.readers import safetensors_header
 from ckpt_audit.readers.pt_structure import PtStructure, TensorInfo, read_pt_structure
 from ckpt_audit.readers.ptzip import ZipEntry, ZipFormatError, payload_offset
+from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 
 try:  # isal's crc32 runs ~4x faster than the system zlib's (bench/README.md, bench_hash)
     from isal.isal_zlib import crc32 as _crc32
@@ -91,7 +92,6 @@ _NUMPY = {
 _EXACT_CASTS = {(a, b) for a in ("float32", "float16", "bfloat16") for b in ("float32", "float16", "bfloat16")} | {
     ("float64", "float32")
 }
-TIED = ("lm_head.weight", "model.embed_tokens.weight")
 
 
 class StreamUnsupported(Exception):
@@ -348,10 +348,10 @@ def export_tensors(
     tensors = list(plan.tensors)
     with _Maps() as maps:
         names = {t.name for t in tensors}
-        if tie and set(TIED) <= names:
-            lm, emb = (next(t for t in tensors if t.name == n) for n in TIED)
+        if tie and set(TIED_EMBEDDINGS) <= names:
+            lm, emb = (next(t for t in tensors if t.name == n) for n in TIED_EMBEDDINGS)
             if _same_tensor(lm, emb, maps):
-                tensors = [t for t in tensors if t.name != TIED[0]]
+                tensors = [t for t in tensors if t.name != TIED_EMBEDDINGS[0]]
             else:
                 warnings.append("tie_word_embeddings is true but lm_head.weight differs from embed_tokens; kept both")
         base = [t for t in tensors if "lora_" not in t.name]

@@ -32,6 +32,9 @@ TRAINING_ARGS = "training_args.bin"
 FSDP_MODEL_PREFIX = "pytorch_model_fsdp"
 FSDP_OPTIM_PREFIX = "optimizer"
 DEEPSPEED_STEP_RE = re.compile(r"global_step\d+")
+# the output layer and the input embedding of transformers' *ForCausalLM models, the two tensors
+# tie_word_embeddings ties (deep check tied-embedding-missing; export drops the first when both are equal)
+TIED_EMBEDDINGS = ("lm_head.weight", "model.embed_tokens.weight")
 _GLOBAL_STEP_RE = re.compile(r'^\s*"global_step":\s*(-?\d+)\s*,?\s*$', re.MULTILINE)
 _SHARD_NAME_RE = re.compile(r'"([^"/]+\.(?:safetensors|bin))"')
 
