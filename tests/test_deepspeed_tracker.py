@@ -1,10 +1,12 @@
 """fix-tracker on a DeepSpeed save directory: `latest` rewritten to name the newest whole tag, with the bytes
 DeepSpeed's own save_checkpoint writes (`fd.write(tag)`: the tag's name, no newline), by the same safe write as
-verl's tracker (target re-read by content, old content kept, temporary + fsync + rename, kill-safe). Copies of the
-cached ZeRO-2 tree of tests/test_deepspeed.py; the repaired tree is resumed once by DeepSpeed itself."""
+verl's tracker (target re-read by content, old content kept, temporary + fsync + rename, kill-safe); and the resume
+gate's `latest --print tag`, the tag for load_checkpoint(tag=...). Copies of the cached trees of
+tests/test_deepspeed.py; the repaired tree is resumed once by DeepSpeed itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_json import age, invoke, scan_json
-from test_deepspeed import ds_z2, optim  # noqa: F401  (the session fixture and its helper)
+from test_deepspeed import ds_z2, hf_ds, optim  # noqa: F401  (the session fixtures and a helper)
 
 from ckpt_audit.killpoints import KILL_AFTER_ENV
 
@@ -130,3 +132,37 @@ def test_deepspeed_resumes_the_tag_fix_tracker_wrote(save_dir, tmp_path):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"loaded {save_dir}/global_step4/mp_rank_00_model_states.pt global_steps=4" in res.stdout, res.stdout
+
+
+@pytest.mark.slow
+def test_latest_verified_prints_the_tag_for_load_checkpoint(save_dir, tmp_path):
+    """--print tag: the tag DeepSpeed's load_checkpoint(save_dir, tag=...) takes; the default stays the directory.
+    A bit flipped in global_step6 after the scan cached it is passed over by --verified for global_step4."""
+    db = tmp_path / "c.db"
+    age(save_dir)
+    res = invoke("latest", "--verified", "--print", "tag", str(save_dir), catalog=db)
+    assert res.exit_code == 0 and res.stdout == "global_step6\n", res.output
+    assert invoke("latest", str(save_dir), catalog=db).stdout == f"{save_dir / 'global_step6'}\n"
+    shard = optim(save_dir / "global_step6", 0)
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    res = invoke("latest", "--verified", "--print", "tag", "--json", str(save_dir), catalog=db)
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 0 and (doc["tag"], doc["step"]) == ("global_step4", 4), res.output
+    res = invoke("latest", "--verified", "--print", "tag", str(save_dir), catalog=db)
+    assert res.exit_code == 0 and res.stdout == "global_step4\n", res.output
+
+
+@pytest.mark.slow
+def test_latest_print_tag_is_a_usage_error_outside_a_deepspeed_save_dir(hf_ds, tmp_path):  # noqa: F811
+    """An HF Trainer run (DeepSpeed inside or not) resumes from the checkpoint-N directory: no tag to print."""
+    out = tmp_path / "out"
+    shutil.copytree(hf_ds, out)
+    age(out)
+    res = invoke("latest", "--print", "tag", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 2 and "not a DeepSpeed one" in res.output and not res.stdout.startswith("/"), res.output
+    res = invoke("latest", str(out), catalog=tmp_path / "c.db")
+    assert res.exit_code == 0 and res.stdout.strip().startswith(str(out / "checkpoint-")), res.output
