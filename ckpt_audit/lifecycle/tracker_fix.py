@@ -149,8 +149,20 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
 
 def _resolves(run: Run, ckpt) -> bool:
     """Whether verl finds `ckpt` from a tracker naming its step: it opens exactly `<run>/global_step_<N>`, so a
-    `global_step_06` is never what a tracker saying 6 loads (nor a target it may be pointed at)."""
-    return run.layout != VERL_FSDP or os.path.basename(ckpt.path) == step_dir_name(ckpt.step)
+    `global_step_06` is never what a tracker saying 6 loads (nor a target it may be pointed at). DeepSpeed finds a
+    tag whose name survives being written to `latest` and read back stripped."""
+    name = os.path.basename(ckpt.path)
+    if run.layout == DEEPSPEED:  # load_checkpoint opens <save_dir>/<`latest` read as UTF-8 text, stripped>
+        return name == name.strip() and name.isprintable() and _utf8(name)
+    return run.layout != VERL_FSDP or name == step_dir_name(ckpt.step)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # an undecodable byte in the directory's name (surrogateescape)
+        return False
+    return True
 
 
 def _aside(run: Run, step: int | None, problem: str) -> str:
