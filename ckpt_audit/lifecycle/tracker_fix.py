@@ -119,10 +119,8 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         problem = "missing"
     elif tracker.content is None:
         problem = "unreadable"
-    elif deepspeed and not tracker.content.strip():
-        problem = "garbage"
-    elif not deepspeed and (old_step is None or old_step < 0):
-        problem = "garbage"
+    elif not tracker.content.strip() if deepspeed else (old_step is None or old_step < 0):
+        problem = "garbage"  # DeepSpeed: empty (it loads `<save_dir>/`); verl: not a step number
     elif named is None:
         problem = "dangling"
     elif (no := why_not(named, run)) is not None:
