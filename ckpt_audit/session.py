@@ -276,12 +276,11 @@ class Session:
         """Scan `run` (recorded: the catalog sees the run now), read its tracker and plan the repair
         (lifecycle.tracker_fix.plan_fix). Writes no tracker. Raises SessionError when `run` is not one run."""
         from ckpt_audit.answers import TrackerPlan
-        from ckpt_audit.layouts.tracker import tracker_path
-        from ckpt_audit.lifecycle.tracker_fix import plan_fix, read_state
+        from ckpt_audit.lifecycle.tracker_fix import plan_fix, read_state, tracker_of
 
         scanned = self.scan([run], in_progress_window_s=in_progress_window_s)
         the_run = run_named(scanned.result, run)
-        state = read_state(tracker_path(the_run.path))
+        state = read_state(tracker_of(the_run))
         now = time.time_ns() if now_ns is None else now_ns
         fix = plan_fix(the_run, state, now_ns=now, in_progress_window_ns=int(in_progress_window_s * 1e9))
         steps = frozenset(os.path.basename(c.path) for c in the_run.checkpoints)

@@ -206,3 +206,17 @@ def test_apply_refuses_when_a_save_began_since_the_scan(tmp_path):
     backup = apply_fix(fix, step_names=frozenset({"global_step_4", "global_step_6"}))
     assert open(backup).read() == "2"
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "4"
+
+
+@pytest.mark.parametrize("name", ["global_step8 ", "global_step8\n", "global_step8\udcff"])
+def test_deepspeed_plan_never_points_latest_at_a_tag_its_load_cannot_open(name):
+    """load_checkpoint(tag=None) opens `<save_dir>/<latest stripped>`, read as UTF-8: a tag whose name has
+    surrounding whitespace or an undecodable byte cannot be named by `latest`; the newest whole one it can open is."""
+    ds = f"{RUN}/latest"
+
+    def tag(step: int, name: str) -> Checkpoint:
+        return dataclasses.replace(ckpt(step), path=f"{RUN}/{name}")
+
+    r = dataclasses.replace(run(tag(6, "global_step6"), tag(8, name)), layout="deepspeed")
+    fix = plan_fix(r, dataclasses.replace(state(b"global_step4"), path=ds), now_ns=NOW, in_progress_window_ns=WINDOW)
+    assert (fix.problem, fix.new_path, fix.new_content) == ("dangling", f"{RUN}/global_step6", b"global_step6")

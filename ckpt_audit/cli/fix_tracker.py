@@ -36,7 +36,8 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
     looks alive (a checkpoint being written, a tracker written within --in-progress-window), when the tracker is a
     link or unreadable, or when a newer checkpoint could not be read. With --yes the target is first read by
     content (hash and CRC of every file against the scan, whatever the stat says); one that fails is recorded and
-    the fix refused. Works for verl FSDP (PPO, SFT) and Megatron.
+    the fix refused. Works for verl FSDP (PPO, SFT) and Megatron, and for a DeepSpeed save directory, whose
+    `latest` gets the tag's name (global_step6), as DeepSpeed's save_checkpoint writes it.
 
     Exit codes: 0 the tracker is right (or was fixed with --yes), 1 it needs a fix (dry run) or the fix was
     refused (a target that failed its re-read included), 2 usage, 3 error (not a run, the tracker could not be
@@ -72,6 +73,7 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
         )
         ctx.exit(int(code))
     old = "missing" if fix.old_content is None else repr(fix.old_content.decode("utf-8", "replace")[:40])
+    new = None if fix.new_content is None else fix.new_content.decode()
     if fix.problem == "ok":
         click.echo(f"{fix.tracker_path}: ok ({fix.detail})")
     elif fix.refused:
@@ -86,9 +88,9 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
     elif done:
         kept = f"; old content kept in {write.backup}" if write.backup else ""
         checked = write.reread.as_outcome().detail
-        click.echo(f"{fix.tracker_path}: {fix.problem}: {old} -> {fix.new_step} ({fix.new_path}){kept}")
+        click.echo(f"{fix.tracker_path}: {fix.problem}: {old} -> {new} ({fix.new_path}){kept}")
         click.echo(f"re-read step {fix.new_step} by content just now, before writing: {checked}")
     else:
-        click.echo(f"{fix.tracker_path}: {fix.problem} (now {old}): would write {fix.new_step} ({fix.new_path})")
+        click.echo(f"{fix.tracker_path}: {fix.problem} (now {old}): would write {new} ({fix.new_path})")
         click.echo("dry run: nothing written; run again with --yes to read the target by content and rewrite it")
     ctx.exit(int(code))

@@ -40,9 +40,20 @@ from ckpt_audit.exitcodes import ExitCode
     is_flag=True,
     help="Print one JSON document: the answer and every newer checkpoint passed over, with the reasons.",
 )
+@click.option(
+    "--print",
+    "what",
+    type=click.Choice(["path", "tag"]),
+    default="path",
+    show_default=True,
+    help="path: the checkpoint's directory (resume_from_path, HF's resume_from_checkpoint); tag: a DeepSpeed "
+    "run's tag name, for load_checkpoint(save_dir, tag=...).",
+)
 @catalog_option
 @click.pass_context
-def latest_command(ctx: click.Context, run, verified, max_age, period, in_progress_window, as_json, catalog) -> None:
+def latest_command(
+    ctx: click.Context, run, verified, max_age, period, in_progress_window, as_json, what, catalog
+) -> None:
     """Print the newest complete checkpoint of RUN, for a job script's resume_from_path.
 
     Complete means what a resume needs: every rank's shards, no error finding, not unsafe, not being written,
@@ -53,15 +64,21 @@ def latest_command(ctx: click.Context, run, verified, max_age, period, in_progre
     passed over and the next one read, and what was read is recorded. --max-age accepts a content read within
     that age instead (scan's scrub keeps one within --scrub-period on a nightly cron).
 
+    For a DeepSpeed save directory, --print tag prints the tag (global_step6) to pass to
+    load_checkpoint(save_dir, tag=...); the default stays the directory.
+
     Exit codes: 0 a checkpoint was printed, 1 none is resumable (the reason on stderr, one line, after
-    --verified's), 2 usage, 3 error (RUN is not a run).
+    --verified's), 2 usage (--print tag on a run that is not a DeepSpeed save directory), 3 error (RUN is not a
+    run).
 
     \b
     Example:
         ckpt=$(ckpt-audit latest --verified /ckpts/proj/exp) || exit 1
         python3 -m verl.trainer.main_ppo trainer.resume_mode=resume_path trainer.resume_from_path=$ckpt ...
         ckpt-audit latest --json /ckpts/proj/exp | jq '.passed_over[].reasons'
+        tag=$(ckpt-audit latest --verified --print tag /ckpts/ds/save_dir) || exit 1   # load_checkpoint(tag=$tag)
     """
+    from ckpt_audit.layouts.deepspeed import NAME as DEEPSPEED
     from ckpt_audit.session import SessionError, latest
 
     max_age_ns = max_age if max_age is not None else period or 0
@@ -76,6 +93,10 @@ def latest_command(ctx: click.Context, run, verified, max_age, period, in_progre
     except SessionError as exc:
         raise CommandError(str(exc)) from None
     g = answer.gate
+    deepspeed = answer.run.layout == DEEPSPEED
+    if what == "tag" and not deepspeed:  # only DeepSpeed's load takes a tag
+        raise click.UsageError(f"--print tag: {answer.run.path} is a {answer.run.layout} run, not a DeepSpeed one")
+    tag = g.chosen.path.rsplit("/", 1)[-1] if g.chosen is not None and deepspeed else None
     code = ExitCode.OK if g.chosen is not None else ExitCode.FINDINGS
     if as_json:
         chosen = g.chosen
@@ -86,6 +107,7 @@ def latest_command(ctx: click.Context, run, verified, max_age, period, in_progre
                 "tracker_step": answer.run.tracker_step,
                 "checkpoint": None if chosen is None else chosen.path,
                 "step": None if chosen is None else chosen.step,
+                "tag": tag,
                 "verified_ns": answer.verified_ns,
                 "reread": list(answer.reread),
                 "files_reused": answer.files_reused,
@@ -98,7 +120,7 @@ def latest_command(ctx: click.Context, run, verified, max_age, period, in_progre
             }
         )
     elif g.chosen is not None:
-        click.echo(g.chosen.path)
+        click.echo(tag if what == "tag" else g.chosen.path)
     if verified:
         _say_what_was_read(answer, max_age_ns)
     if g.chosen is None:

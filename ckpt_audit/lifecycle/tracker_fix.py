@@ -5,6 +5,8 @@ can find (docs/verl-format.md §4). `plan_fix` decides from a fresh scan (pure, 
 `apply_fix` writes it: the old content kept beside the tracker, the new one written to a temporary file, fsynced
 and renamed over the tracker (what verl's SFT trainer does), after checking the tracker did not change since the
 plan. Same target as the resume gate (`lifecycle.latest`): complete, or whole beyond a lagging tracker.
+A DeepSpeed run's tracker is `<save_dir>/latest`, naming a tag directory; it gets the tag's name, as DeepSpeed's
+`save_checkpoint` writes it (`fd.write(tag)`, no newline), by the same safe write.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts.deepspeed import NAME as DEEPSPEED
 from ckpt_audit.layouts.hf_trainer import NAME as HF_TRAINER
 from ckpt_audit.layouts.torchtitan import NAME as TORCHTITAN
-from ckpt_audit.layouts.tracker import resume_step
+from ckpt_audit.layouts.tracker import resume_step, tracker_path
 from ckpt_audit.layouts.verl_fsdp import NAME as VERL_FSDP
 from ckpt_audit.layouts.verl_fsdp import step_dir_name, step_of
 from ckpt_audit.lifecycle.latest import why_not
 from ckpt_audit.models import MAX_STEP, Run, Status
+from ckpt_audit.rules import deepspeed as ds_rules
 
 BACKUP_INFIX = ".ckpt-audit-old-"  # <tracker>.ckpt-audit-old-<ns>: the content before a fix
 TMP_INFIX = ".ckpt-audit-tmp-"
@@ -56,6 +59,13 @@ class TrackerFix:
     def needed(self) -> bool:
         return self.new_step is not None
 
+    @property
+    def new_content(self) -> bytes | None:
+        """What is written: the step for verl's tracker, the tag's directory name for DeepSpeed's `latest`."""
+        if self.new_step is None or self.new_path is None:
+            return None
+        return os.path.basename(self.new_path).encode() if _is_latest(self.tracker_path) else content_for(self.new_step)
+
     def to_dict(self) -> dict:
         return {
             "run": self.run_path,
@@ -65,6 +75,7 @@ class TrackerFix:
             "old_step": self.old_step,
             "new_step": self.new_step,
             "new_path": self.new_path,
+            "new_content": None if self.new_content is None else self.new_content.decode(),
             "refused": self.refused or None,
             "detail": self.detail,
         }
@@ -75,19 +86,41 @@ def content_for(step: int) -> bytes:
     return str(step).encode()
 
 
+def _is_latest(tracker: str) -> bool:
+    return os.path.basename(tracker) == ds_rules.LATEST
+
+
+def tracker_of(run: Run) -> str:
+    """The file a run's resume reads to find its checkpoint."""
+    return f"{run.path}/{ds_rules.LATEST}" if run.layout == DEEPSPEED else tracker_path(run.path)
+
+
+def _named(run: Run, ckpts: list, content: bytes | None) -> tuple[int | None, object]:
+    """(step the tracker names, the checkpoint it resolves to or None). DeepSpeed's load_checkpoint opens
+    `<save_dir>/<content.strip()>`: the tag is matched by directory name, its step is that tag's."""
+    if content is None:
+        return None, None
+    if run.layout != DEEPSPEED:
+        step = resume_step(content)
+        return step, next((c for c in ckpts if c.step == step), None)
+    tag = ds_rules.read_latest(content.decode("utf-8", "replace"))
+    named = next((c for c in ckpts if os.path.basename(c.path) == tag), None)
+    return (None if named is None else named.step), named
+
+
 def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window_ns: int) -> TrackerFix:
     """What the tracker should say, and whether it may be rewritten now."""
-    old_step = resume_step(tracker.content) if tracker.content is not None else None
-    base = dict(run_path=run.path, tracker_path=tracker.path, old_content=tracker.content, old_step=old_step)
     ckpts = sorted((c for c in run.checkpoints if _resolves(run, c)), key=lambda c: c.step)
-    named = next((c for c in ckpts if c.step == old_step), None)
+    old_step, named = _named(run, ckpts, tracker.content)
+    base = dict(run_path=run.path, tracker_path=tracker.path, old_content=tracker.content, old_step=old_step)
+    deepspeed = run.layout == DEEPSPEED
     target = next((c for c in reversed(ckpts) if why_not(c, run) is None), None)
     if not tracker.exists:
         problem = "missing"
     elif tracker.content is None:
         problem = "unreadable"
-    elif old_step is None or old_step < 0:
-        problem = "garbage"
+    elif not tracker.content.strip() if deepspeed else (old_step is None or old_step < 0):
+        problem = "garbage"  # DeepSpeed: empty (it loads `<save_dir>/`); verl: not a step number
     elif named is None:
         problem = "dangling"
     elif (no := why_not(named, run)) is not None:
@@ -98,6 +131,7 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         problem = "behind"
     else:
         return TrackerFix(**base, problem="ok", detail=f"the tracker names step {old_step}, the newest resumable")
+    old = tracker.content.decode("utf-8", "replace").strip() if deepspeed and tracker.content else old_step
     refused = _refusal(run, tracker, problem, target, now_ns=now_ns, window_ns=in_progress_window_ns)
     if target is None:
         return TrackerFix(**base, problem=problem, refused=refused or "no complete checkpoint to point the tracker at")
@@ -107,14 +141,26 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         new_step=target.step,
         new_path=target.path,
         refused=refused,
-        detail=f"{_what(problem, old_step)}{_aside(run, old_step, problem)}: point it at step {target.step}",
+        detail=f"{_what(problem, old, deepspeed)}{_aside(run, old_step, problem)}: point it at step {target.step}",
     )
 
 
 def _resolves(run: Run, ckpt) -> bool:
     """Whether verl finds `ckpt` from a tracker naming its step: it opens exactly `<run>/global_step_<N>`, so a
-    `global_step_06` is never what a tracker saying 6 loads (nor a target it may be pointed at)."""
-    return run.layout != VERL_FSDP or os.path.basename(ckpt.path) == step_dir_name(ckpt.step)
+    `global_step_06` is never what a tracker saying 6 loads (nor a target it may be pointed at). DeepSpeed finds a
+    tag whose name survives being written to `latest` and read back stripped."""
+    name = os.path.basename(ckpt.path)
+    if run.layout == DEEPSPEED:  # load_checkpoint opens <save_dir>/<`latest` read as UTF-8 text, stripped>
+        return name == name.strip() and name.isprintable() and _utf8(name)
+    return run.layout != VERL_FSDP or name == step_dir_name(ckpt.step)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # an undecodable byte in the directory's name (surrogateescape)
+        return False
+    return True
 
 
 def _aside(run: Run, step: int | None, problem: str) -> str:
@@ -125,7 +171,14 @@ def _aside(run: Run, step: int | None, problem: str) -> str:
     return f" ({names[0]} is, but verl never resolves that name: rename it to resume from it)" if names else ""
 
 
-def _what(problem: str, old: int | None) -> str:
+def _what(problem: str, old: int | str | None, deepspeed: bool) -> str:
+    if deepspeed:
+        return {
+            "missing": "no `latest` (load_checkpoint(tag=None) trains from scratch)",
+            "garbage": "`latest` is empty (load_checkpoint(tag=None) looks for the shards in the save directory)",
+            "dangling": f"`latest` names {old!r}, which is no tag here (load_checkpoint(tag=None) fails)",
+            "behind": f"`latest` names {old} but newer tags are whole",
+        }.get(problem, f"`latest` names {old}, which is {problem.removeprefix('names-')}")
     return {
         "missing": "no tracker (resume_mode=auto would train from step 0)",
         "garbage": "the tracker is not a step number (resume raises ValueError)",
@@ -145,11 +198,6 @@ def _refusal(run: Run, tracker: TrackerState, problem: str, target, *, now_ns: i
         return (
             "a torchtitan run has no tracker (it resumes from the highest step-N holding a .metadata): "
             "move a broken newest step-N aside, or set checkpoint.load_step"
-        )
-    if run.layout == DEEPSPEED:  # its tracker is `latest`, naming a tag; rewriting it is not built yet (issue 29)
-        return (
-            "a DeepSpeed run's tracker is `latest` (a tag name), which fix-tracker does not rewrite yet: "
-            "pass the tag `ckpt-audit latest` names to load_checkpoint(tag=...)"
         )
     if tracker.is_link:
         return "the tracker is a symbolic link: not replacing a link (fix its target by hand)"
@@ -199,7 +247,7 @@ def apply_fix(fix: TrackerFix, *, step_names: frozenset[str] | None = None) -> s
         raise FixError(f"cannot re-read {path}: {exc.strerror or exc}") from None
     if current != fix.old_content:
         raise FixError(f"{path} changed since it was read: not rewriting it (run again)")
-    if step_names is not None and _step_names(fix.run_path) != step_names:
+    if step_names is not None and _step_names(fix.run_path, _is_latest(path)) != step_names:
         raise FixError(f"{fix.run_path} gained or lost a step directory since it was read: not rewriting (run again)")
     stamp = time.time_ns()
     backup = None
@@ -210,7 +258,7 @@ def apply_fix(fix: TrackerFix, *, step_names: frozenset[str] | None = None) -> s
             backup = f"{path}{BACKUP_INFIX}{stamp}"
             _write_new(backup, fix.old_content)
         ops.tick()
-        _write_new(tmp, content_for(fix.new_step))
+        _write_new(tmp, fix.new_content)
         ops.tick()
         os.replace(tmp, path)
         ops.tick()
@@ -238,11 +286,21 @@ def _remove_killed_temporaries(directory: str, name: str) -> None:
             _unlink_quietly(os.path.join(directory, n))
 
 
-def _step_names(run_path: str) -> frozenset[str]:
+def _step_names(run_path: str, deepspeed: bool) -> frozenset[str]:
+    """The run's step directories now (a DeepSpeed run's: directories holding its shards, a custom tag too)."""
     try:
+        if deepspeed:
+            return frozenset(n for n in os.listdir(run_path) if _holds_shards(os.path.join(run_path, n)))
         return frozenset(n for n in os.listdir(run_path) if (step_of(n)[0] or MAX_STEP + 1) <= MAX_STEP)
     except OSError:
         return frozenset()
+
+
+def _holds_shards(path: str) -> bool:
+    try:
+        return os.path.isdir(path) and not os.path.islink(path) and any(map(ds_rules.is_shard, os.listdir(path)))
+    except OSError:
+        return False
 
 
 def _unchanged(path: str, old: bytes | None) -> bool:
