@@ -8,6 +8,7 @@ import click
 
 from ckpt_audit.cli.common import DURATION, CommandError, catalog_option, emit_json, resolve_catalog
 from ckpt_audit.exitcodes import ExitCode
+from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 
 
 @click.command("latest")
@@ -29,7 +30,7 @@ from ckpt_audit.exitcodes import ExitCode
 @click.option(
     "--in-progress-window",
     type=click.FloatRange(0),
-    default=300.0,
+    default=IN_PROGRESS_WINDOW_S,
     show_default=True,
     metavar="SECONDS",
     help="An uncommitted checkpoint written this recently is in-progress, never the answer.",
