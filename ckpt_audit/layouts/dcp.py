@@ -56,7 +56,11 @@ def classify(rel_parts: tuple[str, ...]) -> FileKind:
     return FileKind.OTHER
 
 
-def dcp_files(comp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[list[ShardFile], list[Finding]]:
+def dcp_files(
+    comp_dir: str, tree: Tree, facts: Mapping[str, FileFacts], *, content_dirs: tuple[str, ...] = ()
+) -> tuple[list[ShardFile], list[Finding]]:
+    """The component's files, each named as classify knows it; a first folder in `content_dirs` is not part of the
+    name (Megatron v2's model/dist_ckpt/x reads as dist_ckpt/x, model/huggingface/x as huggingface/x)."""
     files, found = [], []
     cut = len(comp_dir) + 1
     for path in tree.files_below(comp_dir):
@@ -64,7 +68,7 @@ def dcp_files(comp_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tupl
         if fact is None:
             continue
         parts = tuple(path[cut:].split("/"))
-        kind = classify(parts)
+        kind = classify(parts[1:] if parts[0] in content_dirs and len(parts) > 1 else parts)
         m = DISTCP_RE.fullmatch(parts[-1]) if kind is FileKind.DISTCP else None
         files.append(shard_file(fact, kind, int(m.group(1)) if m else None))
         found.extend(fact.findings)  # the zip rules never ran on a .distcp (file_kind): nothing to filter

@@ -20,13 +20,11 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import shard_file
 from ckpt_audit.layouts.dcp import (
-    DISTCP_RE,
     check_byte_ranges,
     check_dcp_dir,
     check_megatron_metadata,
-    classify,
+    dcp_files,
 )
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
 from ckpt_audit.models import FileKind, Finding
@@ -80,7 +78,7 @@ class MegatronV2:
     ) -> Component | None:
         if not is_v2(role_dir, tree):
             return None
-        files, found = _files(role_dir, tree, facts)
+        files, found = dcp_files(role_dir, tree, facts, content_dirs=rules.V2_DIRS)
         manifest_path = f"{role_dir}/{rules.MANIFEST}"
         fact = facts.get(manifest_path)
         ws: int | None = None
@@ -142,22 +140,6 @@ class MegatronV2:
                         finding("megatron-v2-content-missing", at, f"the manifest lists {name!r} at {rel}: absent")
                     )
         return ws, out
-
-
-def _files(role_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[list, list[Finding]]:
-    files, found = [], []
-    cut = len(role_dir) + 1
-    for path in tree.files_below(role_dir):
-        fact = facts.get(path)
-        if fact is None:
-            continue
-        parts = tuple(path[cut:].split("/"))
-        # model/huggingface/x reads as huggingface/x, optimizer/dist_ckpt/x as dist_ckpt/x (layouts.dcp's names)
-        kind = classify(parts[1:] if parts[0] in rules.V2_DIRS and len(parts) > 1 else parts)
-        m = DISTCP_RE.fullmatch(parts[-1]) if kind is FileKind.DISTCP else None
-        files.append(shard_file(fact, kind, int(m.group(1)) if m else None))
-        found.extend(fact.findings)
-    return files, found
 
 
 def _nonempty(d: str, tree: Tree) -> bool:
