@@ -23,21 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_audit.codes import finding
+from ckpt_audit.lifecycle.export_stream import FLOATS, ITEMSIZE, SAFETENSORS_DTYPE
 from ckpt_audit.models import Finding
+from ckpt_audit.readers import bounded_json, safetensors_header
+from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 from ckpt_audit.units import format_size
 
 TEMPLATE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SIZES = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
-DTYPE_NAME = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-}
-MAX_HEADER = 100 * 2**20  # safetensors' own bound on a header
+DTYPE_NAME = {code: name for name, code in SAFETENSORS_DTYPE.items() if name in FLOATS}  # floating formats only
+LM_HEAD, EMBED = TIED_EMBEDDINGS
 LAYER_RE = re.compile(r"^(.*?\.(?:layers|h|blocks)\.)(\d+)\.(.+)$")
 LOADER = Path(__file__).with_name("export_load.py")
 NO_CONFIG = (
@@ -64,10 +59,10 @@ def check_config(work: Path, out: Path) -> ModelCheck:
     """config.json in `work` (the finished export, to be put at `out`) against its model*.safetensors headers."""
     cfg_path = str(out / "config.json")
     try:
-        config = json.loads((work / "config.json").read_text())
+        config = bounded_json.load_file(str(work / "config.json"))
     except FileNotFoundError:
         return ModelCheck(findings=(finding("export-no-config", cfg_path, NO_CONFIG),))
-    except (OSError, ValueError, RecursionError) as exc:
+    except (OSError, ValueError) as exc:
         return ModelCheck(
             findings=(finding("export-no-config", cfg_path, f"config.json is not readable JSON ({exc})"),)
         )
@@ -111,7 +106,7 @@ def expected_tensors(config: dict) -> dict[str, tuple[int, ...]] | None:
     attn_bias = bool(config.get("attention_bias", False)) if family in ("llama", "qwen3") else False
     qkv_bias = attn_bias or family == "qwen2"  # Qwen2Attention: q, k and v always biased, o never
     mlp_bias = family == "llama" and bool(config.get("mlp_bias", False))
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    out: dict[str, tuple[int, ...]] = {EMBED: (vocab, hidden), "model.norm.weight": (hidden,)}
     for i in range(layers):
         p = f"model.layers.{i}."
         out |= {
@@ -145,7 +140,7 @@ def expected_tensors(config: dict) -> dict[str, tuple[int, ...]] | None:
         if config.get("token_classification_bias", True):
             out["score.bias"] = (labels,)
     elif not _tied(config):
-        out["lm_head.weight"] = (vocab, hidden)
+        out[LM_HEAD] = (vocab, hidden)
     return out
 
 
@@ -161,7 +156,7 @@ def _tied(config: dict) -> bool:
 def _against(expected: dict[str, tuple[int, ...]], tensors: dict[str, tuple[str, tuple[int, ...]]], config) -> list:
     out = []
     sizes = ", ".join(f"{k} {config[k]}" for k in SIZES)
-    lm = "lm_head.weight"
+    lm = LM_HEAD
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if lm in unexpected and _tied(config) and _architecture(config).endswith("ForCausalLM"):
@@ -210,9 +205,9 @@ def _generic(config: dict, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> l
         if None not in want and name.endswith(("embed_tokens.weight", "wte.weight")) and shape != want:
             out.append(f"{name} is {list(shape)}, the config implies {list(want)} (vocab_size, hidden_size)")
     if _architecture(config).endswith("ForCausalLM") and "tie_word_embeddings" in config:
-        if _tied(config) and "lm_head.weight" in tensors:
+        if _tied(config) and LM_HEAD in tensors:
             out.append("tie_word_embeddings is true but lm_head.weight is exported: the config contradicts the weights")
-        elif not _tied(config) and "lm_head.weight" not in tensors:
+        elif not _tied(config) and LM_HEAD not in tensors:
             out.append("tie_word_embeddings is false but no lm_head.weight is exported (random output layer)")
     return out
 
@@ -228,11 +223,11 @@ def _dtype(config: dict, tensors: dict[str, tuple[str, tuple[int, ...]]], notes:
     if not isinstance(said, str):
         notes.append("config.json names no dtype: transformers loads the weights as float32")
         return []
-    width = {name: ITEMSIZE[code] for code, name in DTYPE_NAME.items()}
+    width = ITEMSIZE[said] if said in FLOATS else 0
     rounded = sorted(
         n
         for n, (dt, _s) in tensors.items()
-        if dt in DTYPE_NAME and DTYPE_NAME[dt] != said and ITEMSIZE[dt] >= width.get(said, 0)
+        if dt in DTYPE_NAME and DTYPE_NAME[dt] != said and ITEMSIZE[DTYPE_NAME[dt]] >= width
     )
     if not rounded:
         return []
@@ -246,13 +241,9 @@ def _dtype(config: dict, tensors: dict[str, tuple[str, tuple[int, ...]]], notes:
 def _headers(work: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Name -> (safetensors dtype, shape) of every tensor in the export's model*.safetensors (not the LoRA adapter)."""
     out = {}
-    for path in sorted(work.glob("*.safetensors")):
-        with open(path, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(min(n, MAX_HEADER)))  # written by this export a moment ago
-        for name, v in header.items():
-            if name != "__metadata__":
-                out[name] = (v["dtype"], tuple(v["shape"]))
+    for path in sorted(work.glob("*.safetensors")):  # written by this export a moment ago
+        for name, v in safetensors_header.read(str(path)).tensors.items():
+            out[name] = (v["dtype"], tuple(v["shape"]))
     return out
 
 
