@@ -49,11 +49,12 @@ class DeepSpeed:
     name = NAME
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
+        tags = {d for d in tree.dirs if is_tag(d, tree)}  # each directory tested once: this runs on every scan
         for d, subdirs in tree.dirs.items():
             names = tree.file_names(d)
-            if is_tag(d, tree) or hf_rules.TRAINER_STATE in names or hf_rules.TRAINING_ARGS in names:
+            if d in tags or hf_rules.TRAINER_STATE in names or hf_rules.TRAINING_ARGS in names:
                 continue  # a tag is never a run; Trainer's checkpoint-N/global_stepN is Trainer's (layouts.hf_trainer)
-            if any(is_tag(f"{d}/{s}", tree) for s in subdirs):
+            if any(f"{d}/{s}" in tags for s in subdirs):
                 yield d
 
     def file_kind(self, path: str) -> FileKind | None:

@@ -20,7 +20,6 @@ from ckpt_audit.rules.hf_trainer import INDEX_FILES, WEIGHT_FILES, WEIGHT_SHARD_
 
 MANIFEST = "ckpt_contents.json"
 V2_DIRS = ("model", "optimizer", "extra")  # verl's _raise_for_old_layout: any of them makes a directory v2
-OLD_DIRS = ("dist_ckpt", "huggingface")  # the pre-v2 layout: these directly under the role directory
 MIGRATION = "python scripts/migrate_megatron_checkpoint_layout.py --checkpoint"
 
 
