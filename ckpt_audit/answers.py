@@ -69,8 +69,11 @@ class TrackerWrite:
     rewritten only if that read held (`written`), its old content kept in `backup` (None: there was none)."""
 
     reread: Reread
-    written: bool
     backup: str | None = None
+
+    @property
+    def written(self) -> bool:
+        return self.reread.ok  # a read that held is always followed by the write (apply_fix raises otherwise)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -179,7 +179,7 @@ class Session:
         import dataclasses
 
         from ckpt_audit.answers import PrunePreview
-        from ckpt_audit.lifecycle.links import find_links
+        from ckpt_audit.lifecycle.links import links_for
         from ckpt_audit.lifecycle.prune import find_trash
         from ckpt_audit.lifecycle.retention import KeepBest, metric_problem, plan_prune, read_metric
         from ckpt_audit.lifecycle.survivors import SurvivorCheck
@@ -200,7 +200,7 @@ class Session:
         if unknown := sorted(pin_paths - known):
             raise PlanError(f"--pin {unknown[0]} matches no scanned checkpoint")
         policy = dataclasses.replace(policy, rules=tuple(rules))
-        links = find_links(self.roots, near={os.path.dirname(r.path) for r in runs})
+        links = links_for(self.roots, runs)
         plan = plan_prune(runs, policy, now_ns=now_ns, pins=pin_paths, links=links)
         # the plan shown (and asked about) is the one whose survivors were re-read
         survivors = self.check_survivors(plan, runs, reread=reread) if check else SurvivorCheck(plan=plan, runs=runs)
@@ -301,13 +301,13 @@ class Session:
         if self.catalog is not None:
             self.catalog.record_rereads([check])
         if not check.ok:
-            return TrackerWrite(reread=check, written=False)
+            return TrackerWrite(reread=check)
         backup = apply_fix(plan.fix, step_names=plan.step_names)
         if self.catalog is not None:
             from ckpt_audit.catalog.tracker_log import record_fix
 
             record_fix(self.catalog.db, plan.fix, at_ns=plan.planned_ns, backup_path=backup)
-        return TrackerWrite(reread=check, written=True, backup=backup)
+        return TrackerWrite(reread=check, backup=backup)
 
     def _close(self) -> None:
         if self._catalog is not None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckpt_audit.lifecycle.links import Links, find_links
+from ckpt_audit.lifecycle.links import Links, links_for
 from ckpt_audit.models import Run, ScanResult
 from ckpt_audit.session import browse
 
@@ -61,7 +61,7 @@ def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Pro
         unrecorded=unrecorded,
         verified_ns={p: f.verified_ns for p, f in result.file_facts.items()},
         nodes=catalog_nodes(catalog_path),
-        links=find_links(roots, near={os.path.dirname(r.path) for r in result.runs}),
+        links=links_for(roots, result.runs),
     )
 
 

@@ -18,8 +18,12 @@ import bisect
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ckpt_audit.tree import TRASH_PREFIX
+
+if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
+    from ckpt_audit.models import Run
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +64,12 @@ def find_links(roots: Iterable[str], *, near: Iterable[str] = ()) -> Links:
     for top in near:
         _walk(top, found, depth=2)
     return Links(roots=roots, near=near, found=tuple(sorted(found.items())))
+
+
+def links_for(roots: Iterable[str], runs: Iterable[Run]) -> Links:
+    """The links a prune plan of `runs` under `roots` must respect: below the roots, and beside every run (what the
+    CLI's and the TUI's plans both take, so the two cannot look in different places)."""
+    return find_links(roots, near={os.path.dirname(r.path) for r in runs})
 
 
 def _walk(top: str, found: dict[str, str], *, depth: int | None) -> None:
