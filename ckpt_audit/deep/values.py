@@ -72,9 +72,10 @@ def check_values(c: ComponentView) -> list[Finding]:
     out: list[Finding] = []
     for r in c.ranks:
         out += _nonfinite(r.model_path or "", r.rank, (r.model or {}).items())
-        moments = [(f"{n} of {name}", t) for name, n, t in _moments(r)]
+        names = _index_names(r)  # walks the whole model once per rank: shared by both moment checks
+        moments = [(f"{n} of {name}", t) for name, n, t in _moments(r, names)]
         out += _nonfinite(r.optim_path or "", r.rank, moments)
-        out += _zero_moments(r)
+        out += _zero_moments(r, names)
     return out
 
 
@@ -95,9 +96,8 @@ def _nonfinite(path: str, rank: int, tensors) -> list[Finding]:
     ]
 
 
-def _moments(r: RankView) -> list[tuple[str, str, TensorView]]:
+def _moments(r: RankView, names: dict[int, str]) -> list[tuple[str, str, TensorView]]:
     """(parameter name, moment name, view) for every moment tensor of the rank's optimizer shard."""
-    names = _index_names(r)
     out = []
     for idx, st in (r.optim_state or {}).items():
         for n in MOMENTS:
@@ -113,8 +113,7 @@ def _index_names(r: RankView) -> dict[int, str]:
     return dict(zip(indices, params)) if len(params) == len(indices) else {}
 
 
-def _zero_moments(r: RankView) -> list[Finding]:
-    names = _index_names(r)
+def _zero_moments(r: RankView, names: dict[int, str]) -> list[Finding]:
     stepped = []
     for idx, st in (r.optim_state or {}).items():
         avg, sq = st.get("exp_avg"), st.get("exp_avg_sq")
