@@ -625,11 +625,6 @@ def _drift(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, ne
     return tuple(f for f in getattr(prev, "findings", ()) if f.code == "hash-drift")
 
 
-def safetensors_findings(path: str) -> tuple[Finding, ...]:
-    """What safetensors would refuse in the file's header against its length (one small read): corrupt."""
-    return _safetensors(path)[0]
-
-
 def _safetensors(path: str) -> tuple[tuple[Finding, ...], tuple[str, ...] | None]:
     """(findings, tensor names: None unless the header is one safetensors loads) of a .safetensors file."""
     try:

@@ -150,18 +150,12 @@ def _deepen(ckpt: Checkpoint) -> tuple[Checkpoint, dict[str, deep.ComponentView]
                 views[comp.role] = cv
         else:
             found = list(_component_findings(ckpt, comp, bad))
-        for f in comp.files:
-            if f.path.endswith(".safetensors") and f.path not in bad:
-                found.extend(_safetensors(f.path))
         comps.append(replace(comp, findings=comp.findings + _new(comp.findings, found)))
+    # .safetensors headers are not read again here: verify's own scan judges afresh and checked each one just now
     step_found: list[Finding] = []
     for f in ckpt.files:
-        if f.path in bad:
-            continue
-        if f.kind is FileKind.DATA:
+        if f.kind is FileKind.DATA and f.path not in bad:
             step_found.extend(_dataloader(f.path))
-        elif f.path.endswith(".safetensors"):
-            step_found.extend(_safetensors(f.path))
     out = replace(ckpt, components=tuple(comps), findings=ckpt.findings + _new(ckpt.findings, step_found))
     return rejudge(out, before=ckpt), views
 
@@ -543,7 +537,3 @@ def _same_storage(path_a: str, key_a: str, path_b: str, key_b: str) -> bool:
 def _storage_entry(z: Any, key: str) -> Any:
     name = next((n for n in z.namelist() if n.endswith(f"/data/{key}")), None)
     return z.getinfo(name) if name is not None else None
-
-
-def _safetensors(path: str) -> tuple[Finding, ...]:
-    return scanner.safetensors_findings(path)
