@@ -64,6 +64,7 @@ from ckpt_audit.lifecycle.export_guard import (
     changed_since,
     check_destination,
     check_source,
+    first_of,
     marker_document,
     refusal,
     step_and_run,
@@ -276,9 +277,7 @@ def export_checkpoint(
         result = _with_source(result, check, dest, override="allow-corrupt" if refused is not None else "")
         result = _with_model(result, tmp, out, verify=verify, max_load_size=max_load_size)
         if result.model_findings and not allow_unverified:
-            first = result.model_findings[0]
-            more = f" (+{len(result.model_findings) - 1} more)" if len(result.model_findings) > 1 else ""
-            head = f"{first.path}: {first.code}: {first.message}{more}"
+            head = first_of(result.model_findings)
             raise ExportRefused(_MODEL_REFUSAL.format(head=head), about="model", findings=result.model_findings)
         _sync_tree(tmp)
         _write_marker(tmp, result)

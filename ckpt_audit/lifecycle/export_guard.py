@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ckpt_audit.codes import finding
@@ -351,16 +351,18 @@ def _digest_problems(path: str, got) -> list[Finding]:
     return out
 
 
+def first_of(findings: Sequence[Finding]) -> str:
+    """A refusal's one line: the first finding, and how many more there are."""
+    first = findings[0]
+    more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
+    return f"{first.path}: {first.code}: {first.message}{more}"
+
+
 def refusal(check: SourceCheck) -> ExportRefused | None:
     """The one-line refusal for a source that failed its check, or None when it passed."""
     if not check.findings and check.status not in REFUSED_STATUSES:
         return None
-    if check.findings:
-        first = check.findings[0]
-        more = f" (+{len(check.findings) - 1} more)" if len(check.findings) > 1 else ""
-        head = f"{first.path}: {first.code}: {first.message}{more}"
-    else:
-        head = f"the catalog holds the checkpoint as {check.status}"
+    head = first_of(check.findings) if check.findings else f"the catalog holds the checkpoint as {check.status}"
     return ExportRefused(
         f"refusing to export an unverified source: {head}; re-scan if it was repaired, or pass "
         "--allow-corrupt to export it anyway (recorded)",
