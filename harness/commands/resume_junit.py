@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from ckpt_audit.report_junit import Case, Suite, command_properties
 from harness.compare import COMPONENTS
+from harness.rng import STREAMS
 
-BASE_STREAMS = ("cpu", "numpy", "random")
+BASE_STREAMS = tuple(s for s in STREAMS if s != "cuda")  # every stream a CPU run saves
 
 
 def resume_suite(report, *, cuda: bool, model: dict | None = None) -> Suite:
