@@ -15,6 +15,11 @@ import sys
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import deepspeed  # noqa: E402
+import deepspeed.comm.torch  # noqa: E402
+
+# as tests/_write_deepspeed.py: skip the CPU accelerator's shared-memory op, JIT-compiled at init (minutes, a C++
+# compiler); it only speeds up collectives and changes nothing a load reads
+sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 import torch  # noqa: E402
 
 
