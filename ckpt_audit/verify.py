@@ -264,6 +264,7 @@ def _item_crcs(
     return megatron_check.check_item_crcs(dcp_dir, meta, skip=bad - crc_only)
 
 
+OPTIM_INVALID = "optimizer-state-invalid"
 # what verl's load does with each kind of per-rank file (deep/structure.py)
 _STRUCTURE = {
     FileKind.MODEL: structure.check_model,
@@ -291,6 +292,8 @@ def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[tuple[Findi
         if res.loaded:
             found.extend(_STRUCTURE[kind](path, rank, res.value, _is_tensor))
         loaded[path] = res
+    # an optimizer shard structure.check_optimizer rejects gets no view: the value checks read only usable state
+    usable = {p: res for p, res in loaded.items() if p not in {f.path for f in found if f.code == OPTIM_INVALID}}
     views = []
     for r in ranks:
         views.append(
@@ -299,7 +302,7 @@ def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[tuple[Findi
                 files.get((FileKind.MODEL, r)),
                 files.get((FileKind.OPTIM, r)),
                 files.get((FileKind.EXTRA_STATE, r)),
-                loaded,
+                usable,
             )
         )
     views = _replica_equality(views, loaded, files)
@@ -327,7 +330,7 @@ def _rank_view(
         crcs = m.entry_crc
         kw["model"] = {str(k): tensor_view(v, infos.get((k,)), crcs) for k, v in m.value.items() if _is_tensor(v)}
     o = loaded.get(optim) if optim else None
-    if o is not None and o.loaded and _optimizer_shaped(o.value):  # otherwise structure's optimizer-state-invalid
+    if o is not None and o.loaded:  # only when structure.check_optimizer found it usable (_fsdp)
         infos = _infos(o)
         kw["optim_state"] = {
             int(i): {
@@ -352,18 +355,6 @@ def _rank_view(
         rng = e.value.get("rng")
         kw["rng_keys"] = frozenset(str(k) for k in rng) if isinstance(rng, Mapping) else None
     return deep.RankView(**kw)
-
-
-def _optimizer_shaped(value: Any) -> bool:
-    if not isinstance(value, Mapping):
-        return False
-    groups = value.get("param_groups")
-    return (
-        isinstance(value.get("state"), Mapping)
-        and isinstance(groups, (list, tuple))
-        and all(isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in groups)
-        and all(isinstance(i, int) for g in groups for i in g["params"])
-    )
 
 
 def _infos(res: safe_load.LoadResult) -> dict:
