@@ -13,7 +13,7 @@ import os
 import sqlite3
 from typing import TYPE_CHECKING
 
-from ckpt_audit.catalog.manifest import CatalogError, findings_from_json, findings_to_json
+from ckpt_audit.catalog.manifest import findings_from_json, findings_to_json, query_read_only
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.models import ScanResult
@@ -22,23 +22,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def read_deep_verdicts(path: str | os.PathLike[str] | None) -> dict[str, DeepVerdict]:
     """checkpoint path -> its kept deep verdict; {} without a catalog (or one older than m008). Raises CatalogError."""
-    if path is None or not os.path.exists(path):
+    if path is None:
         return {}
-    try:
-        conn = sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise CatalogError(f"catalog {path}: {exc}") from None
-    try:
-        rows = conn.execute(
-            "SELECT checkpoint_path, run_path, judged_ns, findings, files FROM deep_verdicts"
-        ).fetchall()
-    except sqlite3.OperationalError:
-        return {}  # no such table yet: nothing kept
-    except sqlite3.DatabaseError as exc:
-        raise CatalogError(f"catalog {path} is not a usable SQLite database: {exc}") from None
-    finally:
-        conn.close()
-    if not rows:
+    rows = query_read_only(path, "SELECT checkpoint_path, run_path, judged_ns, findings, files FROM deep_verdicts")
+    if not rows:  # no catalog, or no such table yet: nothing kept
         return {}
     from ckpt_audit.rules.deep_verdict import DeepVerdict  # defined only when some verdict is kept
 

@@ -106,6 +106,25 @@ class LazyManifest(Mapping):
         return self._facts is not None
 
 
+def query_read_only(path: str | os.PathLike[str], sql: str, params: Iterable = ()) -> list[tuple]:
+    """Rows of `sql` from the catalog at `path`, opened read-only with bare sqlite3 (a WAL read beside a running
+    writer); [] when the catalog or the table does not exist yet. Raises CatalogError for an unusable file."""
+    if not os.path.exists(path):
+        return []
+    try:
+        conn = sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise CatalogError(f"catalog {path}: {exc}") from None
+    try:
+        return conn.execute(sql, list(params)).fetchall()
+    except sqlite3.OperationalError:
+        return []  # no such table (or column) yet
+    except sqlite3.DatabaseError as exc:
+        raise CatalogError(f"catalog {path} is not a usable SQLite database: {exc}") from None
+    finally:
+        conn.close()
+
+
 # a row's last content read, counted only if it was read under today's readers (readers.RULES): a row read under
 # other rules reads as never verified, so its file is read again instead of vouched for
 VERIFIED_UNDER_TODAYS_RULES = f"CASE WHEN read_rules = {RULES} THEN verified_ns END"

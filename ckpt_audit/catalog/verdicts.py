@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.catalog.manifest import VERIFIED_UNDER_TODAYS_RULES as VERIFIED
-from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows
+from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows, query_read_only
 from ckpt_audit.models import FileKind, Finding, Severity, Status, from_slots, many_from_slots
 from ckpt_audit.tree import FileFacts
 from ckpt_audit.verdict_cache import Row
@@ -113,20 +113,7 @@ class CatalogVerdicts:
         self.path = os.fspath(path)
 
     def _query(self, sql: str, params: Iterable = ()) -> list[tuple]:
-        if not os.path.exists(self.path):
-            return []
-        try:
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-        except sqlite3.Error as exc:
-            raise CatalogError(f"catalog {self.path}: {exc}") from None
-        try:
-            return conn.execute(sql, list(params)).fetchall()
-        except sqlite3.OperationalError:
-            return []  # no such table yet: nothing cached
-        except sqlite3.DatabaseError as exc:
-            raise CatalogError(f"catalog {self.path} is not a usable SQLite database: {exc}") from None
-        finally:
-            conn.close()
+        return query_read_only(self.path, sql, params)  # no such table yet: nothing cached
 
     def stored(self) -> Mapping[str, str]:
         return dict(self._query("SELECT run_path, key FROM run_verdicts"))
