@@ -38,7 +38,8 @@ class ExportError(Exception):
 
 class ExportRefused(ExportError):
     """A safety check said no; nothing was put at --to (a work directory written meanwhile is removed first).
-    `about`: "destination" (--to, judged before anything is written) or "source"."""
+    `about`: "destination" (--to, judged before anything is written), "source", or "model" (the export is not the
+    model its config.json describes: lifecycle.export_model)."""
 
     def __init__(self, message: str, *, about: str, findings: tuple[Finding, ...] = ()) -> None:
         super().__init__(message)
