@@ -183,6 +183,20 @@ def test_leftover_trash_is_reclaimed_and_reported(tmp_path):
     assert not trash.exists()
 
 
+def test_reclaimed_bytes_count_a_hardlinked_file_once(tmp_path):
+    """verl's Megatron migration hardlinks each dist_ckpt file into three more directories: removing the four
+    names frees one file's bytes."""
+    run = make_run(tmp_path, steps=(1, 2), tracker=2)
+    trash = run / ".ckpt-audit-trash-global_step_0-0123456789ab" / "actor"
+    (trash / "dist_ckpt").mkdir(parents=True)
+    (trash / "dist_ckpt" / "__0_0.distcp").write_bytes(b"y" * 100)
+    for sub in ("model", "optimizer", "extra"):
+        (trash / sub / "dist_ckpt").mkdir(parents=True)
+        os.link(trash / "dist_ckpt" / "__0_0.distcp", trash / sub / "dist_ckpt" / "__0_0.distcp")
+    [reclaimed] = [o for o in execute(plan_for(run)).outcomes if o.action is Action.RECLAIMED]
+    assert reclaimed.size_bytes == 100
+
+
 # ------------------------------------------------------------------------------------------------- kill test
 
 RUNNER = (

@@ -357,11 +357,13 @@ def _remove_tree(top: str, ops: OpCounter) -> None:
 
 
 def _tree_size(top: str) -> int:
-    total = 0
+    """Bytes under `top`, each inode once (verl's Megatron migration hardlinks every dist_ckpt file 4 times)."""
+    sizes: dict[tuple[int, int], int] = {}
     for dirpath, _dirs, files in os.walk(top, followlinks=False):
         for name in files:
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                st = os.lstat(os.path.join(dirpath, name))
             except OSError:
-                pass
-    return total
+                continue
+            sizes[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(sizes.values())
