@@ -620,6 +620,24 @@ _TABLE: tuple[Code, ...] = (
         "dist_ckpt/ (hardlinked files counted once), no ckpt_contents.json",
     ),
     Code(
+        code="megatron-link-dangling",
+        severity=E,
+        explanation="a symbolic link in a Megatron v2 role (verl's migration script in symlink mode makes them) leads "
+        "to nothing under the scanned roots: verl's load reads through it and fails (the run was moved or copied)",
+    ),
+    Code(
+        code="megatron-link-absolute",
+        severity=W,
+        explanation="a symbolic link in a Megatron v2 role is absolute or leads out of its run (verl's migration "
+        "script in symlink mode): it breaks when the run is moved, and a copy of the run reads the original's files",
+    ),
+    Code(
+        code="fsdp-huggingface-moved",
+        severity=W,
+        explanation="verl's Megatron migration script (--checkpoint-root --all-steps) moved an FSDP role's "
+        "huggingface/ to model/huggingface/: verl's FSDP resume does not read it, but its model merger and export do",
+    ),
+    Code(
         code="distcp-crc-mismatch",
         severity=E,
         explanation=(

@@ -637,7 +637,7 @@ def _safetensors(path: str) -> tuple[tuple[Finding, ...], tuple[str, ...] | None
 
 def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
     # imported on the first pickle read, not at start-up: the first file is opened (and hashed) without it
-    from ckpt_audit.readers import deepspeed_meta, pt_structure
+    from ckpt_audit.readers import deepspeed_meta, megatron_meta, pt_structure
 
     try:
         s = pt_structure.read_pt_structure(path)
@@ -652,7 +652,7 @@ def _structure(path: str) -> tuple[PtFacts | None, tuple[Finding, ...]]:
         n_dtensors=sum(1 for t in s.tensors if t.is_dtensor),
         mesh_sizes=tuple(meshes),
         top_keys=s.keys,
-        meta=deepspeed_meta.read_meta(s.tree),
+        meta=deepspeed_meta.read_meta(s.tree) or megatron_meta.read_meta(s.tree),
     )
     return facts, file_rules.structure_findings(path, problems=s.problems, unsafe_globals=s.unsafe_globals)
 
@@ -702,6 +702,7 @@ def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
     files: dict[str, tuple[str, ...]] = {}
     stats: dict[str, os.stat_result] = {}
     dir_mtimes: dict[str, int] = {}
+    links: dict[str, str] = {}
     found: list[Finding] = []
     seen: set[tuple[int, int]] = set()
     inside = root.rstrip("/") + "/"
@@ -744,6 +745,7 @@ def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
                 elif e.is_dir(follow_symlinks=False):
                     subdirs.append(e.name)
                 elif e.is_symlink():
+                    links[path] = os.readlink(path)
                     kind = _follow_link(path, d, root, inside, found)
                     if kind is not None:
                         names.append(e.name)
@@ -757,7 +759,7 @@ def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
         dirs[d] = tuple(subdirs)
         files[d] = tuple(names)
         stack.extend(f"{d}/{s}" for s in reversed(subdirs))
-    return Tree(dirs=dirs, files=files, dir_mtime_ns=dir_mtimes), stats, found
+    return Tree(dirs=dirs, files=files, dir_mtime_ns=dir_mtimes, links=links), stats, found
 
 
 def _follow_link(path: str, parent: str, root: str, inside: str, found: list[Finding]) -> os.stat_result | None:
@@ -800,9 +802,11 @@ def merge_partials(partials: Sequence[Partial]) -> tuple[Tree, Mapping[str, File
     dirs: dict[str, tuple[str, ...]] = {}
     files: dict[str, tuple[str, ...]] = {}
     dir_mtimes: dict[str, int] = {}
+    links: dict[str, str] = {}
     facts: dict[str, FileFacts] = {}
     found: list[Finding] = []
     for part in partials:
+        links.update(part.tree.links)
         for d, mtime in part.tree.dir_mtime_ns.items():
             dir_mtimes[d] = max(mtime, dir_mtimes.get(d, 0))
         for d, subs in part.tree.dirs.items():
@@ -812,7 +816,7 @@ def merge_partials(partials: Sequence[Partial]) -> tuple[Tree, Mapping[str, File
         for p, f in part.facts.items():
             facts.setdefault(p, f)  # the same path seen from two nodes: the first partial wins
         found.extend(part.findings)
-    return Tree(dirs=dirs, files=files, dir_mtime_ns=dir_mtimes), facts, tuple(found)
+    return Tree(dirs=dirs, files=files, dir_mtime_ns=dir_mtimes, links=links), facts, tuple(found)
 
 
 def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[Layout] | None = None) -> ScanResult:

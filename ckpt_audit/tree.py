@@ -42,6 +42,9 @@ class Tree:
     # a directory's own mtime moves when an entry is made or removed in it: a trainer's fresh, still empty
     # global_step_N/ is young by this alone
     dir_mtime_ns: Mapping[str, int] = field(default_factory=dict)
+    # each symbolic link the walk met -> the text it holds: a link to a directory is not walked under its own name
+    # (nor a dangling one at all), so a layout that must know one (a migrated Megatron role's dist_ckpt) reads it here
+    links: Mapping[str, str] = field(default_factory=dict)
 
     __reduce__ = reduce_as_tuple
 

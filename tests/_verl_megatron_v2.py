@@ -4,10 +4,13 @@
 `write_cases(root)` spawns two CPU processes (gloo) with tensor parallelism 2. Each builds the tiny `GPTModel` of
 tests/_megatron_trees.py and hands it to verl's manager, which writes `global_step_N/actor/{model,optimizer,extra}/
 dist_ckpt/`, `transformer_config.json` and, last, `ckpt_contents.json` (save_contents model, optimizer, extra;
-`use_dist_checkpointing=True`, no bridge). Steps 2 and 4 are saved, one Adam step apart. An old-layout step 8 (one
+`use_dist_checkpointing=True`, no bridge). Steps 2 and 4 are saved, one Adam step apart, step 2 with verl's
+`dist_ckpt_optim_fully_reshardable` off and step 4 with it on, so each records its optimizer format flags in its
+`common.pt` as verl writes them. An old-layout step 8 (one
 `dist_ckpt/` directly under the role, as verl <= 0.8 wrote it) is written with megatron-core's `dist_checkpointing`
 as tests/_megatron_trees.py writes it. Rank 0 then derives one run per case of CASES; the migrated case runs verl's
-own `scripts/migrate_megatron_checkpoint_layout.py` (`migrate_one`, hardlink mode). Both ranks then load the
+own `scripts/migrate_megatron_checkpoint_layout.py` (hardlink mode, and symlink mode: in place, and moved after it).
+Both ranks then load the
 tracker's step of every case through verl's `load_checkpoint` into zeroed state and record which saved step's
 weights came back (`loads step N`) or the error (`fails: ...`), in `<root>/verdicts.json`.
 
@@ -15,7 +18,9 @@ What is stubbed, and why (CPU-only torch, no apex / Transformer Engine):
 - `torch.cuda.synchronize` / `torch.cuda.current_device`: megatron-core's save finalize calls them.
 - The optimizer: megatron-core's optimizer wrappers allocate CUDA tensors when built, so verl's manager gets a small
   stand-in (`_Optimizer`) whose `sharded_state_dict` is megatron-core's own helpers applied to a torch Adam (as
-  tests/_megatron_trees.py saves optimizer state); `use_distributed_optimizer=False`.
+  tests/_megatron_trees.py saves optimizer state). The save's manager says `use_distributed_optimizer=True` so that
+  verl records the distributed optimizer's format flags (`_build_sharded_state_dict_metadata`) as it does in
+  training; the stand-in's state is per parameter whatever the flags say (they are what the test reads back).
 - The load runs with `load_contents=[model, optimizer]`: verl's RNG restore needs the CUDA RNG tracker's states,
   which a CPU process has none of (`load_rng_states` raises KeyError on an empty tracker).
 Everything else (state dicts, paths, manifest, ordering, the old-layout check) is verl's and megatron-core's code.
@@ -49,17 +54,21 @@ CASES = (
     "step-mismatch",  # global_step_6 is a copy of global_step_4 (its manifest says 4); tracker 6
     "old-layout",  # steps 2, 4 (v2) and 8 (old layout); tracker 8
     "migrated",  # the old-layout step 8 after verl's migration script (hardlinks); tracker 8
+    "migrated-symlink",  # the same in symlink mode (absolute directory links), loaded where it was made; tracker 8
+    "symlink-moved",  # migrated in symlink mode, then the run directory renamed (its links dangle); tracker 8
 )
+MIGRATED = ("migrated", "migrated-symlink", "symlink-moved")
 
 
-def migrate(role_dir: Path) -> None:
-    """verl's own migration script, run as its docs say (default mode: hardlinks), from where verl installs it."""
+def migrate(role_dir: Path, mode: str = "hardlink") -> None:
+    """verl's own migration script, run as its docs say, from where verl installs it."""
     import subprocess
     from importlib.util import find_spec
 
     site = Path(find_spec("verl").submodule_search_locations[0]).parent
     script = site / "scripts" / "migrate_megatron_checkpoint_layout.py"
-    out = subprocess.run([sys.executable, str(script), "--checkpoint", str(role_dir)], capture_output=True, text=True)
+    cmd = [sys.executable, str(script), "--checkpoint", str(role_dir), "--mode", mode]
+    out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0 and "migrated" in out.stdout, out.stdout + out.stderr
 
 
@@ -92,13 +101,23 @@ class _Optimizer:
         self.opt.load_state_dict(sd)
 
 
-def _manager(model, opt, contents):
+def _manager(model, opt, contents, fully_reshardable: bool | None = None):
+    """verl's manager; `fully_reshardable` not None: as built for a distributed optimizer with verl's
+    `megatron.dist_ckpt_optim_fully_reshardable` set so (it then records the optimizer format it saves)."""
     import torch
     from omegaconf import OmegaConf
     from verl.utils.checkpoint.megatron_checkpoint_manager import MegatronCheckpointManager
 
     return MegatronCheckpointManager(
-        config=OmegaConf.create({"model": {"path": "unused"}}),
+        config=OmegaConf.create(
+            {
+                "model": {"path": "unused"},
+                "megatron": {
+                    "dist_ckpt_optim_fully_reshardable": bool(fully_reshardable),
+                    "distrib_optim_fully_reshardable_mem_efficient": False,
+                },
+            }
+        ),
         checkpoint_config=OmegaConf.create({"save_contents": contents, "load_contents": contents, "async_save": False}),
         model_config=None,
         transformer_config=model.config,
@@ -111,7 +130,7 @@ def _manager(model, opt, contents):
         processing_class=None,
         optimizer=_Optimizer(model, opt),
         optimizer_scheduler=None,
-        use_distributed_optimizer=False,
+        use_distributed_optimizer=fully_reshardable is not None,
         use_dist_checkpointing=True,
     )
 
@@ -138,11 +157,12 @@ def _another_step(model, opt, seed: int) -> None:
 
 
 def _derive(base: Path, case: str, root: Path) -> None:
-    run = root / case / "exp"
+    final = root / case / "exp"
+    run = final.with_name("before-move") if case == "symlink-moved" else final
     shutil.copytree(base, run, symlinks=True)
     step4 = run / "global_step_4" / "actor"
     old = run / f"global_step_{OLD_STEP}"
-    if case not in ("old-layout", "migrated"):
+    if case not in ("old-layout", *MIGRATED):
         shutil.rmtree(old)
     if case == "manifest-missing":
         (step4 / "ckpt_contents.json").unlink()
@@ -161,8 +181,8 @@ def _derive(base: Path, case: str, root: Path) -> None:
         (run / TRACKER).write_text("6")
     elif case == "old-layout":
         (run / TRACKER).write_text(str(OLD_STEP))
-    elif case == "migrated":
-        migrate(old / "actor")
+    elif case in MIGRATED:
+        migrate(old / "actor", "hardlink" if case == "migrated" else "symlink")
         (run / TRACKER).write_text(str(OLD_STEP))
     # everything old enough that no scan takes it for a save in progress
     past = time.time() - 86400
@@ -170,6 +190,8 @@ def _derive(base: Path, case: str, root: Path) -> None:
         for n in files:
             os.utime(Path(d) / n, (past, past))
         os.utime(d, (past, past))
+    if run != final:
+        run.rename(final)
 
 
 def _rank(rank: int, world: int, root: str, port: int) -> None:
@@ -190,10 +212,10 @@ def _rank(rank: int, world: int, root: str, port: int) -> None:
     ps.initialize_model_parallel(tensor_model_parallel_size=TP)
     base = Path(root) / "base" / "exp"
     model, opt = mt._build()
-    mgr = _manager(model, opt, ["model", "optimizer", "extra"])
     saved = {}
     for step in V2_STEPS:
         _another_step(model, opt, seed=step)
+        mgr = _manager(model, opt, ["model", "optimizer", "extra"], fully_reshardable=step == V2_STEPS[-1])
         mgr.save_checkpoint(str(base / f"global_step_{step}" / "actor"), global_step=step)
         saved[step] = _fingerprint(model)
     # the old layout, as verl <= 0.8 wrote it: one dist_ckpt/ under the role (tests/_megatron_trees.py's save)

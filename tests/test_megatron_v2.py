@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -60,7 +61,27 @@ TABLE = {
         4,
     ),
     "migrated": ("loads step 8", {8: ("complete", ("megatron-migrated",))}, 8),
+    # the links verl's script made hold the absolute path the run had: renamed, they lead nowhere (verl's path
+    # helper's makedirs then meets the dangling link)
+    "symlink-moved": (
+        "fails: FileExistsError",
+        {8: ("incomplete", ("megatron-migrated", "megatron-link-dangling"))},
+        4,
+    ),
 }
+# the symlink-mode migration as verl loaded it where it was made (the cache's rename moved it since, so
+# test_symlink_migration_in_place makes it again, with verl's script, where it is scanned)
+IN_PLACE = {"migrated-symlink": "loads step 8"}
+
+
+MIGRATE = "migrate_megatron_checkpoint_layout.py"
+
+
+def _migrate(*args: str) -> None:
+    """verl's own migration script, from where the verl extra installs it."""
+    script = Path(find_spec("verl").submodule_search_locations[0]).parent / "scripts" / MIGRATE
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "migrated" in out.stdout, out.stdout + out.stderr
 
 
 def _write(dst: Path) -> None:
@@ -226,3 +247,92 @@ def test_tracker_target_needs_a_manifest_in_every_role(clean_copy):
     [f] = [f for f in run.checkpoints[-1].all_findings if f.code == "megatron-v2-manifest-missing"]
     assert f.path == str(critic / "ckpt_contents.json") and run.checkpoints[-1].status.value == "incomplete"
     assert gate(run).chosen.step == 2
+
+
+def test_symlink_migration_in_place(v2, tmp_path):
+    """verl's script in symlink mode makes absolute directory links: verl loads step 8 through them (the writer's
+    verdict); the scan follows them to the dist_ckpt/ they lead to, finds it whole, and warns that they break when
+    the run moves."""
+    assert json.loads((v2 / "verdicts.json").read_text())["migrated-symlink"] == IN_PLACE["migrated-symlink"]
+    run = tmp_path / "exp"
+    subprocess.run(["cp", "-a", str(_run(v2, "old-layout")), str(run)], check=True)
+    _migrate("--checkpoint", str(run / "global_step_8" / "actor"), "--mode", "symlink")
+    (run / "latest_checkpointed_iteration.txt").write_text("8")
+    scanned = scanner.scan([run], in_progress_window_s=0).runs[0]
+    step8 = scanned.checkpoints[-1]
+    codes = sorted(f.code for f in step8.all_findings)
+    assert step8.status.value == "complete" and codes == ["megatron-link-absolute"] * 3 + ["megatron-migrated"]
+    assert gate(scanned).chosen.step == 8
+    # moved: the links now lead to a directory that is gone, as verl's load finds (case symlink-moved)
+    moved = tmp_path / "moved"
+    run.rename(moved)
+    scanned = scanner.scan([moved], in_progress_window_s=0).runs[0]
+    step8 = scanned.checkpoints[-1]
+    assert step8.status.value == "incomplete" and gate(scanned).chosen.step == 4
+    assert {f.path for f in step8.all_findings if f.code == "megatron-link-dangling"} == {
+        str(moved / "global_step_8" / "actor" / sub / "dist_ckpt") for sub in ("model", "optimizer", "extra")
+    }
+
+
+def test_optimizer_format_flags_recorded_and_shown(v2, tmp_path):
+    """Step 2 was saved with verl's dist_ckpt_optim_fully_reshardable off, step 4 with it on: each common.pt's
+    content_metadata says so; the catalog keeps it and `show` (text and JSON) names it with what a resume may
+    change. A catalog row read before the flags were kept is read again."""
+    run = tmp_path / "exp"
+    shutil.copytree(_run(v2, "clean"), run)
+    db = tmp_path / "c.db"
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(db)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        out = subprocess.run([sys.executable, "-m", "ckpt_audit.cli", *args], env=env, capture_output=True, text=True)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
+        return out
+
+    def formats(step: int) -> set:
+        doc = json.loads(cli("show", "--json", str(run / f"global_step_{step}")).stdout)["checkpoint"]
+        return {
+            (o["distrib_optim_sharding_type"], o["dist_ckpt_optim_fully_reshardable"]) for o in doc["optimizer_format"]
+        }
+
+    cli("scan", str(run))
+    assert formats(2) == {("dp_reshardable", False)} and formats(4) == {("fully_reshardable", True)}
+    text = cli("show", str(run / "global_step_2")).stdout
+    assert "optimizer format (actor): dp_reshardable: only the data-parallel size may change" in text
+    # rows written before the flags were kept: the next scan reads those common.pt again
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE files SET pt_facts = json_set(pt_facts, '$.meta', json('[]')) WHERE kind = 'common'")
+    assert formats(4) == set()
+    cli("scan", str(run))
+    assert formats(4) == {("fully_reshardable", True)}
+
+
+def test_reclaimed_trash_of_a_migrated_step_counts_each_file_once(v2, tmp_path):
+    """A prune killed after renaming a migrated step to its trash name: the next prune reclaims it and reports the
+    step's own bytes, not its four hardlinked names' sum."""
+    run = tmp_path / "exp"
+    subprocess.run(["cp", "-a", str(_run(v2, "migrated")), str(run)], check=True)  # cp -a keeps the hardlinks
+    step8 = scanner.scan([run], in_progress_window_s=0).runs[0].checkpoints[-1]
+    trash = run / ".ckpt-audit-trash-global_step_7-0123456789ab"
+    subprocess.run(["cp", "-a", str(run / "global_step_8"), str(trash)], check=True)
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    cli = [sys.executable, "-m", "ckpt_audit.cli", "prune", "--keep-last", "1", "--yes", "--json", str(run)]
+    out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [reclaimed] = [o for o in json.loads(out.stdout)["result"]["outcomes"] if o["action"] == "reclaimed"]
+    assert reclaimed["size_bytes"] == step8.size_bytes and not trash.exists()
+
+
+def test_fsdp_role_damaged_by_the_migration_script(verl_run, tmp_path):
+    """verl's script over a whole run (--checkpoint-root --all-steps) takes an FSDP role's huggingface/ for the
+    old Megatron layout and moves it to model/huggingface/. verl's FSDP load reads only the rank files, so the step
+    still resumes (complete), but the HF config and tokenizer are no longer where verl's merger looks: a warning
+    that says how to move it back."""
+    run = tmp_path / "exp"
+    shutil.copytree(verl_run, run)
+    _migrate("--checkpoint-root", str(run), "--all-steps")
+    scanned = scanner.scan([run], in_progress_window_s=0).runs[0]
+    for ckpt in scanned.checkpoints:
+        [f] = [f for f in ckpt.all_findings if f.code == "fsdp-huggingface-moved"]
+        assert ckpt.status.value == "complete" and f.path == f"{ckpt.path}/actor/model/huggingface"
+        assert f"mv {ckpt.path}/actor/model/huggingface {ckpt.path}/actor/huggingface" in f.message
+    assert gate(scanned).chosen.step == scanned.tracker_step

@@ -42,7 +42,12 @@ FACTS = FileFacts(
     dcp=DCP,
     tensors=("model.embed_tokens.weight", "lm_head.weight"),
 )
-TREE = Tree(dirs={"/c": ("p",), "/c/p": ()}, files={"/c/p": ("x.pt", "y.pt")}, dir_mtime_ns={"/c": 1, "/c/p": 2})
+TREE = Tree(
+    dirs={"/c": ("p",), "/c/p": ()},
+    files={"/c/p": ("x.pt", "y.pt")},
+    dir_mtime_ns={"/c": 1, "/c/p": 2},
+    links={"/c/p/l": "/c/p/x.pt"},
+)
 PARTIAL = Partial(
     root="/c",
     tree=TREE,

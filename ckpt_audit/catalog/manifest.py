@@ -212,8 +212,11 @@ def pt_from_json(doc: str | None) -> tuple[PtFacts | None, bool]:
     if pt.meta:  # JSON keeps its (key, value) pairs as lists
         pt = replace(pt, meta=tuple((str(k), v) for k, v in pt.meta))
     missing = _PT_FIELDS - set(d)
-    # `meta` holds only what DeepSpeed's files record (top-level ds_version): a row from before it, of any other
-    # file, lacks nothing, so an upgrade does not re-read every torch file of every run
+    # `meta` holds only what DeepSpeed's files (top-level ds_version) and Megatron's common.pt (content_metadata)
+    # record: a row from before it, of any other file, lacks nothing, so an upgrade does not re-read every torch
+    # file of every run; a common.pt read before its flags were kept is read again
+    if "content_metadata" in pt.top_keys and not pt.meta:
+        return pt, False
     return pt, not missing or (missing == {"meta"} and "ds_version" not in pt.top_keys)
 
 

@@ -22,6 +22,7 @@ from ckpt_audit.catalog.manifest import (
     dcp_to_json,
     findings_from_json,
     findings_to_json,
+    pt_from_json,
     pt_to_json,
     read_previous,
 )
@@ -31,6 +32,7 @@ from ckpt_audit.catalog.verdicts import record_verdicts
 from ckpt_audit.killpoints import CATALOG_KILL_AFTER_ENV, OpCounter
 from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
 from ckpt_audit.readers import RULES
+from ckpt_audit.rules.megatron_v2 import optimizer_format
 from ckpt_audit.tree import FileFacts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -336,7 +338,21 @@ class Catalog:
             " WHERE checkpoint_path = ? AND scan_id = ? ORDER BY id",
             [path, ckpt["last_scan_id"]],
         )
+        ckpt["optimizer_format"] = self._optimizer_format(path)
         return ckpt
+
+    def _optimizer_format(self, ckpt_path: str) -> list[dict]:
+        """Each Megatron dist_ckpt's optimizer format flags, as its common.pt records them (rules.megatron_v2)."""
+        out = []
+        for p, role, doc in self.db.execute(
+            "SELECT path, role, pt_facts FROM files WHERE checkpoint_path = ? AND kind = 'common' AND present = 1"
+            " ORDER BY path",
+            [ckpt_path],
+        ):
+            pt, _whole = pt_from_json(doc)
+            if pt is not None and pt.meta:
+                out.append({"path": os.path.dirname(p), "role": role, **optimizer_format(dict(pt.meta))})
+        return out
 
     def file_nodes(self) -> dict[str, tuple[str, ...]]:
         """Logical file path -> the nodes holding a present copy (scan --ray); {} when no scan --ray was recorded."""

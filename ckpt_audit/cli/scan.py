@@ -381,6 +381,12 @@ def show_command(path, as_json, catalog) -> None:
                     + (f"{node_list(f['nodes']):<17} " if with_nodes else "")
                     + f["path"]
                 )
+            shown = set()
+            for o in detail["optimizer_format"]:  # the same flags in each dist_ckpt of a role: once a role
+                if (o["role"], o["distrib_optim_sharding_type"]) not in shown:
+                    shown.add((o["role"], o["distrib_optim_sharding_type"]))
+                    kind = o["distrib_optim_sharding_type"] or "-"
+                    click.echo(f"  optimizer format ({o['role'] or o['path']}): {kind}: {o['resharding']}")
             for x in detail["findings"]:
                 click.echo(f"  {x['severity']:<7} {x['code']:<24} {x['path']}: {x['message']}")
             return

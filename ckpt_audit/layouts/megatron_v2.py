@@ -82,15 +82,24 @@ class MegatronV2:
         manifest_path = f"{role_dir}/{rules.MANIFEST}"
         fact = facts.get(manifest_path)
         ws: int | None = None
+        found.extend(_links(role_dir, tree))
         if fact is None:
             migrated = "dist_ckpt" in tree.subdirs(role_dir)
             found.append(rules.missing_manifest(role_dir, migrated=migrated))
             if migrated:  # verl's load reads all three: each must be a whole dist_ckpt (they mirror one another)
-                for dist in [f"{role_dir}/{sub}/dist_ckpt" for sub in rules.V2_DIRS] + [f"{role_dir}/dist_ckpt"]:
-                    if _nonempty(dist, tree):
-                        w, more = check_dist_ckpt(dist, tree, facts)
-                        ws = ws or w
-                        found.extend(more)
+                checked = set()
+                for at in [f"{role_dir}/{sub}/dist_ckpt" for sub in rules.V2_DIRS] + [f"{role_dir}/dist_ckpt"]:
+                    dist = _resolve(at, tree)
+                    if dist is None or dist in checked:
+                        continue  # a dangling link (said above), or the directory a link before this led to
+                    checked.add(dist)
+                    if not _nonempty(dist, tree):
+                        why = "verl's load reads it after the migration: absent or empty"
+                        found.append(finding("megatron-v2-content-missing", at, why))
+                        continue
+                    w, more = check_dist_ckpt(dist, tree, facts)
+                    ws = ws or w
+                    found.extend(more)
         else:
             man = rules.parse_manifest(manifest_path, fact.text)
             if isinstance(man, Finding):
@@ -116,7 +125,9 @@ class MegatronV2:
             name, fmt, weights = paths.get(c.path, (c.name, c.format, False))
             paths[c.path] = (name, fmt, weights or c.name in WEIGHTS)
         for rel, (name, fmt, weights) in paths.items():
-            at = f"{role_dir}/{rel}"
+            at = _resolve(f"{role_dir}/{rel}", tree)
+            if at is None:
+                continue  # a dangling link: said by _links
             if fmt in (DIST_FORMAT, HF_FORMAT):
                 if not _nonempty(at, tree):
                     why = f"the manifest lists {name!r} at {rel}: absent or empty"
@@ -140,6 +151,32 @@ class MegatronV2:
                         finding("megatron-v2-content-missing", at, f"the manifest lists {name!r} at {rel}: absent")
                     )
         return ws, out
+
+
+def _walked(path: str, tree: Tree) -> bool:
+    parent, _, name = path.rpartition("/")
+    return tree.has_dir(path) or name in tree.file_names(parent)
+
+
+def _resolve(path: str, tree: Tree) -> str | None:
+    """`path`, or where it leads if it is a link (None: to nothing walked)."""
+    text = tree.links.get(path)
+    if text is None:
+        return path
+    target = rules.link_target(path, text)
+    return target if _walked(target, tree) else None
+
+
+def _links(role_dir: str, tree: Tree) -> list[Finding]:
+    """Every link below the role directory: verl's load follows them (the walk does not)."""
+    run_dir = role_dir.rsplit("/", 2)[0]
+    out = []
+    for link in sorted(p for p in tree.links if p.startswith(role_dir + "/")):
+        text = tree.links[link]
+        f = rules.check_link(link, text, exists=_walked(rules.link_target(link, text), tree), run_dir=run_dir)
+        if f is not None:
+            out.append(f)
+    return out
 
 
 def _nonempty(d: str, tree: Tree) -> bool:

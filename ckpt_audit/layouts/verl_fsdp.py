@@ -22,7 +22,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
 from ckpt_audit.models import MAX_STEP, FileKind, Status
-from ckpt_audit.rules import deepspeed, save_order, shards, status, tracker
+from ckpt_audit.rules import deepspeed, megatron_v2, save_order, shards, status, tracker
 from ckpt_audit.tree import FileFacts, Tree
 
 if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
@@ -136,6 +136,8 @@ class VerlFsdp:
         ws, found = shards.check_fsdp_shards(comp, config_text=config_fact.text if config_fact else None)
         meshes = {f.path: facts[f.path].pt.mesh_sizes for f in files if facts[f.path].pt is not None}
         found += shards.check_meshes(comp, ws, meshes)
+        if "huggingface" not in tree.subdirs(role_dir) and "huggingface" in tree.subdirs(f"{role_dir}/model"):
+            found += (megatron_v2.huggingface_moved(role_dir),)
         return replace(comp, world_size=ws, findings=tuple(file_findings) + found)
 
     def build_run(self, run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], ctx: ScanContext) -> Run:

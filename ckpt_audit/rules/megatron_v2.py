@@ -148,6 +148,44 @@ def missing_manifest(role_dir: str, *, migrated: bool) -> Finding:
     )
 
 
+def link_target(link: str, text: str) -> str:
+    """Where a link holding `text` leads, as a normalised absolute path (one hop: the walk saw only this one)."""
+    return posixpath.normpath(text if text.startswith("/") else posixpath.join(posixpath.dirname(link), text))
+
+
+def check_link(link: str, text: str, *, exists: bool, run_dir: str) -> Finding | None:
+    """A link in a v2 role: verl's load follows it. `exists`: its target was walked under the scanned roots."""
+    target = link_target(link, text)
+    if not exists:
+        return finding(
+            "megatron-link-dangling",
+            link,
+            f"links to {text!r}, which is not under the scanned roots: verl's load reads through it and fails "
+            "(moved or copied after verl's migration script linked it?); point it at the dist_ckpt/ beside it",
+        )
+    outside = not target.startswith(run_dir.rstrip("/") + "/")
+    if text.startswith("/") or outside:
+        where = "out of its run" if outside else "by an absolute path"
+        return finding(
+            "megatron-link-absolute",
+            link,
+            f"links {where} to {target} (verl's migration script, --mode symlink): it breaks when the run is moved, "
+            "and a copy of the run keeps reading these files; a relative link or --mode hardlink does not",
+        )
+    return None
+
+
+def huggingface_moved(role_dir: str) -> Finding:
+    return finding(
+        "fsdp-huggingface-moved",
+        f"{role_dir}/model/huggingface",
+        "this FSDP role's huggingface/ is at model/huggingface/, where verl's Megatron migration script "
+        "(--checkpoint-root --all-steps) moves it: verl's FSDP resume does not read it, but its model merger "
+        f"(--backend fsdp) and export look for huggingface/; move it back: mv {role_dir}/model/huggingface "
+        f"{role_dir}/huggingface",
+    )
+
+
 def old_layout(role_dir: str) -> Finding:
     return finding(
         "megatron-old-layout",
@@ -155,3 +193,30 @@ def old_layout(role_dir: str) -> Finding:
         "pre-v2 layout (dist_ckpt/ directly under the role, no model/ optimizer/ extra/): verl >= 0.9.1 refuses "
         f"to load it (RuntimeError) until it is migrated: {MIGRATION} {role_dir}",
     )
+
+
+# What a resume may change, by the distributed optimizer's checkpoint format (megatron-core 0.16's
+# DistributedOptimizer.sharded_state_dict). verl resumes with the format the checkpoint records, whatever its config
+# says now (MegatronCheckpointManager._load_content_metadata).
+RESHARDING = {
+    "dp_reshardable": "only the data-parallel size may change at resume (tensor/pipeline parallel sizes must match)",
+    "fully_reshardable": "tensor, pipeline, expert and data-parallel sizes may all change at resume",
+    "fully_sharded_model_space": "tensor, pipeline, expert and data-parallel sizes may all change at resume",
+    "fsdp_dtensor": "Megatron-FSDP's DTensor format: reshardable, with Megatron-FSDP only",
+    "dp_zero_gather_scatter": "deprecated format: tensor/pipeline parallel sizes must match",
+}
+NO_DISTRIBUTED_OPTIMIZER = "no distributed optimizer: optimizer state is sharded as the model, reshardable as it is"
+
+
+def optimizer_format(meta: Mapping[str, object]) -> dict[str, object]:
+    """verl's optimizer format flags as a dist_ckpt's common.pt records them (readers.megatron_meta), and what they
+    allow at resume. `dist_ckpt_optim_fully_reshardable` is verl's config flag the sharding type was made from
+    (None where the type is no choice of that flag)."""
+    kind = meta.get("distrib_optim_sharding_type")
+    kind = kind if isinstance(kind, str) else None
+    flag = {"fully_reshardable": True, "dp_reshardable": False}.get(kind or "")
+    return {
+        "distrib_optim_sharding_type": kind,
+        "dist_ckpt_optim_fully_reshardable": flag,
+        "resharding": RESHARDING.get(kind, f"unknown format {kind!r}") if kind else NO_DISTRIBUTED_OPTIMIZER,
+    }
