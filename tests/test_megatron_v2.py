@@ -207,6 +207,18 @@ def test_cli_latest_passes_over_the_old_layout(v2, tmp_path):
     assert "megatron-old-layout" in passed["reasons"]
 
 
+def test_prune_keeps_the_newest_step_verl_loads_beside_an_old_layout_one(v2, tmp_path):
+    """keep-last 1 over v2 steps 2, 4 and the old-layout step 8 (the tracker's): 8 stays, and so does 4, the newest
+    step verl 0.9.1 resumes as it is (8 needs the migration first)."""
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    cli = [sys.executable, "-m", "ckpt_audit.cli", "prune", "--keep-last", "1", "--dry-run", "--json"]
+    out = subprocess.run([*cli, str(_run(v2, "old-layout"))], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    plan = json.loads(out.stdout)["plan"]
+    assert {i["step"]: i["reasons"] for i in plan["keep"]}[4] == ["newest-resumable"]
+    assert [i["step"] for i in plan["delete"]] == [2]
+
+
 def _findings(v2: Path, case: str):
     return scanner.scan([_run(v2, case)], in_progress_window_s=0).all_findings
 

@@ -85,6 +85,11 @@ def is_model_only(ckpt: Checkpoint) -> bool:
     return any(f.code in MODEL_ONLY for f in ckpt.all_findings)
 
 
+def resumes_as_is(ckpt: Checkpoint) -> bool:
+    """Not model only, and not a layout the trainer refuses until it is converted (retention keeps the newest such)."""
+    return not any(f.code in NOT_AS_IS for f in ckpt.all_findings)
+
+
 # non-error findings that explain a status by themselves
 _TELLING = frozenset(
     {"in-progress", "husk", "missing-dataloader-state", "symlink-outside-root", "file-vanished", *NOT_AS_IS}

@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import Literal, Protocol
 
 from ckpt_audit.continuity.metrics import MetricLog, MetricsError, read_metrics
-from ckpt_audit.lifecycle.latest import is_model_only
+from ckpt_audit.lifecycle.latest import resumes_as_is
 from ckpt_audit.lifecycle.links import Links
 from ckpt_audit.models import Checkpoint, Run, Status
 from ckpt_audit.rules.tracker import ahead_of_tracker
@@ -37,7 +37,7 @@ class Reason(StrEnum):
 
     # kept, and no policy or selection can change that
     NEWEST_COMPLETE = "newest-complete"
-    NEWEST_RESUMABLE = "newest-resumable"  # newest complete with optimizer state, when the newest is model only
+    NEWEST_RESUMABLE = "newest-resumable"  # newest complete the trainer resumes as is, when the newest is not
     TRACKER_TARGET = "tracker-target"
     TRACKER_UNREAD = "tracker-unread"  # the tracker could not be read: any checkpoint may be the one resume loads
     PINNED = "pinned"
@@ -410,9 +410,10 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
     ckpts = sorted(run.checkpoints, key=lambda c: (c.step, c.path))
     complete = sorted((c for c in ckpts if c.status is Status.COMPLETE), key=lambda c: (-c.step, c.path))
     newest = complete[0].path if complete else None
-    # a model-only save (HF save_only_model, torchtitan's last save) is whole but restarts the optimizer: the newest
-    # checkpoint training can continue from is kept too
-    newest_resumable = next((c.path for c in complete if not is_model_only(c)), None)
+    # a model-only save (HF save_only_model, torchtitan's last save) is whole but restarts the optimizer, and verl
+    # >= 0.9.1 refuses the pre-v2 Megatron layout until it is migrated: the newest checkpoint training can continue
+    # from as it is is kept too
+    newest_resumable = next((c.path for c in complete if resumes_as_is(c)), None)
 
     kept_by: dict[str, list[Reason]] = {}
     for rule in policy.rules:

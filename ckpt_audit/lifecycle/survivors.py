@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ckpt_audit.codes import finding
-from ckpt_audit.lifecycle.latest import is_model_only
+from ckpt_audit.lifecycle.latest import resumes_as_is
 from ckpt_audit.lifecycle.prune import Action, Outcome
 from ckpt_audit.lifecycle.retention import PrunePlan, Reason, plan_prune
 from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
@@ -145,8 +145,8 @@ def verify_plan(
 
 
 def counted_on(plan: PrunePlan, runs: Iterable[Run]) -> list[Checkpoint]:
-    """Per run the plan deletes from: its newest complete checkpoint, the newest one that is not model only, and
-    the tracker's target, if complete."""
+    """Per run the plan deletes from: its newest complete checkpoint, the newest one the trainer resumes as it is
+    (lifecycle.latest.resumes_as_is), and the tracker's target, if complete."""
     deleting = {i.run_path for i in plan.delete}
     out: list[Checkpoint] = []
     for run in sorted(runs, key=lambda r: r.path):
@@ -155,7 +155,7 @@ def counted_on(plan: PrunePlan, runs: Iterable[Run]) -> list[Checkpoint]:
         complete = [c for c in run.checkpoints if c.status is Status.COMPLETE]
         newest = max(complete, key=lambda c: (c.step, c.path), default=None)
         target = next((c for c in complete if run.tracker_step is not None and c.step == run.tracker_step), None)
-        resumable = max((c for c in complete if not is_model_only(c)), key=lambda c: (c.step, c.path), default=None)
+        resumable = max((c for c in complete if resumes_as_is(c)), key=lambda c: (c.step, c.path), default=None)
         out.extend(c for c in dict.fromkeys(x for x in (newest, target, resumable) if x is not None))
     return out
 
