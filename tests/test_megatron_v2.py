@@ -346,5 +346,15 @@ def test_fsdp_role_damaged_by_the_migration_script(verl_run, tmp_path):
     for ckpt in scanned.checkpoints:
         [f] = [f for f in ckpt.all_findings if f.code == "fsdp-huggingface-moved"]
         assert ckpt.status.value == "complete" and f.path == f"{ckpt.path}/actor/model/huggingface"
-        assert f"mv {ckpt.path}/actor/model/huggingface {ckpt.path}/actor/huggingface" in f.message
+        assert f"mv {ckpt.path}/actor/model/huggingface {ckpt.path}/actor/huggingface && rmdir" in f.message
     assert gate(scanned).chosen.step == scanned.tracker_step
+    # verl's own merger of the damaged role fails: it reads the config from <local_dir>/huggingface
+    actor = Path(scanned.checkpoints[-1].path) / "actor"
+    merge = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", str(actor)]
+    out = subprocess.run([*merge, "--target_dir", str(tmp_path / "hf")], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and f"{actor}/huggingface" in out.stderr, out.stderr[-800:]
+    # the finding's own way out puts it back
+    (actor / "model" / "huggingface").rename(actor / "huggingface")
+    (actor / "model").rmdir()
+    again = scanner.scan([run], in_progress_window_s=0).runs[0].checkpoints[-1]
+    assert "fsdp-huggingface-moved" not in {f.code for f in again.all_findings}

@@ -182,7 +182,7 @@ def huggingface_moved(role_dir: str) -> Finding:
         "this FSDP role's huggingface/ is at model/huggingface/, where verl's Megatron migration script "
         "(--checkpoint-root --all-steps) moves it: verl's FSDP resume does not read it, but its model merger "
         f"(--backend fsdp) and export look for huggingface/; move it back: mv {role_dir}/model/huggingface "
-        f"{role_dir}/huggingface",
+        f"{role_dir}/huggingface && rmdir {role_dir}/model",
     )
 
 
