@@ -180,6 +180,20 @@ def test_manifest_problems(clean_copy, edit, code):
     assert gate(run).chosen.step == 2
 
 
+def test_only_links_where_verl_loads_count(clean_copy):
+    """A dangling link beside the contents (model/notes) is nothing verl's load reads: no finding of ours, step 4
+    stays whole; the same link as a content (model/dist_ckpt) makes it incomplete."""
+    model = clean_copy / "global_step_4" / "actor" / "model"
+    (model / "notes").symlink_to("/nonexistent/notes")
+    step4 = scanner.scan([clean_copy], in_progress_window_s=0).runs[0].checkpoints[-1]
+    assert step4.status.value == "complete" and not {f.code for f in step4.all_findings}
+    shutil.rmtree(model / "dist_ckpt")
+    (model / "dist_ckpt").symlink_to("/nonexistent/dist_ckpt")
+    step4 = scanner.scan([clean_copy], in_progress_window_s=0).runs[0].checkpoints[-1]
+    assert step4.status.value == "incomplete"
+    assert {f.code for f in step4.all_findings} == {"megatron-link-dangling"}
+
+
 def test_young_step_without_manifest_is_in_progress(clean_copy):
     """A save still writing (no manifest yet, newer than the tracker) is in progress, not incomplete."""
     _manifest(clean_copy).unlink()

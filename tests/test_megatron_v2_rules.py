@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 
-from ckpt_audit.rules.megatron_v2 import check_hf
+import pytest
+
+from ckpt_audit.readers.megatron_meta import read_meta
+from ckpt_audit.rules.megatron_v2 import check_hf, check_link, optimizer_format
 
 INDEX = "model.safetensors.index.json"
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
@@ -41,3 +44,34 @@ def test_config_only_where_weights_are_listed():
 def test_weights_without_config():
     [f] = check_hf("/hf", frozenset({"model.safetensors"}), {}, weights=True)
     assert (f.code, f.path) == ("megatron-v2-content-missing", "/hf/config.json")
+
+
+ROLE = "/runs/exp/global_step_8/actor"
+
+
+@pytest.mark.parametrize(
+    ("text", "exists", "code"),
+    [
+        ("/runs/exp/global_step_8/actor/dist_ckpt", True, "megatron-link-absolute"),  # verl's --mode symlink
+        ("../../../../other/global_step_8/actor/dist_ckpt", True, "megatron-link-absolute"),  # out of the run
+        ("../dist_ckpt", True, None),  # relative, inside the run: moves with it
+        ("/old/place/exp/global_step_8/actor/dist_ckpt", False, "megatron-link-dangling"),
+    ],
+)
+def test_links_in_a_v2_role(text, exists, code):
+    f = check_link(f"{ROLE}/model/dist_ckpt", text, exists=exists, run_dir="/runs/exp")
+    assert (f.code if f else None) == code
+
+
+def test_optimizer_format_flags_as_common_pt_records_them():
+    """The content_metadata megatron-core keeps in common.pt (as the restricted unpickler gives it) and what it
+    lets a resume change."""
+    tree = {"content_metadata": {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False}}
+    meta = dict(read_meta(tree))
+    assert meta == {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False}
+    got = optimizer_format(meta)
+    assert got["dist_ckpt_optim_fully_reshardable"] is False and "only the data-parallel size" in got["resharding"]
+    assert optimizer_format({"distrib_optim_sharding_type": "fully_reshardable"})["dist_ckpt_optim_fully_reshardable"]
+    plain = optimizer_format({"singleton_local_shards": False})  # no distributed optimizer
+    assert plain["distrib_optim_sharding_type"] is None and plain["dist_ckpt_optim_fully_reshardable"] is None
+    assert read_meta({"optimizer": {}}) == () and read_meta({"content_metadata": [1]}) == ()

@@ -82,7 +82,7 @@ class MegatronV2:
         manifest_path = f"{role_dir}/{rules.MANIFEST}"
         fact = facts.get(manifest_path)
         ws: int | None = None
-        found.extend(_links(role_dir, tree))
+        read = [f"{role_dir}/{rel}" for rel in rules.READ_BY_LOAD]  # where verl's load reads (and follows links)
         if fact is None:
             migrated = "dist_ckpt" in tree.subdirs(role_dir)
             found.append(rules.missing_manifest(role_dir, migrated=migrated))
@@ -91,24 +91,26 @@ class MegatronV2:
                 for at in [f"{role_dir}/{sub}/dist_ckpt" for sub in rules.V2_DIRS] + [f"{role_dir}/dist_ckpt"]:
                     dist = _resolve(at, tree)
                     if dist is None or dist in checked:
-                        continue  # a dangling link (said above), or the directory a link before this led to
+                        continue  # a dangling link (said by _links), or the directory a link before this led to
                     checked.add(dist)
-                    if not _nonempty(dist, tree):
-                        why = "verl's load reads it after the migration: absent or empty"
+                    if _nonempty(dist, tree):
+                        w, more = check_dist_ckpt(dist, tree, facts)
+                        ws = ws or w
+                        found.extend(more)
+                    elif at != f"{role_dir}/dist_ckpt":  # the old one is read through its mirrors only
+                        why = "verl's load of a migrated role reads it: absent or empty"
                         found.append(finding("megatron-v2-content-missing", at, why))
-                        continue
-                    w, more = check_dist_ckpt(dist, tree, facts)
-                    ws = ws or w
-                    found.extend(more)
         else:
             man = rules.parse_manifest(manifest_path, fact.text)
             if isinstance(man, Finding):
                 found.append(man)
             else:
+                read += [f"{role_dir}/{c.path}" for c in man.contents]
                 found.extend(rules.check_identity(man, manifest_path, step=_step(role_dir), role=role))
                 w, more = self._contents(role_dir, man, tree, facts)
                 ws = man.world_size or w
                 found.extend(more)
+        found.extend(_links(role_dir, tree, read))
         return models.Component(
             role=role, path=role_dir, layout=NAME, world_size=ws, files=tuple(files), findings=tuple(found)
         )
@@ -167,11 +169,12 @@ def _resolve(path: str, tree: Tree) -> str | None:
     return target if _walked(target, tree) else None
 
 
-def _links(role_dir: str, tree: Tree) -> list[Finding]:
-    """Every link below the role directory: verl's load follows them (the walk does not)."""
+def _links(role_dir: str, tree: Tree, read: list[str]) -> list[Finding]:
+    """The links at or below where verl's load reads (`read`): it follows them, the walk does not."""
     run_dir = role_dir.rsplit("/", 2)[0]
     out = []
-    for link in sorted(p for p in tree.links if p.startswith(role_dir + "/")):
+    followed = (p for p in tree.links if any(p == r or p.startswith(r + "/") for r in read))
+    for link in sorted(followed):
         text = tree.links[link]
         f = rules.check_link(link, text, exists=_walked(rules.link_target(link, text), tree), run_dir=run_dir)
         if f is not None:

@@ -20,6 +20,9 @@ from ckpt_audit.rules.hf_trainer import INDEX_FILES, WEIGHT_FILES, WEIGHT_SHARD_
 
 MANIFEST = "ckpt_contents.json"
 V2_DIRS = ("model", "optimizer", "extra")  # verl's _raise_for_old_layout: any of them makes a directory v2
+# what verl 0.9.1's load_checkpoint reads without a manifest (it never reads one): the three dist_ckpt of its load
+# contents, and the HF weights when the bridge loads the model
+READ_BY_LOAD = ("model/dist_ckpt", "optimizer/dist_ckpt", "extra/dist_ckpt", "model/huggingface")
 MIGRATION = "python scripts/migrate_megatron_checkpoint_layout.py --checkpoint"
 
 
