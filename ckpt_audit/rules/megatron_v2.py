@@ -164,7 +164,8 @@ def check_link(link: str, text: str, *, exists: bool, run_dir: str) -> Finding |
             "megatron-link-dangling",
             link,
             f"links to {text!r}, which is not under the scanned roots: verl's load reads through it and fails "
-            "(moved or copied after verl's migration script linked it?); point it at the dist_ckpt/ beside it",
+            "(moved or copied after verl's migration script linked it?); re-point it with a relative link, or "
+            "migrate with --mode hardlink",
         )
     outside = not target.startswith(run_dir.rstrip("/") + "/")
     if text.startswith("/") or outside:
@@ -206,7 +207,7 @@ RESHARDING = {
     "fully_reshardable": "tensor, pipeline, expert and data-parallel sizes may all change at resume",
     "fully_sharded_model_space": "tensor, pipeline, expert and data-parallel sizes may all change at resume",
     "fsdp_dtensor": "Megatron-FSDP's DTensor format: reshardable, with Megatron-FSDP only",
-    "dp_zero_gather_scatter": "deprecated format: tensor/pipeline parallel sizes must match",
+    "dp_zero_gather_scatter": "deprecated format saved per tensor x pipeline parallel group: those sizes must match",
 }
 NO_DISTRIBUTED_OPTIMIZER = "no distributed optimizer: optimizer state is sharded as the model, reshardable as it is"
 
@@ -215,8 +216,8 @@ def optimizer_format(meta: Mapping[str, object]) -> dict[str, object]:
     """verl's optimizer format flags as a dist_ckpt's common.pt records them (readers.megatron_meta), and what they
     allow at resume. `dist_ckpt_optim_fully_reshardable` is verl's config flag the sharding type was made from
     (None where the type is no choice of that flag)."""
-    kind = meta.get("distrib_optim_sharding_type")
-    kind = kind if isinstance(kind, str) else None
+    raw = meta.get("distrib_optim_sharding_type")
+    kind = raw if isinstance(raw, str) else None
     flag = {"fully_reshardable": True, "dp_reshardable": False}.get(kind or "")
     return {
         "distrib_optim_sharding_type": kind,
