@@ -219,6 +219,8 @@ def export_checkpoint(
     src = Path(step_dir).resolve()
     zero = _zero_source(src, weights, engine)  # a DeepSpeed tag to export from (export_zero), or None
     if zero is not None:
+        if not _hf_trainer_dir(src):  # a save dir: the checkpoint exported (and looked up in the catalog) is the tag
+            src = zero.tag_dir
         role_dir, hf_dir = zero.tag_dir, _zero_hf_dir(src, zero.tag_dir)
     else:
         role_dir = _role_dir(src, role)

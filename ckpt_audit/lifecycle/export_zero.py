@@ -205,7 +205,22 @@ class _Fp32:
         for tied, shared in self._shared():
             if shared in names:  # zero_to_fp32: the tied name gets the same tensor
                 out.append(replace(names[shared], name=tied))
-        return Plan(kind=f"deepspeed-zero{stage}-fp32", world_size=world, tensors=tuple(out))
+        return Plan(
+            kind=f"deepspeed-zero{stage}-fp32", world_size=world, tensors=tuple(out), warnings=self._left_out(out)
+        )
+
+    def _left_out(self, out: list[Planned]) -> tuple[str, ...]:
+        """Module tensors DeepSpeed's reconstruction has no place for (ZeRO-1 records no frozen parameters), said
+        rather than silently missing; a tensor sharing the storage of an exported one is a tie, not a loss."""
+        module = _tensor_dict(self.tree.get("module"), self.path0, "module")
+        kept = {module[t.name].storage_key for t in out if t.name in module}
+        lost = [n for n, t in module.items() if n not in {t.name for t in out} and t.storage_key not in kept]
+        if not lost:
+            return ()
+        return (
+            f"{len(lost)} module tensor(s) are not in DeepSpeed's fp32 reconstruction (e.g. {lost[0]}; ZeRO-1 records "
+            "no frozen parameters) and not exported; --weights module exports the module as saved",
+        )
 
     # -- trainable parameters
 
