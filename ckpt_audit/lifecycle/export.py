@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ckpt_audit.durable import fsync_dir
 from ckpt_audit.killpoints import OpCounter
@@ -263,7 +264,9 @@ def export_checkpoint(
             if (role_dir / "dist_ckpt").is_dir():
                 raise ExportError(MEGATRON_NEEDS.format(role_dir=role_dir))
             raise ExportError(f"{role_dir}: no model shards (model_world_size_W_rank_R.pt) and no HF weights")
-        args = dict(max_shard_size=max_shard_size, verify=verify, progress=progress, hf_dir=hf_dir, ops=ops)
+        args: dict[str, Any] = dict(
+            max_shard_size=max_shard_size, verify=verify, progress=progress, hf_dir=hf_dir, ops=ops
+        )
         fallback = ""
         result = None
         if zero is not None:  # streamed only: the torch engine has no DeepSpeed source

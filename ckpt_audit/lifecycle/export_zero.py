@@ -150,7 +150,11 @@ def _plan_module(files: ZeroFiles, first: PtStructure, tree: dict) -> Plan:
         out = tuple(_whole(loc, n, t) for n, t in module.items())
     finally:
         loc.close()
-    return Plan(kind="deepspeed-module", world_size=tree.get("dp_world_size"), tensors=out)
+    dp = tree.get("dp_world_size")
+    skipped = [k for k in tree["module"] if k not in module]
+    warnings = (f"{len(skipped)} module entries are not tensors (e.g. {skipped[0]}); skipped",) if skipped else ()
+    world = dp if isinstance(dp, int) and not isinstance(dp, bool) else None
+    return Plan(kind="deepspeed-module", world_size=world, tensors=out, warnings=warnings)
 
 
 # ---------------------------------------------------------------------------------------------------- fp32
@@ -177,17 +181,18 @@ class _Fp32:
         for r, o in osd.items():
             if _stage_and_world(o, structs[r].path) != (stage, world):
                 raise StreamError(f"{structs[r].path}: ZeRO stage or partition count differs from rank {min(osd)}'s")
-        if missing := sorted(set(range(world)) - set(structs)):
+        # the first few missing ranks: a hostile partition_count must not make a list that large
+        if missing := [r for r in range(min(world, max(structs) + 9)) if r not in structs][:8]:
             raise StreamError(
                 f"{self.files.tag_dir}: missing optimizer shard(s) for rank {', '.join(map(str, missing))} of {world} "
                 "(partition_count)"
             )
-        if extra := sorted(set(structs) - set(range(world))):
+        if extra := [r for r in structs if r >= world]:
             raise StreamError(
                 f"{self.files.tag_dir}: optimizer shard of rank {extra[0]} beyond partition_count {world}"
             )
         key = "fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"
-        locs = {r: _Locator(s.path, s) for r, s in structs.items()}
+        locs = {r: _Locator(self.files.optim[r], s) for r, s in structs.items()}
         try:
             groups = {
                 r: [self._flat(locs[r], t) for t in _tensor_list(osd[r].get(key), structs[r].path, key)]
@@ -380,7 +385,7 @@ def _whole(loc: _Locator, name: str, t: TensorInfo) -> Planned:
 
 
 def _stage_and_world(osd: dict, path: str) -> tuple[int, int]:
-    rec = osd.get("zero_stage")
+    rec: Any = osd.get("zero_stage")  # a ZeroStageEnum record, or a plain int
     stage = rec.args[0] if is_record(rec, ZERO_STAGE) and len(rec.args) == 1 else rec
     if stage not in (1, 2, 3):
         raise StreamError(f"{path}: not a ZeRO 1/2/3 optimizer state (zero_stage {stage!r})")
@@ -412,9 +417,10 @@ def _dict(tree: Any, key: str, path: str) -> dict:
 
 
 def _tensor_dict(v: Any, path: Path | str, what: str) -> dict[str, TensorInfo]:
-    if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(t, TensorInfo) for k, t in v.items()):
-        raise StreamError(f"{path}: {what} is not a dict of tensors")
-    return v
+    """The tensors of a {name: tensor} dict (an `_extra_state` or other non-tensor entry is left out)."""
+    if not isinstance(v, dict):
+        raise StreamError(f"{path}: {what} is not a dict")
+    return {k: t for k, t in v.items() if isinstance(k, str) and isinstance(t, TensorInfo)}
 
 
 def _tensor_list(v: Any, path: str, what: str) -> list[TensorInfo]:
