@@ -11,8 +11,8 @@ in blocks, every file the export reads re-read in full by the source check besid
 `zero2-module`: `--weights module`; `cp`/`cp3`: every file the fp32 export of the ZeRO-2/ZeRO-3 checkpoint reads
 (model and optimizer states) copied to the same disk and fsynced, the floor for reading that many bytes and
 writing them; `zero_to_fp32`: DeepSpeed's `convert_zero_checkpoint_to_fp32_state_dict` (safetensors);
-`zero2-4x`: the 4x checkpoint, whose peak RSS must stay the 1x one's (flat memory). Memory is the child's peak RSS (VmHWM). Runs are warm (page cache), variants
-alternate, median of --repeat.
+`zero2-4x`: the 4x checkpoint, whose peak RSS must stay the 1x one's (flat memory). Memory is the child's peak
+RSS (VmHWM). Runs are warm (page cache), variants alternate, median of --repeat.
 
 Goals (issue 29): zero export <= 2x cp of the bytes it reads; 4x model's peak RSS within 10% of the 1x one's.
 
