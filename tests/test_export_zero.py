@@ -161,8 +161,15 @@ def _two_spellings(tag: Path) -> str:
     return "optimizer shards in two spellings"
 
 
+def _latest_names_a_missing_tag(tag: Path) -> str:
+    (tag.parent / "latest").write_text("global_step9")
+    return "latest names global_step9, which holds no DeepSpeed model states"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("cut", [_drop_rank1, _truncate_rank1, _two_spellings], ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize(
+    "cut", [_drop_rank1, _truncate_rank1, _two_spellings, _latest_names_a_missing_tag], ids=lambda f: f.__name__[1:]
+)
 def test_a_damaged_source_is_refused_in_one_line_and_nothing_is_written(ds_export, cut, tmp_path):
     save = tmp_path / "runs" / "z2"
     shutil.copytree(ds_export / "z2", save)
@@ -172,3 +179,13 @@ def test_a_damaged_source_is_refused_in_one_line_and_nothing_is_written(ds_expor
     assert res.returncode in (1, 3), res.stderr  # 3: cannot be exported; 1: the source failed its check
     assert said in res.stderr and "Traceback" not in res.stderr
     assert not to.exists() and not list(tmp_path.glob(".hf.*"))
+
+
+def test_weights_on_a_source_that_is_not_deepspeed_is_refused_in_one_line(tmp_path):
+    from cli_json import invoke
+
+    step = tmp_path / "runs" / "global_step_1"
+    step.mkdir(parents=True)
+    res = invoke("export", str(step), "--to", str(tmp_path / "hf"), "--weights", "module", catalog=tmp_path / "c.db")
+    assert res.exit_code == 3, res.output
+    assert "--weights applies to DeepSpeed checkpoints" in res.output and not (tmp_path / "hf").exists()

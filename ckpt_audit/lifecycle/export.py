@@ -220,9 +220,11 @@ def export_checkpoint(
     src = Path(step_dir).resolve()
     zero = _zero_source(src, weights, engine)  # a DeepSpeed tag to export from (export_zero), or None
     if zero is not None:
-        if not _hf_trainer_dir(src):  # a save dir: the checkpoint exported (and looked up in the catalog) is the tag
+        # the checkpoint exported (and looked up in the catalog) is the tag, or the HF Trainer checkpoint-N holding
+        # it; config and tokenizer come from the tag's parent, never the tag (its files are all states)
+        if not _hf_trainer_dir(src):
             src = zero.tag_dir
-        role_dir, hf_dir = zero.tag_dir, _zero_hf_dir(src, zero.tag_dir)
+        role_dir, hf_dir = zero.tag_dir, zero.tag_dir.parent
     else:
         role_dir = _role_dir(src, role)
         # an HF Trainer checkpoint-N holds its HF weights directly: passed through (copied, checked, read back)
@@ -235,7 +237,7 @@ def export_checkpoint(
     if not allow_unverified and (no_config := source_config_problem(hf_dir)) is not None:
         raise ExportRefused(_MODEL_REFUSAL.format(head=no_config), about="model")
     status, manifest, status_findings = catalog.export_source(str(src)) if catalog is not None else (None, {}, ())
-    reading = _files_to_read(role_dir, hf_dir, zero.read(weights or "fp32") if zero is not None else None)
+    reading = _files_to_read(role_dir, hf_dir) if zero is None else _zero_files_to_read(zero, weights, hf_dir)
     source = dict(manifest=manifest, status=status, status_findings=status_findings)
     background = None
     refused = None
@@ -478,13 +480,10 @@ def _digest(digest_file, p: Path) -> tuple[int, str]:
     return d.size_bytes, d.hash
 
 
-def _files_to_read(role_dir: Path, hf_dir: Path, weight_files: list[Path] | None) -> list[tuple[str, bool]]:
-    """(path, holds weights) for every file the export reads or copies: what check_source re-reads first.
-    `weight_files`: where the weights are when the caller knows (a DeepSpeed tag's states)."""
+def _files_to_read(role_dir: Path, hf_dir: Path) -> list[tuple[str, bool]]:
+    """(path, holds weights) for every file the export reads or copies: what check_source re-reads first."""
     out: list[tuple[str, bool]] = []
-    if weight_files is not None:
-        out += [(str(p), True) for p in weight_files]
-    elif by_w := _model_shards(role_dir):
+    if by_w := _model_shards(role_dir):
         out += [(str(p), True) for _r, p in sorted(by_w[_world_size(role_dir, by_w)].items())]
     else:
         out += [(str(p), True) for p in _hf_weights(hf_dir)]
@@ -564,10 +563,14 @@ def _zero_source(src: Path, weights: str | None, engine: str):
         raise ExportError(str(exc)) from None
 
 
-def _zero_hf_dir(src: Path, tag: Path) -> Path:
-    """Where a DeepSpeed export's config and tokenizer come from: the directory asked for (an HF Trainer checkpoint-N,
-    a save dir), or the tag's parent when the tag was asked for; never the tag itself (its files are all states)."""
-    return src if src != tag else tag.parent
+def _zero_files_to_read(zero, weights: str | None, hf_dir: Path) -> list[tuple[str, bool]]:
+    """_files_to_read for a DeepSpeed tag: the states the export of `weights` reads, and the HF files it copies."""
+    out = [(str(p), True) for p in zero.read(weights or "fp32")]
+    try:
+        beside = sorted(hf_dir.iterdir())
+    except OSError as exc:
+        raise ExportError(f"{hf_dir}: cannot list ({exc.strerror or exc})") from None
+    return out + [(str(p), False) for p in beside if p.is_file() and _model_file(p.name)]
 
 
 def _hf_trainer_dir(d: Path) -> bool:

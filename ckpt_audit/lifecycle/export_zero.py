@@ -104,7 +104,8 @@ def zero_files(tag: Path) -> ZeroFiles:
             spellings.add(m[1] or "")
             optim[int(m[2])] = tag / n
     if len(spellings) > 1:
-        raise StreamError(f"{tag}: optimizer shards in two spellings ({', '.join(sorted(spellings))}and plain)")
+        named = " and ".join(f"{s}zero_pp_rank_*" for s in sorted(spellings))
+        raise StreamError(f"{tag}: optimizer shards in two spellings ({named}): from two different saves")
     return ZeroFiles(tag_dir=tag, model=model, optim=optim)
 
 
