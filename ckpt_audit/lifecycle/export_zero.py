@@ -137,7 +137,7 @@ def plan_zero(step_dir: str | Path, weights: str = "fp32") -> Plan:
 
 
 def _plan_module(files: ZeroFiles, first: PtStructure, tree: dict) -> Plan:
-    shapes = _param_shapes(tree, files.model[0])
+    shapes = {n: s for g in _shape_groups(tree, files.model[0]) for n, s in g.items()}
     module = _tensor_dict(tree.get("module"), files.model[0], "module")
     empty = [n for n, t in module.items() if n in shapes and _numel(t.shape) == 0 and _numel(shapes[n])]
     if empty:
@@ -199,7 +199,7 @@ class _Fp32:
                 r: [self._flat(locs[r], t) for t in _tensor_list(osd[r].get(key), structs[r].path, key)]
                 for r in range(world)
             }
-            shapes = self._shapes_by_group()
+            shapes = _shape_groups(self.tree, self.path0)
             trainable = (
                 self._zero3(groups, shapes, world) if stage == 3 else self._zero12(groups, shapes, world, osd[0])
             )
@@ -219,8 +219,9 @@ class _Fp32:
         """Module tensors DeepSpeed's reconstruction has no place for (ZeRO-1 records no frozen parameters), said
         rather than silently missing; a tensor sharing the storage of an exported one is a tie, not a loss."""
         module = _tensor_dict(self.tree.get("module"), self.path0, "module")
-        kept = {module[t.name].storage_key for t in out if t.name in module}
-        lost = [n for n, t in module.items() if n not in {t.name for t in out} and t.storage_key not in kept]
+        names = {t.name for t in out}
+        kept = {module[n].storage_key for n in names if n in module}
+        lost = [n for n, t in module.items() if n not in names and t.storage_key not in kept]
         if not lost:
             return ()
         return (
@@ -285,11 +286,6 @@ class _Fp32:
 
     # -- the rest of the state dict
 
-    def _shapes_by_group(self) -> list[dict]:
-        raw = self.tree.get("param_shapes")
-        groups = raw if isinstance(raw, list) else [raw]
-        return [_shape_dict(g, self.path0, "param_shapes") for g in groups]
-
     def _buffers(self) -> list[Planned]:
         names = self.tree.get("buffer_names") or []
         module = _tensor_dict(self.tree.get("module"), self.path0, "module")
@@ -322,10 +318,10 @@ class _Fp32:
             for name, shape in shapes.items():
                 if any(name not in frags[r] for r in ranks):
                     raise StreamError(f"{self.path0}: frozen parameter {name} has no saved fragment")
-                if stage != 3:
-                    out.append(replace(_whole(locs[0], name, frags[0][name]), shape=shape))
+                if stage != 3:  # saved whole
                     if frags[0][name].shape != shape:
                         raise StreamError(f"{self.path0}: frozen {name} is saved as {list(frags[0][name].shape)}")
+                    out.append(_whole(locs[0], name, frags[0][name]))
                     continue
                 dtype = frags[0][name].dtype
                 parts = [(locs[r].piece(frags[r][name]), _numel(frags[r][name].shape)) for r in ranks]
@@ -440,10 +436,10 @@ def _shape_dict(v: Any, path: Path | str, what: str) -> dict[str, tuple[int, ...
     return v
 
 
-def _param_shapes(tree: dict, path: Path) -> dict[str, tuple[int, ...]]:
+def _shape_groups(tree: dict, path: Path) -> list[dict[str, tuple[int, ...]]]:
+    """`param_shapes`: one {name: shape} per optimizer parameter group, in flattening order."""
     raw = tree.get("param_shapes")
-    groups = raw if isinstance(raw, list) else [raw]
-    return {n: s for g in groups for n, s in _shape_dict(g, path, "param_shapes").items()}
+    return [_shape_dict(g, path, "param_shapes") for g in (raw if isinstance(raw, list) else [raw])]
 
 
 def _numel(shape: tuple[int, ...]) -> int:
