@@ -213,6 +213,7 @@ SLOW_FIXTURES = frozenset(
         "ds_z2",  # test_deepspeed: trees DeepSpeed itself writes (2 gloo ranks), and Trainer with DeepSpeed
         "ds_z3",
         "hf_ds",
+        "ds_export",  # test_export_zero: ZeRO 1/2/3 trees DeepSpeed writes for the export
         "ray_cluster",  # tests/ray_cluster.py: the session's local Ray cluster (tens of seconds to start)
     }
 )

@@ -70,6 +70,14 @@ from ckpt_audit.exitcodes import ExitCode
     help="stream: copy tensor bytes from the shards without torch; torch: load them with torch (needs the torch "
     "extra); auto: stream, falling back to torch for what streaming cannot do exactly.",
 )
+@click.option(
+    "--weights",
+    type=click.Choice(["fp32", "module"]),
+    default=None,
+    help="DeepSpeed ZeRO checkpoints: the fp32 master weights from the optimizer partitions, what zero_to_fp32 "
+    "rebuilds (the default), or the module's own (16-bit) weights from the model states (ZeRO 1/2 only). An HF "
+    "Trainer checkpoint exports its HF weights unless this is given.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document to stdout.")
 @catalog_option
 @click.pass_context
@@ -86,6 +94,7 @@ def export_command(
     allow_unverified,
     max_load_size,
     engine,
+    weights,
     as_json,
     catalog,
 ) -> None:
@@ -94,7 +103,8 @@ def export_command(
     Handles Shard(0)/Shard(1) DTensors, uneven and empty shards, HSDP (one replica is read), world size 1
     plain tensors and tied embeddings; copies config, generation config and tokenizer from huggingface/.
     LoRA adapters go to lora_adapter/ beside the model, NOT fused. Megatron checkpoints export from the HF
-    weights in huggingface/.
+    weights in huggingface/. DeepSpeed ZeRO 1/2/3 checkpoints (a global_stepN tag dir, or a save dir or HF Trainer
+    checkpoint whose `latest` names one) export what zero_to_fp32 rebuilds, without torch or DeepSpeed (--weights).
 
     Before writing anything: --to must not be, contain or sit inside a checkpoint, run or scanned root (the
     source's, the catalog's, or one found inside an existing --to). Copies tensor bytes from the shards in
@@ -123,6 +133,7 @@ def export_command(
     Example:
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf-step400
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf --dtype bf16 --max-shard-size 2GB --force
+        ckpt-audit export ./out/checkpoint-500 --weights fp32 --to ./hf-fp32
     """
     from ckpt_audit.lifecycle.export import ExportError, ExportRefused
     from ckpt_audit.units import parse_size
@@ -151,6 +162,7 @@ def export_command(
                 max_load_size=load_bytes,
                 progress=bar.update,
                 engine=engine,
+                weights=weights,
             )
     except ExportRefused as exc:
         bar.close()

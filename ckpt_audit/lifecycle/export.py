@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ckpt_audit.durable import fsync_dir
 from ckpt_audit.killpoints import OpCounter
@@ -189,6 +190,7 @@ def export_checkpoint(
     protected_roots: Iterable[str] = (),
     progress: Callable[[int, int, str], None] | None = None,
     engine: str = "auto",
+    weights: str | None = None,
 ) -> ExportResult:
     """Merge `step_dir`'s `role` into a HuggingFace directory at `to`. Raises ExportError with a one-line reason,
     ExportRefused (nothing touched) when `to` or the source fails a safety check.
@@ -206,15 +208,27 @@ def export_checkpoint(
 
     `engine`: "stream" copies tensor bytes without torch (export_stream); "torch" loads the shards with torch (the
     oracle); "auto" streams and falls back to torch only for what streaming cannot do exactly.
+
+    `weights` ("fp32" | "module"): a DeepSpeed ZeRO checkpoint (a tag dir, or a dir whose `latest` names one) exports
+    its fp32 master weights (the default) or the module's own weights (export_zero); an HF Trainer checkpoint with
+    HF weights exports those unless `weights` is given.
     """
     if engine not in ENGINES:
         raise ExportError(f"unknown engine {engine!r} (use {', '.join(ENGINES)})")
     if dtype and dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r} (use bf16, fp16 or fp32)")
     src = Path(step_dir).resolve()
-    role_dir = _role_dir(src, role)
-    # an HF Trainer checkpoint-N holds its HF weights directly: passed through (copied, checked, read back)
-    hf_dir = role_dir if _hf_trainer_dir(role_dir) else role_dir / "huggingface"
+    zero = _zero_source(src, weights, engine)  # a DeepSpeed tag to export from (export_zero), or None
+    if zero is not None:
+        # the checkpoint exported (and looked up in the catalog) is the tag, or the HF Trainer checkpoint-N holding
+        # it; config and tokenizer come from the tag's parent, never the tag (its files are all states)
+        if not _hf_trainer_dir(src):
+            src = zero.tag_dir
+        role_dir, hf_dir = zero.tag_dir, zero.tag_dir.parent
+    else:
+        role_dir = _role_dir(src, role)
+        # an HF Trainer checkpoint-N holds its HF weights directly: passed through (copied, checked, read back)
+        hf_dir = role_dir if _hf_trainer_dir(role_dir) else role_dir / "huggingface"
     ckpt, run = step_and_run(str(src))
     places = [("checkpoint", ckpt), ("run", run), *(("scanned root", r) for r in protected_roots)]
     if catalog is not None:
@@ -223,7 +237,7 @@ def export_checkpoint(
     if not allow_unverified and (no_config := source_config_problem(hf_dir)) is not None:
         raise ExportRefused(_MODEL_REFUSAL.format(head=no_config), about="model")
     status, manifest, status_findings = catalog.export_source(str(src)) if catalog is not None else (None, {}, ())
-    reading = _files_to_read(role_dir, hf_dir)
+    reading = _files_to_read(role_dir, hf_dir) if zero is None else _zero_files_to_read(zero, weights, hf_dir)
     source = dict(manifest=manifest, status=status, status_findings=status_findings)
     background = None
     refused = None
@@ -248,14 +262,20 @@ def export_checkpoint(
         _reclaim_leftovers(out)
         tmp = out.parent / f".{out.name}.ckpt-audit-tmp-{os.getpid()}-{os.urandom(4).hex()}"
         tmp.mkdir()
-        if not _model_shards(role_dir) and not _hf_weights(hf_dir):
+        if zero is None and not _model_shards(role_dir) and not _hf_weights(hf_dir):
             if (role_dir / "dist_ckpt").is_dir():
                 raise ExportError(MEGATRON_NEEDS.format(role_dir=role_dir))
             raise ExportError(f"{role_dir}: no model shards (model_world_size_W_rank_R.pt) and no HF weights")
-        args = dict(max_shard_size=max_shard_size, verify=verify, progress=progress, hf_dir=hf_dir, ops=ops)
+        args: dict[str, Any] = dict(
+            max_shard_size=max_shard_size, verify=verify, progress=progress, hf_dir=hf_dir, ops=ops
+        )
         fallback = ""
         result = None
-        if engine != "torch":
+        if zero is not None:  # streamed only: the torch engine has no DeepSpeed source
+            result = _export_streamed(
+                role_dir, src, tmp, out, dtype=dtype, check_crc=refused is None, **args, weights=weights or "fp32"
+            )
+        elif engine != "torch":
             try:
                 # --allow-corrupt: the CRCs already failed and the user took the bytes as they are
                 crc = refused is None
@@ -367,14 +387,34 @@ def _export_torch(role_dir: Path, src: Path, tmp: Path, out: Path, *, dtype: str
 
 
 def _export_streamed(
-    role_dir: Path, src: Path, tmp: Path, out: Path, *, dtype, check_crc, max_shard_size, verify, progress, hf_dir, ops
+    role_dir: Path,
+    src: Path,
+    tmp: Path,
+    out: Path,
+    *,
+    dtype,
+    check_crc,
+    max_shard_size,
+    verify,
+    progress,
+    hf_dir,
+    ops,
+    weights: str | None = None,
 ) -> ExportResult:
-    """The stream engine (export_stream): tensor bytes copied from the shards in blocks, no torch."""
+    """The stream engine (export_stream): tensor bytes copied from the shards in blocks, no torch. `weights`: the
+    DeepSpeed tag `role_dir`'s weights to plan (export_zero)."""
     from ckpt_audit.lifecycle import export_stream as es
     from ckpt_audit.readers.hashing import digest_file
 
     try:
-        if by_w := _model_shards(role_dir):
+        if weights is not None:
+            from ckpt_audit.lifecycle.export_zero import plan_zero
+
+            try:
+                plan = plan_zero(role_dir, weights)
+            except es.StreamUnsupported as why:  # no torch engine to fall back to
+                raise es.StreamError(str(why)) from None
+        elif by_w := _model_shards(role_dir):
             world = _world_size(role_dir, by_w)
             files = by_w[world]
             if missing := sorted(set(range(world)) - set(files)):
@@ -497,6 +537,40 @@ def _role_dir(src: Path, role: str) -> Path:
             "or have torchtitan save HF safetensors (checkpoint.last_save_in_hf)"
         )
     raise ExportError(f"{src}: no {role}/ directory and no model shards")
+
+
+def _zero_source(src: Path, weights: str | None, engine: str):
+    """The DeepSpeed tag files `src` exports (export_zero.ZeroFiles), or None for every other source. An HF Trainer
+    checkpoint that holds HF weights exports those unless --weights asks for DeepSpeed's."""
+    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.lifecycle import export_zero
+
+    if weights is not None and weights not in export_zero.WEIGHTS:
+        raise ExportError(f"unknown weights {weights!r} (use {' or '.join(export_zero.WEIGHTS)})")
+    try:
+        tag = export_zero.tag_dir(src) if src.is_dir() else None
+        if tag is None or (weights is None and _hf_trainer_dir(src) and _hf_weights(src)):
+            if weights is not None:
+                raise ExportError(
+                    f"{src}: --weights applies to DeepSpeed checkpoints (a tag dir, or a dir whose "
+                    "latest names one); this is not one"
+                )
+            return None
+        if engine == "torch":
+            raise ExportError(f"{tag}: a DeepSpeed checkpoint exports with the stream engine only (--engine auto)")
+        return export_zero.zero_files(tag)
+    except (es.StreamError, es.StreamUnsupported) as exc:
+        raise ExportError(str(exc)) from None
+
+
+def _zero_files_to_read(zero, weights: str | None, hf_dir: Path) -> list[tuple[str, bool]]:
+    """_files_to_read for a DeepSpeed tag: the states the export of `weights` reads, and the HF files it copies."""
+    out = [(str(p), True) for p in zero.read(weights or "fp32")]
+    try:
+        beside = sorted(hf_dir.iterdir())
+    except OSError as exc:
+        raise ExportError(f"{hf_dir}: cannot list ({exc.strerror or exc})") from None
+    return out + [(str(p), False) for p in beside if p.is_file() and _model_file(p.name)]
 
 
 def _hf_trainer_dir(d: Path) -> bool:

@@ -120,9 +120,12 @@ class Planned:
     dtype: str  # source dtype name, torch's spelling
     pieces: tuple[Piece, ...]
     dim: int | None = None  # concatenation dim; None: a single piece
+    to: str | None = None  # its own cast when no target is asked (zero_to_fp32 makes floating buffers float32)
 
     def out_dtype(self, target: str | None) -> str:
-        return target if target is not None and self.dtype in FLOATS else self.dtype
+        if target is not None and self.dtype in FLOATS:
+            return target
+        return self.to or self.dtype
 
     def nbytes(self, target: str | None) -> int:
         n = 1
@@ -340,10 +343,9 @@ def export_tensors(
     read_tick: Callable[[], None],
 ) -> Outcome:
     """Write the plan's tensors under `tmp` (model*.safetensors, lora_adapter/adapter_model.safetensors)."""
-    if target is not None:
-        for t in plan.tensors:
-            if t.dtype in FLOATS and t.dtype != target and (t.dtype, target) not in _EXACT_CASTS:
-                raise StreamUnsupported(f"{t.name}: a {t.dtype} to {target} cast")
+    for t in plan.tensors:
+        if (dst := t.out_dtype(target)) != t.dtype and (t.dtype, dst) not in _EXACT_CASTS:
+            raise StreamUnsupported(f"{t.name}: a {t.dtype} to {dst} cast")
     warnings = list(plan.warnings)
     tensors = list(plan.tensors)
     with _Maps() as maps:
