@@ -29,17 +29,17 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit import lock, scanner
+from ckpt_audit.answers import LatestAnswer, Pruned, PrunePreview, Recorded, TrackerPlan, TrackerWrite
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
-    from ckpt_audit.answers import LatestAnswer, Pruned, PrunePreview, Recorded, TrackerPlan, TrackerWrite
     from ckpt_audit.catalog.store import Catalog
     from ckpt_audit.lifecycle.export import ExportResult
     from ckpt_audit.lifecycle.prune import Outcome, PruneResult
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
-    from ckpt_audit.models import FileFacts, Run, ScanResult  # made on first use, after the scan's reads
+    from ckpt_audit.models import FileFacts, Run, ScanResult
     from ckpt_audit.rules.deep_verdict import DeepVerdict
     from ckpt_audit.scrub import ScrubPolicy
 
@@ -124,7 +124,6 @@ class Session:
             reader=reader,
             deep=self.kept_deep(),
         )
-        from ckpt_audit.answers import Recorded  # after the reads: off the scan's start-up (issue 16)
 
         return Recorded(result=result, scan_id=self.record(result, rehash=rehash) if record else None)
 
@@ -140,7 +139,6 @@ class Session:
     ) -> Recorded:
         """Scan `paths`, then deepen, and record it. `rehash` True: every file is re-read by content whatever its
         stat says, as `ckpt-audit verify` does unless --trust-cache."""
-        from ckpt_audit.answers import Recorded
 
         result = _verify(
             paths,
@@ -178,7 +176,6 @@ class Session:
         and its nodes' re-read (`reread`)."""
         import dataclasses
 
-        from ckpt_audit.answers import PrunePreview
         from ckpt_audit.lifecycle.links import links_for
         from ckpt_audit.lifecycle.prune import find_trash
         from ckpt_audit.lifecycle.retention import KeepBest, metric_problem, plan_prune, read_metric
@@ -236,7 +233,6 @@ class Session:
         None) or at once (prune --yes: the checked plan is executed). First the scan the plan came from
         (`scanned`) is recorded and what the re-read found is kept (a failure must outlive the next cached scan).
         `reread` / `execute`: who re-reads a checkpoint and who carries the plan out (prune --ray: the nodes)."""
-        from ckpt_audit.answers import Pruned
         from ckpt_audit.catalog.lifecycle import LifecycleLog
         from ckpt_audit.lifecycle import prune
 
@@ -275,7 +271,6 @@ class Session:
     ) -> TrackerPlan:
         """Scan `run` (recorded: the catalog sees the run now), read its tracker and plan the repair
         (lifecycle.tracker_fix.plan_fix). Writes no tracker. Raises SessionError when `run` is not one run."""
-        from ckpt_audit.answers import TrackerPlan
         from ckpt_audit.lifecycle.tracker_fix import plan_fix, read_state, tracker_of
 
         scanned = self.scan([run], in_progress_window_s=in_progress_window_s)
@@ -292,7 +287,6 @@ class Session:
         the scan's verdict may come from a stat cache that never sees bit rot), record what that read, and only if
         it holds rewrite the tracker as `plan.fix` says (needed, not refused), logged in the catalog
         (tracker_fixes). Raises tracker_fix.FixError."""
-        from ckpt_audit.answers import TrackerWrite
         from ckpt_audit.lifecycle.survivors import reread
         from ckpt_audit.lifecycle.tracker_fix import apply_fix
 
@@ -383,7 +377,6 @@ def latest(
     one when that read fails; then record the scans if the lock is free: a job script's gate never waits for, nor
     fails on, a cron scan holding the lock or a catalog it may not write. Raises SessionError when `run` is not one
     run."""
-    from ckpt_audit.answers import LatestAnswer
     from ckpt_audit.lifecycle.latest import gate, oldest_verified
 
     previous = _previous_or_empty(catalog_path)

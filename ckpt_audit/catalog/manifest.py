@@ -10,16 +10,12 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, fields, replace
-from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import CODES
-from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, from_slots, many_objects
+from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, ShardFile, from_slots, many_objects
 from ckpt_audit.readers import RULES
 from ckpt_audit.tree import FileFacts, PtFacts
-
-if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import ShardFile
 
 
 class CatalogError(Exception):

@@ -15,19 +15,15 @@ import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
-from ckpt_audit.models import MAX_STEP, FileKind, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Run, ShardFile, Status
 from ckpt_audit.rules import deepspeed, save_order, shards, status, tracker
+from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
-
-if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
-    from ckpt_audit.rules.status import ScanContext
 
 NAME = "verl-fsdp"
 STEP_RE = re.compile(r"global_step_(\d+)")

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import FileKind, Finding
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ShardFile
 from ckpt_audit.readers import bounded_json
-
-if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint, Component, ShardFile
 
 SHARD_KINDS = (FileKind.MODEL, FileKind.OPTIM, FileKind.EXTRA_STATE)
 _PREFIX = {FileKind.MODEL: "model", FileKind.OPTIM: "optim", FileKind.EXTRA_STATE: "extra_state"}
