@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from itertools import chain, starmap
+from typing import TypeVar, cast
 
 # the one size formatter lives with the other units; models.format_size stays importable for its many callers
 from ckpt_audit.units import format_size
@@ -20,9 +21,15 @@ from ckpt_audit.units import format_size
 MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
 
 
-def from_slots(cls: type, values: tuple) -> object:
+_T = TypeVar("_T")
+
+
+def from_slots(cls: type[_T], values: Sequence[object]) -> _T:
     """An instance of the frozen slotted dataclass `cls` from its field values in slot order, without its
     `__init__`: for what the scan rebuilds by the thousand (catalog rows, cached run verdicts, a Ray node's answers).
+    Only those row builders use it (layouts.shard_file, catalog.manifest.facts_of_rows, catalog.verdicts,
+    verdict_cache.light_facts, reduce_as_tuple); tests/test_slot_builders.py fails when a field order they rely on
+    changes. Anywhere else, call the class.
 
     The frozen `__init__` sets each field through object.__setattr__, ~9 us an object on this VM; here an unfrozen
     twin with the same slots, in the same order, takes the values positionally (~1 us) and the object is then
@@ -30,16 +37,16 @@ def from_slots(cls: type, values: tuple) -> object:
     twin = _TWINS.get(cls) or _make_twin(cls)
     obj = twin(*values)
     obj.__class__ = cls
-    return obj
+    return cast(_T, obj)
 
 
-def many_from_slots(cls: type, rows: Iterable[Sequence]) -> tuple:
+def many_from_slots(cls: type[_T], rows: Iterable[Sequence[object]]) -> tuple[_T, ...]:
     """from_slots for many rows at once (the twin's calls made from C: ~20 % less per object)."""
     twin = _TWINS.get(cls) or _make_twin(cls)
     out = tuple(starmap(twin, rows))
     for obj in out:
         obj.__class__ = cls
-    return out
+    return cast(tuple[_T, ...], out)
 
 
 _TWINS: dict[type, type] = {}
@@ -47,10 +54,10 @@ _TWINS: dict[type, type] = {}
 
 def _make_twin(cls: type) -> type:
     # a plain class with one generated __init__: make_dataclass costs ~2.5 ms a class at start-up, this ~0.1 ms
-    names = cls.__slots__
-    if cls.__base__ is not object or not all(n.isidentifier() and not n.startswith("_") for n in names):
+    names: tuple[str, ...] = getattr(cls, "__slots__", ())
+    if cls.__base__ is not object or not names or not all(n.isidentifier() and not n.startswith("_") for n in names):
         raise TypeError(f"{cls.__name__} cannot be rebuilt from its slots")
-    namespace: dict = {}
+    namespace: dict[str, object] = {}
     exec(f"def __init__(self, {', '.join(names)}):\n" + "".join(f"    self.{n} = {n}\n" for n in names), namespace)
     twin = type(f"_{cls.__name__}Slots", (), {"__slots__": names, "__init__": namespace["__init__"]})
     _TWINS[cls] = twin
@@ -75,7 +82,8 @@ def reduce_as_tuple(obj: object) -> tuple:
     """`__reduce__` for the frozen slotted dataclasses a Ray node sends back: pickle as (class, field values).
     The standard library's slotted-dataclass `__setstate__` calls `fields()` per object on load (bench/README, the
     Ray section, for what this saves); equality, hash and immutability are the dataclass's own, unchanged."""
-    return from_slots, (type(obj), tuple(getattr(obj, name) for name in type(obj).__slots__))
+    cls = type(obj)
+    return from_slots, (cls, tuple(getattr(obj, name) for name in cls.__slots__))
 
 
 class Severity(IntEnum):
