@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts.deepspeed import NAME as DEEPSPEED
@@ -112,7 +113,9 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
     """What the tracker should say, and whether it may be rewritten now."""
     ckpts = sorted((c for c in run.checkpoints if _resolves(run, c)), key=lambda c: c.step)
     old_step, named = _named(run, ckpts, tracker.content)
-    base = dict(run_path=run.path, tracker_path=tracker.path, old_content=tracker.content, old_step=old_step)
+    base: dict[str, Any] = dict(
+        run_path=run.path, tracker_path=tracker.path, old_content=tracker.content, old_step=old_step
+    )
     deepspeed = run.layout == DEEPSPEED
     target = next((c for c in reversed(ckpts) if why_not(c, run) is None), None)
     if not tracker.exists:

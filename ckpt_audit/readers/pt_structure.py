@@ -181,7 +181,7 @@ class _Storages(dict):
 
 def _read_structure(fd: int, path: str, archive: PtArchive) -> PtStructure:
     problems = list(archive.torch_problems)
-    base = dict(path=path, prefix=archive.prefix, entries=archive.entries)
+    base: dict[str, Any] = dict(path=path, prefix=archive.prefix, entries=archive.entries)
     byteorder = None
     if (bo := archive.get("byteorder")) is not None:
         try:
@@ -277,7 +277,7 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
     notes: list[str] = []
     storages = _Storages(problems)
     seen: set[str] = set()
-    base = dict(path=path, prefix=None, container="legacy")
+    base: dict[str, Any] = dict(path=path, prefix=None, container="legacy")
     values = []
     for what in ("magic number", "protocol version", "sys info", "data", "storage keys"):
         start = reader.tell()
@@ -370,7 +370,7 @@ def _read_raw_pickle(fd: int, path: str) -> PtStructure:
     size = os.fstat(fd).st_size
     # read whole (it is the file), so that its depth is bounded before the C unpickler hashes anything
     root, seen, error = unpickle(_pread_exact(fd, min(size, MAX_PICKLE_BYTES), 0), None)
-    base = dict(path=path, prefix=None, container="pickle", globals_seen=seen)
+    base: dict[str, Any] = dict(path=path, prefix=None, container="pickle", globals_seen=seen)
     if error is not None:
         return PtStructure(**base, problems=(unpickle_problem("pickle", error),))
     return PtStructure(**base, keys=_keys(root))
