@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from itertools import chain, starmap
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 # the one size formatter lives with the other units; models.format_size stays importable for its many callers
 from ckpt_audit.units import format_size
@@ -82,7 +82,7 @@ def reduce_as_tuple(obj: object) -> tuple:
     """`__reduce__` for the frozen slotted dataclasses a Ray node sends back: pickle as (class, field values).
     The standard library's slotted-dataclass `__setstate__` calls `fields()` per object on load (bench/README, the
     Ray section, for what this saves); equality, hash and immutability are the dataclass's own, unchanged."""
-    cls = type(obj)
+    cls: Any = type(obj)  # a slotted dataclass (its __slots__ are its fields, in order)
     return from_slots, (cls, tuple(getattr(obj, name) for name in cls.__slots__))
 
 

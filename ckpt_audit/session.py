@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
+StrPath = str | os.PathLike[str]  # a catalog path as the front ends hold it (the CLI: str; the TUI: Path)
 Locked = lock.Locked
 
 
@@ -59,7 +60,7 @@ class PlanError(ValueError):
 class Session:
     """A catalog under its lock (made by `open_session`); `catalog_path` None: no catalog, nothing recorded."""
 
-    def __init__(self, catalog_path: Path | None, roots: Sequence[str]) -> None:
+    def __init__(self, catalog_path: StrPath | None, roots: Sequence[str]) -> None:
         self.catalog_path = catalog_path
         self.roots = tuple(roots)  # the checked, real roots the session was opened for
         self._catalog: Catalog | None = None
@@ -310,7 +311,7 @@ class Session:
 
 
 @contextlib.contextmanager
-def open_session(catalog_path: Path | None, *, roots: Sequence[str | Path] = ()) -> Iterator[Session]:
+def open_session(catalog_path: StrPath | None, *, roots: Sequence[str | Path] = ()) -> Iterator[Session]:
     """Check `roots`, probe the catalog, hold its lock for the body. Raises SessionError or lock.Locked at once."""
     from ckpt_audit.catalog.manifest import CatalogError, probe
 
@@ -334,7 +335,7 @@ def open_session(catalog_path: Path | None, *, roots: Sequence[str | Path] = ())
 
 
 def browse(
-    roots: Sequence[str], catalog_path: Path | None, *, deep: bool = False, progress: Progress | None = None
+    roots: Sequence[str], catalog_path: StrPath | None, *, deep: bool = False, progress: Progress | None = None
 ) -> tuple[ScanResult, str]:
     """Scan (`deep`: verify, re-reading every file) `roots` without waiting for the lock, reusing the catalogued
     hashes, then record it if the lock is free. Returns the result and "" or why it was not recorded: a busy
@@ -347,7 +348,7 @@ def browse(
     return result, record_if_free(result, catalog_path)
 
 
-def record_if_free(result: ScanResult, catalog_path: Path | None) -> str:
+def record_if_free(result: ScanResult, catalog_path: StrPath | None) -> str:
     """Record `result` through a session if the lock is free; "" or why it was not recorded."""
     if catalog_path is None:
         return "no catalog"
@@ -365,7 +366,7 @@ def record_if_free(result: ScanResult, catalog_path: Path | None) -> str:
 
 def latest(
     run: str | Path,
-    catalog_path: Path | None,
+    catalog_path: StrPath | None,
     *,
     verified: bool = False,
     max_age_ns: int = 0,
@@ -445,7 +446,7 @@ def run_named(result: ScanResult, run: str | Path) -> Run:
 
 
 @contextlib.contextmanager
-def reading(catalog_path: Path) -> Iterator[Catalog]:
+def reading(catalog_path: StrPath) -> Iterator[Catalog]:
     """The catalog opened read-only, without the lock: `ls`, `show` and viewers answer while a cron run writes (a
     WAL read), for a user who can write neither the catalog nor its directory. Raises SessionError."""
     from ckpt_audit.catalog import CatalogError, read_catalog
@@ -464,7 +465,7 @@ def _verify(paths: Sequence[str | Path], **options) -> ScanResult:
     return verify(list(paths), **options)
 
 
-def _previous(catalog_path: Path | None) -> dict | None:
+def _previous(catalog_path: StrPath | None) -> dict | None:
     """The catalogued facts to reuse by stat (a WAL read: fine while a cron scan writes); None without a catalog."""
     if catalog_path is None or not os.path.exists(catalog_path):
         return None
@@ -473,13 +474,13 @@ def _previous(catalog_path: Path | None) -> dict | None:
     return read_previous(catalog_path)
 
 
-def _kept_deep(catalog_path: Path | None) -> dict[str, DeepVerdict]:
+def _kept_deep(catalog_path: StrPath | None) -> dict[str, DeepVerdict]:
     from ckpt_audit.catalog.deep_verdicts import read_deep_verdicts
 
     return read_deep_verdicts(catalog_path)
 
 
-def _kept_deep_or_empty(catalog_path: Path | None) -> dict[str, DeepVerdict]:
+def _kept_deep_or_empty(catalog_path: StrPath | None) -> dict[str, DeepVerdict]:
     """The kept deep verdicts; {} when the catalog is absent or unreadable (as _previous_or_empty)."""
     from ckpt_audit.catalog.manifest import CatalogError
 
@@ -489,7 +490,7 @@ def _kept_deep_or_empty(catalog_path: Path | None) -> dict[str, DeepVerdict]:
         return {}
 
 
-def _previous_or_empty(catalog_path: Path | None) -> dict:
+def _previous_or_empty(catalog_path: StrPath | None) -> dict:
     """The catalogued facts; {} when the catalog is absent or unreadable (the run is then read in full)."""
     from ckpt_audit.catalog.manifest import CatalogError
 

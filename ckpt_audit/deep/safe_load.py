@@ -155,6 +155,8 @@ class Record:
     arguments and the pickled state, kept as data. The real class is never imported, so no code of its runs."""
 
     __slots__ = ("args", "state")
+    args: tuple[Any, ...]
+    state: Any
     qualname = ""
 
     def __new__(cls, *args: Any) -> Record:  # NEWOBJ calls __new__ alone, REDUCE the class: both land here

@@ -57,7 +57,8 @@ def dcp_files(
 ) -> tuple[list[ShardFile], list[Finding]]:
     """The component's files, each named as classify knows it; a first folder in `content_dirs` is not part of the
     name (Megatron v2's model/dist_ckpt/x reads as dist_ckpt/x, model/huggingface/x as huggingface/x)."""
-    files, found = [], []
+    files: list[ShardFile] = []
+    found: list[Finding] = []
     cut = len(comp_dir) + 1
     for path in tree.files_below(comp_dir):
         fact = facts.get(path)

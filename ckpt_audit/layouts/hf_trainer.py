@@ -175,7 +175,13 @@ def fewer_ranks(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
     before: Checkpoint | None = None
     for c in checkpoints:
         ws, prev = c.world_size, before.world_size if before is not None else None
-        if ws is not None and prev is not None and ws < prev and c.status is not Status.IN_PROGRESS:
+        if (
+            before is not None
+            and ws is not None
+            and prev is not None
+            and ws < prev
+            and c.status is not Status.IN_PROGRESS
+        ):
             note = finding(
                 "hf-fewer-ranks",
                 f"{c.path}/rng_state_{ws}.pth",

@@ -20,7 +20,7 @@ from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
-from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Run, ShardFile, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import deepspeed, save_order, shards, status, tracker
 from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
@@ -112,7 +112,7 @@ class VerlFsdp:
 
     def _component(self, role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Component:
         files: list[ShardFile] = []
-        file_findings = []
+        file_findings: list[Finding] = []
         cut = len(role_dir) + 1
         stop = frozenset(
             f"{role_dir}/{s}" for s in tree.subdirs(role_dir) if role == "" and _is_role(s, tree, role_dir)
@@ -130,7 +130,7 @@ class VerlFsdp:
         config_fact = facts.get(f"{role_dir}/fsdp_config.json")
         comp = models.Component(role=role, path=role_dir, layout=NAME, world_size=None, files=tuple(files))
         ws, found = shards.check_fsdp_shards(comp, config_text=config_fact.text if config_fact else None)
-        meshes = {f.path: facts[f.path].pt.mesh_sizes for f in files if facts[f.path].pt is not None}
+        meshes = {f.path: pt.mesh_sizes for f in files if (pt := facts[f.path].pt) is not None}
         found += shards.check_meshes(comp, ws, meshes)
         return replace(comp, world_size=ws, findings=tuple(file_findings) + found)
 
@@ -194,9 +194,9 @@ class VerlFsdp:
             now_ns=ctx.now_ns,
             in_progress_window_ns=ctx.in_progress_window_ns,
             configs={
-                p: facts[p].text
+                p: text
                 for p in (f"{run_dir}/{n}" for n in save_order.CONFIG_NAMES)
-                if p in facts and facts[p].text
+                if p in facts and (text := facts[p].text)
             },
         )
         metrics = f"{run_dir}/metrics.jsonl"
@@ -225,7 +225,7 @@ class VerlFsdp:
         if sft:
             components.insert(0, self._component("", step_dir, tree, facts))
         step_files: list[ShardFile] = []
-        step_findings = []
+        step_findings: list[Finding] = []
         in_components = {f.path for c in components for f in c.files}
         for path in tree.files_below(step_dir, stop=frozenset(claimed)):
             fact = facts.get(path)

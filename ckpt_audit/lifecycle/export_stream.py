@@ -210,8 +210,8 @@ def plan_shards(files: dict[int, Path], world_size: int, role_dir: Path) -> Plan
                 t = replace(t, dim=0, pieces=tuple(pieces), shape=shape)  # what verl's merger does
                 warnings.append(f"{key}: plain tensor differs across ranks; concatenated on dim 0")
             out.append(t)
-    for r in locate.values():
-        r.close()
+    for loc in locate.values():
+        loc.close()
     return Plan(kind="fsdp-shards", world_size=world_size, tensors=tuple(out), warnings=tuple(warnings))
 
 
@@ -476,7 +476,7 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, c
                             maps.release(t.pieces[i], src)
             for i, crc in crcs.items():
                 p = t.pieces[i]
-                if maps.crc_recorded(p.path) and (crc & 0xFFFFFFFF) != p.entry.crc:
+                if p.entry is not None and maps.crc_recorded(p.path) and (crc & 0xFFFFFFFF) != p.entry.crc:
                     raise StreamError(
                         f"{p.path}: {p.entry.name} fails its CRC-32 as exported (changed since its check?)"
                     )
@@ -771,7 +771,7 @@ def _dominant_float(tensors: list[Planned]) -> str:
     for t in tensors:
         if t.dtype in FLOATS:
             sizes[t.dtype] = sizes.get(t.dtype, 0) + t.nbytes(None)
-    return max(sizes, key=sizes.get) if sizes else "float32"
+    return max(sizes, key=sizes.__getitem__) if sizes else "float32"
 
 
 def _numel(shape: tuple[int, ...]) -> int:

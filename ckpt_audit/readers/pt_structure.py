@@ -281,7 +281,8 @@ def _read_legacy(fd: int, path: str) -> PtStructure:
     values = []
     for what in ("magic number", "protocol version", "sys info", "data", "storage keys"):
         start = reader.tell()
-        error = too_deep(reader)  # its opcodes walked first: hashing a tuple nested 1M deep kills the process
+        # its opcodes walked first: hashing a tuple nested 1M deep kills the process
+        error: Exception | None = too_deep(reader)
         reader.seek(start)
         value, names, error = (
             unpickle(reader, storages.persistent if what == "data" else None)
@@ -664,8 +665,9 @@ class _Walker:
                 for ax in axes:
                     ashape = ax.fields.get("shape") if isinstance(ax, Stub) else None
                     dims.append(_prod(ashape) if isinstance(ashape, (tuple, list, int)) else None)
-                if all(d is not None for d in dims):
-                    shape = tuple(dims)
+                known = [d for d in dims if d is not None]
+                if len(known) == len(dims):
+                    shape = tuple(known)
         rank_rec = f.get("_rank_map", f.get("mesh"))  # _rank_map (new) or mesh (older torch): an int tensor
         if isinstance(rank_rec, Stub) and rank_rec.qualname in REBUILD_V2:
             rt = self._plain_tensor(rank_rec, ("<mesh>",))

@@ -17,7 +17,7 @@ import pickle
 import pickletools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from ckpt_audit.readers.problem import Problem
 
@@ -25,6 +25,8 @@ from ckpt_audit.readers.problem import Problem
 
 
 class _GlobalMeta(type):
+    _qualname: str
+
     def __repr__(cls) -> str:
         return f"<global {cls._qualname}>"
 
@@ -36,6 +38,11 @@ class Stub(metaclass=_GlobalMeta):
     """
 
     __slots__ = ("args", "kwargs", "state", "setitems", "appended")
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state: Any
+    setitems: dict[Any, Any] | None
+    appended: list[Any] | None
     _module: str = ""
     _name: str = ""
     _qualname: str = ""
@@ -202,7 +209,7 @@ def stub_class(module: str, name: str) -> type[Stub]:
     cls = _STUB_CACHE.get(key)
     if cls is None:
         qual = f"{module}.{name}" if module and name else (module or name)
-        cls = _GlobalMeta(
+        made = _GlobalMeta(
             "Stub",
             (Stub,),
             {
@@ -213,6 +220,7 @@ def stub_class(module: str, name: str) -> type[Stub]:
                 "_plain": DATA_CONSTRUCTORS.get(key),
             },
         )
+        cls = cast(type[Stub], made)
         _STUB_CACHE[key] = cls
     return cls
 
