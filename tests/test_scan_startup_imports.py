@@ -42,7 +42,7 @@ NOT_BEFORE_FIRST_FILE = (
     "ckpt_audit.verify",
     "ckpt_audit.lifecycle",
     "ckpt_audit.catalog.node_memory",  # scan --ray's node memory
-    "ckpt_audit.readers.pt_structure",  # the pickle reader: needed once a file is hashed, not to open it
+    "ckpt_audit.readers.pt",  # the pickle reader: needed once a file is hashed, not to open it
     "ckpt_audit.readers.dcp_metadata",  # DCP's .metadata reader (and the unpickler behind it): on the first one
     "ckpt_audit.readers.unpickler",
     "pickle",
@@ -98,7 +98,7 @@ def test_scan_opens_its_first_file_before_rendering_or_catalog_writes(tmp_path):
     # the check can fail: rendering and the catalog's write path do load, after the first file
     assert "ckpt_audit.report" in doc["after"]
     assert "ckpt_audit.catalog.store" in doc["after"]
-    assert "ckpt_audit.readers.pt_structure" in doc["after"]
+    assert "ckpt_audit.readers.pt" in doc["after"]
 
 
 # stdlib modules no ckpt_audit module on the start-up path may import at module level (outside TYPE_CHECKING):

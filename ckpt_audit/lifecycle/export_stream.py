@@ -1,6 +1,6 @@
 """Export without torch: each tensor's bytes copied from the shards' stored zip entries into safetensors, in blocks.
 
-torch.save writes every storage as a stored (uncompressed) zip entry, and readers.pt_structure reads each tensor's
+torch.save writes every storage as a stored (uncompressed) zip entry, and readers.pt reads each tensor's
 storage key, offset, shape, stride and DTensor placement without torch or running the pickle. A merged tensor is then
 a byte copy: Shard(0) pieces follow one another, Shard(d>0) pieces are interleaved a block of rows at a time, HSDP
 replicas after the first are never opened, and a cast (bf16/fp16/fp32) is done by numpy on the same blocks. Where no
@@ -32,7 +32,7 @@ from pathlib import Path
 import xxhash
 
 from ckpt_audit.readers import safetensors_header
-from ckpt_audit.readers.pt_structure import PtStructure, TensorInfo, read_pt_structure
+from ckpt_audit.readers.pt import PtStructure, TensorInfo, read_pt_structure
 from ckpt_audit.readers.ptzip import ZipEntry, ZipFormatError, payload_offset
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 

@@ -6,7 +6,7 @@ BUILD on it only record their arguments and state. So nothing named by the file 
 `collections.OrderedDict`, `torch.Size`, `builtins.set`, `_codecs.encode`, ...) produce the plain Python value they
 stand for, because callers want dicts and tuples, and building those runs no code from the file.
 
-Generic: it knows no file format (`pt_structure` reads torch files with it, `deep.dcp_check` DCP's `.metadata`).
+Generic: it knows no file format (`pt` reads torch files with it, `deep.dcp_check` DCP's `.metadata`).
 No torch import.
 """
 
@@ -339,7 +339,7 @@ def _max_depth(data: bytes | BinaryIO) -> int:
     """The deepest nesting the pickle builds, from its opcodes' stack effects; stops past the bound. Exact for what
     is built bottom-up, as tuples and frozensets (the only containers hashed, so the only ones that can overflow the
     C stack) always are; a list or dict filled through the memo after it was placed can nest deeper than counted,
-    which no hashing reaches and pt_structure's walk cuts at 200 levels. A pickle pickletools cannot walk gives 0:
+    which no hashing reaches and readers.pt's walk cuts at 200 levels. A pickle pickletools cannot walk gives 0:
     the unpickler then reports it as damaged."""
     stack: list[int] = []
     marks: list[int] = []
