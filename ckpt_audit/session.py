@@ -140,7 +140,6 @@ class Session:
     ) -> Recorded:
         """Scan `paths`, then deepen, and record it. `rehash` True: every file is re-read by content whatever its
         stat says, as `ckpt-audit verify` does unless --trust-cache."""
-
         result = _verify(
             paths,
             workers=workers,
