@@ -6,7 +6,11 @@ own CPU time (time.process_time) the first time a file under the scanned tree is
 in ckpt-audit itself. On a loaded machine the CPU time is the steadier figure (the wall time includes waiting for a
 core).
 
-    python bench/bench_startup.py [--repeat 7] [--no-bytecode] [--before DIR]
+    python bench/bench_startup.py [--repeat 7] [--no-bytecode] [--before DIR] [--whole]
+
+`--whole` times whole processes instead (spawn to exit) of three named commands: `python -m ckpt_audit --help`,
+`scan -q` of the same small tree (a re-scan: its catalog is made by the warm-up run) and `ls` of that catalog,
+each against the same bare `python -c pass`, interleaved with --before's runs.
 
 `--before DIR` also times DIR (a copy of the package from another commit, e.g. `git worktree add /tmp/before HEAD`;
 put first on PYTHONPATH, with its own bytecode cache), interleaved with the working tree's runs in one loop, so a
@@ -79,6 +83,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--no-bytecode", action="store_true", help="compile from source every run (no .pyc)")
     ap.add_argument("--before", type=Path, help="a package tree to compare with, put first on PYTHONPATH")
+    ap.add_argument("--whole", action="store_true", help="whole-process wall time of --help, scan and ls")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ)
@@ -101,6 +106,8 @@ def main() -> None:
         (actor.parent / "data.pt").write_bytes(b"x" * 64)
         (actor.parent.parent / "latest_checkpointed_iteration.txt").write_text("1")
         root = str(Path(tmp) / "root")
+        if args.whole:
+            return _whole(args.repeat, trees, env, root, tmp)
         base, base_cpu = [], []
         first = {name: [] for name in trees}
         cpu = {name: [] for name in trees}
@@ -145,6 +152,61 @@ def main() -> None:
         f = med(first["now"])
         print(f"torch imported: {torch_loaded}")
         print(f"ratio: {f / b:.1f}x bare python; target < 0.15 s: {'met' if f < 0.15 else 'MISSED'}")
+
+
+def _whole(repeat: int, trees: dict[str, dict[str, str]], env: dict[str, str], root: str, tmp: str) -> None:
+    """Spawn-to-exit wall time of three commands, each tree's runs interleaved (alternating which goes first)."""
+    commands = {
+        "--help": ["--help"],
+        "scan": ["scan", "-q", "--catalog", "{db}", root],
+        "ls": ["ls", "--catalog", "{db}"],
+    }
+    walls: dict[tuple[str, str], list[float]] = {(c, n): [] for c in commands for n in trees}
+    cpus: dict[tuple[str, str], list[float]] = {(c, n): [] for c in commands for n in trees}
+    base: list[float] = []
+
+    def once(name: str, argv: list[str]) -> tuple[float, float]:
+        db = os.path.join(tmp, f"whole-{name}.db")
+        cmd = [sys.executable, "-m", "ckpt_audit", *(a.replace("{db}", db) for a in argv)]
+        r0, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, env=trees[name], cwd=tmp)
+        wall, r1 = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+        if out.returncode not in (0, 1):
+            raise SystemExit(f"{' '.join(cmd)} exited {out.returncode}: {out.stderr.decode()[-2000:]}")
+        return wall, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+
+    for name in trees:  # bytecode and the catalogs; not timed
+        for argv in commands.values():
+            once(name, argv)
+    for i in range(repeat):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True, env=env)
+        base.append(time.perf_counter() - t)
+        for c, argv in commands.items():
+            for name in list(trees)[:: 1 if i % 2 == 0 else -1]:
+                wall, cpu = once(name, argv)
+                walls[c, name].append(wall)
+                cpus[c, name].append(cpu)
+    med = statistics.median
+    b = med(base)
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {repeat} runs each, bytecode cached")
+    print(f"bare `python -c pass`: {b * 1000:.0f} ms wall (median)")
+    for c in commands:
+        line = [f"`ckpt-audit {c}` whole process:"]
+        for name in trees:
+            w = walls[c, name]
+            u = cpus[c, name]
+            line.append(
+                f"{name} {med(w) * 1000:.0f} ms (min {min(w) * 1000:.0f}, {med(w) / b:.1f}x bare python; "
+                f"CPU {med(u) * 1000:.0f} ms)"
+            )
+        if "before" in trees:
+            now, before = (c, "now"), (c, "before")
+            line.append(
+                f"now/before wall {med(walls[now]) / med(walls[before]):.3f}x, "
+                f"CPU {med(cpus[now]) / med(cpus[before]):.3f}x"
+            )
+        print("  ".join(line))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What the Session's actions hand back to the front ends: plain frozen data, made after the work.
 
-Kept out of ckpt_audit.session, which every scan imports before its first read: each frozen slotted dataclass
-costs 1-2 ms to make on this VM (bench/README.md, issue 16), and a scan builds only `Recorded`, after its reads.
+The service layer's vocabulary, apart from the actions in ckpt_audit.session: the CLI and the TUI render these
+(a preview to confirm, what was pruned, the resume gate's answer) without calling any action themselves.
 """
 
 from __future__ import annotations

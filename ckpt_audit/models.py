@@ -8,26 +8,28 @@ Paths are absolute strings, so results serialise to JSON and SQLite as they are.
 from __future__ import annotations
 
 import gc
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from itertools import chain, starmap
-from typing import TYPE_CHECKING
+from typing import Any, TypeVar, cast
 
 # the one size formatter lives with the other units; models.format_size stays importable for its many callers
 from ckpt_audit.units import format_size
 
-if TYPE_CHECKING:  # scan --ray's per-node view (NodeCopy, ClusterView) lives apart: other commands never build it
-    from ckpt_audit.nodes import ClusterView
-
 MAX_STEP = 2**63 - 1  # the largest step SQLite's INTEGER holds: a larger "step" is a finding, not a checkpoint
 
 
-def from_slots(cls: type, values: tuple) -> object:
+_T = TypeVar("_T")
+
+
+def from_slots(cls: type[_T], values: Sequence[object]) -> _T:
     """An instance of the frozen slotted dataclass `cls` from its field values in slot order, without its
     `__init__`: for what the scan rebuilds by the thousand (catalog rows, cached run verdicts, a Ray node's answers).
+    Only those row builders use it (layouts.shard_file, catalog.manifest.facts_of_rows, catalog.verdicts,
+    verdict_cache.light_facts, reduce_as_tuple); tests/test_slot_builders.py fails when a field order they rely on
+    changes. Anywhere else, call the class.
 
     The frozen `__init__` sets each field through object.__setattr__, ~9 us an object on this VM; here an unfrozen
     twin with the same slots, in the same order, takes the values positionally (~1 us) and the object is then
@@ -35,16 +37,16 @@ def from_slots(cls: type, values: tuple) -> object:
     twin = _TWINS.get(cls) or _make_twin(cls)
     obj = twin(*values)
     obj.__class__ = cls
-    return obj
+    return cast(_T, obj)
 
 
-def many_from_slots(cls: type, rows: Iterable[Sequence]) -> tuple:
+def many_from_slots(cls: type[_T], rows: Iterable[Sequence[object]]) -> tuple[_T, ...]:
     """from_slots for many rows at once (the twin's calls made from C: ~20 % less per object)."""
     twin = _TWINS.get(cls) or _make_twin(cls)
     out = tuple(starmap(twin, rows))
     for obj in out:
         obj.__class__ = cls
-    return out
+    return cast(tuple[_T, ...], out)
 
 
 _TWINS: dict[type, type] = {}
@@ -52,10 +54,10 @@ _TWINS: dict[type, type] = {}
 
 def _make_twin(cls: type) -> type:
     # a plain class with one generated __init__: make_dataclass costs ~2.5 ms a class at start-up, this ~0.1 ms
-    names = cls.__slots__
-    if cls.__base__ is not object or not all(n.isidentifier() and not n.startswith("_") for n in names):
+    names: tuple[str, ...] = getattr(cls, "__slots__", ())
+    if cls.__base__ is not object or not names or not all(n.isidentifier() and not n.startswith("_") for n in names):
         raise TypeError(f"{cls.__name__} cannot be rebuilt from its slots")
-    namespace: dict = {}
+    namespace: dict[str, object] = {}
     exec(f"def __init__(self, {', '.join(names)}):\n" + "".join(f"    self.{n} = {n}\n" for n in names), namespace)
     twin = type(f"_{cls.__name__}Slots", (), {"__slots__": names, "__init__": namespace["__init__"]})
     _TWINS[cls] = twin
@@ -80,24 +82,8 @@ def reduce_as_tuple(obj: object) -> tuple:
     """`__reduce__` for the frozen slotted dataclasses a Ray node sends back: pickle as (class, field values).
     The standard library's slotted-dataclass `__setstate__` calls `fields()` per object on load (bench/README, the
     Ray section, for what this saves); equality, hash and immutability are the dataclass's own, unchanged."""
-    return from_slots, (type(obj), tuple(getattr(obj, name) for name in type(obj).__slots__))
-
-
-def made_on_first_use(module: dict, define: Callable[[], None], names: tuple[str, ...]) -> Callable[[str], object]:
-    """A module `__getattr__` (PEP 562) for classes made when first asked for rather than at import: `define` binds
-    `names` as globals of `module` (its class statements declare them `global`, so each class's qualified name,
-    repr and pickling are those of a module-level class). Made once, under a lock (pool threads may ask first)."""
-    lock = threading.Lock()
-
-    def __getattr__(name: str) -> object:
-        if name not in names:
-            raise AttributeError(f"module {module['__name__']!r} has no attribute {name!r}")
-        with lock:
-            if name not in module:
-                define()
-        return module[name]
-
-    return __getattr__
+    cls: Any = type(obj)  # a slotted dataclass (its __slots__ are its fields, in order)
+    return from_slots, (cls, tuple(getattr(obj, name) for name in cls.__slots__))
 
 
 class Severity(IntEnum):
@@ -166,151 +152,6 @@ class Finding:
         }
 
 
-# The judged model (ShardFile, Component, Checkpoint, Run, ScanResult) is made on first use, not at import (PEP 562
-# `__getattr__` at the end): a scan builds it only after reading every file, and each frozen slotted dataclass costs
-# ~1.3 ms to make, against a 0.15 s start-up goal (issue 16). `from ckpt_audit.models import Run` works as before.
-JUDGED = ("ShardFile", "Component", "Checkpoint", "Run", "ScanResult")
-
-
-def _define_judged() -> None:
-    global ShardFile, Component, Checkpoint, Run, ScanResult  # module globals: qualified names, pickling as before
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ShardFile:
-        """One file of a checkpoint, as its layout names it, with the stat and hash the scan recorded."""
-
-        path: str
-        kind: FileKind
-        size_bytes: int
-        mtime_ns: int
-        inode: int
-        rank: int | None = None
-        world_size: int | None = None  # from the file name, when it carries one
-        hash: str | None = None  # xxh3-128 hex; None when unreadable
-        crc_ok: bool | None = None  # None: not a zip, or CRCs disabled at save (all zero)
-
-        @property
-        def size_str(self) -> str:
-            return format_size(self.size_bytes)
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class Component:
-        """One role of a checkpoint (actor, critic; "" for SFT shards directly in global_step_N)."""
-
-        role: str
-        path: str
-        layout: str  # "verl-fsdp", "verl-megatron", "dcp", ...
-        world_size: int | None
-        files: tuple[ShardFile, ...] = ()
-        findings: tuple[Finding, ...] = ()
-
-        @property
-        def size_bytes(self) -> int:
-            return sum(f.size_bytes for f in self.files)
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class Checkpoint:
-        """One saved step of a run (global_step_N, checkpoint-N, step-N, ...) with its status."""
-
-        run_path: str
-        step: int
-        path: str
-        status: Status
-        components: tuple[Component, ...] = ()
-        files: tuple[ShardFile, ...] = ()  # step-level files such as data.pt
-        findings: tuple[Finding, ...] = ()
-        mtime_ns: int = 0  # newest mtime of anything inside
-
-        # chain and map: these run per checkpoint per report and record, over every file (issue 16)
-        @property
-        def all_files(self) -> tuple[ShardFile, ...]:
-            return self.files + tuple(chain.from_iterable(c.files for c in self.components))
-
-        @property
-        def all_findings(self) -> tuple[Finding, ...]:
-            return self.findings + tuple(chain.from_iterable(c.findings for c in self.components))
-
-        @property
-        def size_bytes(self) -> int:
-            # a file hardlinked several times inside (verl's Megatron migration mirrors dist_ckpt/ three times)
-            # takes its bytes once: the same inode, size and mtime is the same file
-            return sum(
-                {
-                    (f.inode, f.size_bytes, f.mtime_ns) if f.inode else f.path: f.size_bytes for f in self.all_files
-                }.values()
-            )
-
-        @property
-        def size_str(self) -> str:
-            return format_size(self.size_bytes)
-
-        @property
-        def world_size(self) -> int | None:
-            sizes = {c.world_size for c in self.components if c.world_size is not None}
-            return sizes.pop() if len(sizes) == 1 else None
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class Run:
-        """A `<project>/<experiment>` directory holding global_step_N directories and (usually) a tracker."""
-
-        path: str
-        layout: str
-        tracker_step: int | None = None
-        checkpoints: tuple[Checkpoint, ...] = ()
-        findings: tuple[Finding, ...] = ()
-        metrics_path: str | None = None  # the run's metrics JSONL, when one sits beside it
-
-        @property
-        def name(self) -> str:
-            parts = self.path.rstrip("/").split("/")
-            return "/".join(parts[-2:])
-
-        @property
-        def latest_complete(self) -> Checkpoint | None:
-            done = [c for c in self.checkpoints if c.status is Status.COMPLETE]
-            return max(done, key=lambda c: c.step) if done else None
-
-        @property
-        def size_bytes(self) -> int:
-            return sum(c.size_bytes for c in self.checkpoints)
-
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ScanResult:
-        """What one scan found: the runs judged, findings outside any run, what was read and what reused."""
-
-        roots: tuple[str, ...]
-        runs: tuple[Run, ...] = ()
-        findings: tuple[Finding, ...] = ()  # not attached to any run (e.g. a broken link under a root)
-        started_ns: int = 0
-        finished_ns: int = 0
-        files_hashed: int = 0  # files actually read this scan
-        files_reused: int = 0  # files whose recorded hash was reused by stat
-        bytes_hashed: int = 0
-        deep: bool = False
-        reused_paths: frozenset[str] = frozenset()  # files whose hash and per-file findings came from the catalog
-        files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); part of files_hashed
-        bytes_scrubbed: int = 0
-        # path -> what the readers (or the catalog, for reused files) said of each file: the catalog records it whole,
-        # so a re-scan that reuses a file reuses every fact a verdict depends on. A run whose cached verdict stood
-        # (runs_reused) has only its files' stat, hash, CRC verdict and verified_ns here: nothing judges them again
-        file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
-        cluster: ClusterView | None = None  # scan --ray: the nodes and each file's copies; None for a local scan
-        run_keys: Mapping[str, str] = field(default_factory=dict)  # run -> verdict cache key, for the runs to cache
-        runs_reused: frozenset[str] = frozenset()  # runs whose verdict the catalog's verdict cache gave (nothing moved)
-        # verify: checkpoint path -> the findings the deep checks added to the scan's (() for none), for each
-        # checkpoint deepened and not being written; the catalog keeps them (catalog.deep_verdicts)
-        deep_found: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
-
-        @property
-        def all_findings(self) -> tuple[Finding, ...]:
-            out = list(self.findings)
-            for run in self.runs:
-                out.extend(run.findings)
-                for ckpt in run.checkpoints:
-                    out.extend(ckpt.all_findings)
-            return tuple(out)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PtFacts:
     """What the zip directory and the restricted unpickler showed of one torch `.pt` file."""
@@ -358,4 +199,160 @@ class FileFacts:
     __reduce__ = reduce_as_tuple
 
 
-__getattr__ = made_on_first_use(globals(), _define_judged, JUDGED)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardFile:
+    """One file of a checkpoint, as its layout names it, with the stat and hash the scan recorded."""
+
+    path: str
+    kind: FileKind
+    size_bytes: int
+    mtime_ns: int
+    inode: int
+    rank: int | None = None
+    world_size: int | None = None  # from the file name, when it carries one
+    hash: str | None = None  # xxh3-128 hex; None when unreadable
+    crc_ok: bool | None = None  # None: not a zip, or CRCs disabled at save (all zero)
+
+    @property
+    def size_str(self) -> str:
+        return format_size(self.size_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Component:
+    """One role of a checkpoint (actor, critic; "" for SFT shards directly in global_step_N)."""
+
+    role: str
+    path: str
+    layout: str  # "verl-fsdp", "verl-megatron", "dcp", ...
+    world_size: int | None
+    files: tuple[ShardFile, ...] = ()
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """One saved step of a run (global_step_N, checkpoint-N, step-N, ...) with its status."""
+
+    run_path: str
+    step: int
+    path: str
+    status: Status
+    components: tuple[Component, ...] = ()
+    files: tuple[ShardFile, ...] = ()  # step-level files such as data.pt
+    findings: tuple[Finding, ...] = ()
+    mtime_ns: int = 0  # newest mtime of anything inside
+
+    # chain and map: these run per checkpoint per report and record, over every file (issue 16)
+    @property
+    def all_files(self) -> tuple[ShardFile, ...]:
+        return self.files + tuple(chain.from_iterable(c.files for c in self.components))
+
+    @property
+    def all_findings(self) -> tuple[Finding, ...]:
+        return self.findings + tuple(chain.from_iterable(c.findings for c in self.components))
+
+    @property
+    def size_bytes(self) -> int:
+        # a file hardlinked several times inside (verl's Megatron migration mirrors dist_ckpt/ three times)
+        # takes its bytes once: the same inode, size and mtime is the same file
+        return sum(
+            {(f.inode, f.size_bytes, f.mtime_ns) if f.inode else f.path: f.size_bytes for f in self.all_files}.values()
+        )
+
+    @property
+    def size_str(self) -> str:
+        return format_size(self.size_bytes)
+
+    @property
+    def world_size(self) -> int | None:
+        sizes = {c.world_size for c in self.components if c.world_size is not None}
+        return sizes.pop() if len(sizes) == 1 else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """A `<project>/<experiment>` directory holding global_step_N directories and (usually) a tracker."""
+
+    path: str
+    layout: str
+    tracker_step: int | None = None
+    checkpoints: tuple[Checkpoint, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    metrics_path: str | None = None  # the run's metrics JSONL, when one sits beside it
+
+    @property
+    def name(self) -> str:
+        parts = self.path.rstrip("/").split("/")
+        return "/".join(parts[-2:])
+
+    @property
+    def latest_complete(self) -> Checkpoint | None:
+        done = [c for c in self.checkpoints if c.status is Status.COMPLETE]
+        return max(done, key=lambda c: c.step) if done else None
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(c.size_bytes for c in self.checkpoints)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeCopy:
+    """One node's copy of a file, as a `scan --ray` saw it (the stat is that node's own; the path is logical)."""
+
+    node_id: str
+    size_bytes: int
+    mtime_ns: int
+    inode: int
+    hash: str | None = None
+    verified_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterView:
+    """Which node holds what, for a scan made on a Ray cluster (`scan --ray`): what the catalog records per node."""
+
+    answered: tuple[str, ...] = ()  # nodes whose scan came back
+    silent: tuple[str, ...] = ()  # nodes that did not answer (or that held files before and are gone now)
+    copies: Mapping[str, tuple[NodeCopy, ...]] = field(default_factory=dict)  # logical path -> copy per node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanResult:
+    """What one scan found: the runs judged, findings outside any run, what was read and what reused."""
+
+    roots: tuple[str, ...]
+    runs: tuple[Run, ...] = ()
+    findings: tuple[Finding, ...] = ()  # not attached to any run (e.g. a broken link under a root)
+    started_ns: int = 0
+    finished_ns: int = 0
+    files_hashed: int = 0  # files actually read this scan
+    files_reused: int = 0  # files whose recorded hash was reused by stat
+    bytes_hashed: int = 0
+    deep: bool = False
+    reused_paths: frozenset[str] = frozenset()  # files whose hash and per-file findings came from the catalog
+    files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); part of files_hashed
+    bytes_scrubbed: int = 0
+    # path -> what the readers (or the catalog, for reused files) said of each file: the catalog records it whole,
+    # so a re-scan that reuses a file reuses every fact a verdict depends on. A run whose cached verdict stood
+    # (runs_reused) has only its files' stat, hash, CRC verdict and verified_ns here: nothing judges them again
+    file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
+    cluster: ClusterView | None = None  # scan --ray: the nodes and each file's copies; None for a local scan
+    run_keys: Mapping[str, str] = field(default_factory=dict)  # run -> verdict cache key, for the runs to cache
+    runs_reused: frozenset[str] = frozenset()  # runs whose verdict the catalog's verdict cache gave (nothing moved)
+    # verify: checkpoint path -> the findings the deep checks added to the scan's (() for none), for each
+    # checkpoint deepened and not being written; the catalog keeps them (catalog.deep_verdicts)
+    deep_found: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
+
+    @property
+    def all_findings(self) -> tuple[Finding, ...]:
+        out = list(self.findings)
+        for run in self.runs:
+            out.extend(run.findings)
+            for ckpt in run.checkpoints:
+                out.extend(ckpt.all_findings)
+        return tuple(out)

@@ -29,21 +29,22 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit import lock, scanner
+from ckpt_audit.answers import LatestAnswer, Pruned, PrunePreview, Recorded, TrackerPlan, TrackerWrite
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
-    from ckpt_audit.answers import LatestAnswer, Pruned, PrunePreview, Recorded, TrackerPlan, TrackerWrite
     from ckpt_audit.catalog.store import Catalog
     from ckpt_audit.lifecycle.export import ExportResult
     from ckpt_audit.lifecycle.prune import Outcome, PruneResult
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
-    from ckpt_audit.models import FileFacts, Run, ScanResult  # made on first use, after the scan's reads
+    from ckpt_audit.models import FileFacts, Run, ScanResult
     from ckpt_audit.rules.deep_verdict import DeepVerdict
     from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
+StrPath = str | os.PathLike[str]  # a catalog path as the front ends hold it (the CLI: str; the TUI: Path)
 Locked = lock.Locked
 
 
@@ -59,7 +60,7 @@ class PlanError(ValueError):
 class Session:
     """A catalog under its lock (made by `open_session`); `catalog_path` None: no catalog, nothing recorded."""
 
-    def __init__(self, catalog_path: Path | None, roots: Sequence[str]) -> None:
+    def __init__(self, catalog_path: StrPath | None, roots: Sequence[str]) -> None:
         self.catalog_path = catalog_path
         self.roots = tuple(roots)  # the checked, real roots the session was opened for
         self._catalog: Catalog | None = None
@@ -124,7 +125,6 @@ class Session:
             reader=reader,
             deep=self.kept_deep(),
         )
-        from ckpt_audit.answers import Recorded  # after the reads: off the scan's start-up (issue 16)
 
         return Recorded(result=result, scan_id=self.record(result, rehash=rehash) if record else None)
 
@@ -140,8 +140,6 @@ class Session:
     ) -> Recorded:
         """Scan `paths`, then deepen, and record it. `rehash` True: every file is re-read by content whatever its
         stat says, as `ckpt-audit verify` does unless --trust-cache."""
-        from ckpt_audit.answers import Recorded
-
         result = _verify(
             paths,
             workers=workers,
@@ -178,7 +176,6 @@ class Session:
         and its nodes' re-read (`reread`)."""
         import dataclasses
 
-        from ckpt_audit.answers import PrunePreview
         from ckpt_audit.lifecycle.links import links_for
         from ckpt_audit.lifecycle.prune import find_trash
         from ckpt_audit.lifecycle.retention import KeepBest, metric_problem, plan_prune, read_metric
@@ -236,7 +233,6 @@ class Session:
         None) or at once (prune --yes: the checked plan is executed). First the scan the plan came from
         (`scanned`) is recorded and what the re-read found is kept (a failure must outlive the next cached scan).
         `reread` / `execute`: who re-reads a checkpoint and who carries the plan out (prune --ray: the nodes)."""
-        from ckpt_audit.answers import Pruned
         from ckpt_audit.catalog.lifecycle import LifecycleLog
         from ckpt_audit.lifecycle import prune
 
@@ -275,7 +271,6 @@ class Session:
     ) -> TrackerPlan:
         """Scan `run` (recorded: the catalog sees the run now), read its tracker and plan the repair
         (lifecycle.tracker_fix.plan_fix). Writes no tracker. Raises SessionError when `run` is not one run."""
-        from ckpt_audit.answers import TrackerPlan
         from ckpt_audit.lifecycle.tracker_fix import plan_fix, read_state, tracker_of
 
         scanned = self.scan([run], in_progress_window_s=in_progress_window_s)
@@ -292,7 +287,6 @@ class Session:
         the scan's verdict may come from a stat cache that never sees bit rot), record what that read, and only if
         it holds rewrite the tracker as `plan.fix` says (needed, not refused), logged in the catalog
         (tracker_fixes). Raises tracker_fix.FixError."""
-        from ckpt_audit.answers import TrackerWrite
         from ckpt_audit.lifecycle.survivors import reread
         from ckpt_audit.lifecycle.tracker_fix import apply_fix
 
@@ -316,7 +310,7 @@ class Session:
 
 
 @contextlib.contextmanager
-def open_session(catalog_path: Path | None, *, roots: Sequence[str | Path] = ()) -> Iterator[Session]:
+def open_session(catalog_path: StrPath | None, *, roots: Sequence[str | Path] = ()) -> Iterator[Session]:
     """Check `roots`, probe the catalog, hold its lock for the body. Raises SessionError or lock.Locked at once."""
     from ckpt_audit.catalog.manifest import CatalogError, probe
 
@@ -340,7 +334,7 @@ def open_session(catalog_path: Path | None, *, roots: Sequence[str | Path] = ())
 
 
 def browse(
-    roots: Sequence[str], catalog_path: Path | None, *, deep: bool = False, progress: Progress | None = None
+    roots: Sequence[str], catalog_path: StrPath | None, *, deep: bool = False, progress: Progress | None = None
 ) -> tuple[ScanResult, str]:
     """Scan (`deep`: verify, re-reading every file) `roots` without waiting for the lock, reusing the catalogued
     hashes, then record it if the lock is free. Returns the result and "" or why it was not recorded: a busy
@@ -353,7 +347,7 @@ def browse(
     return result, record_if_free(result, catalog_path)
 
 
-def record_if_free(result: ScanResult, catalog_path: Path | None) -> str:
+def record_if_free(result: ScanResult, catalog_path: StrPath | None) -> str:
     """Record `result` through a session if the lock is free; "" or why it was not recorded."""
     if catalog_path is None:
         return "no catalog"
@@ -371,7 +365,7 @@ def record_if_free(result: ScanResult, catalog_path: Path | None) -> str:
 
 def latest(
     run: str | Path,
-    catalog_path: Path | None,
+    catalog_path: StrPath | None,
     *,
     verified: bool = False,
     max_age_ns: int = 0,
@@ -383,7 +377,6 @@ def latest(
     one when that read fails; then record the scans if the lock is free: a job script's gate never waits for, nor
     fails on, a cron scan holding the lock or a catalog it may not write. Raises SessionError when `run` is not one
     run."""
-    from ckpt_audit.answers import LatestAnswer
     from ckpt_audit.lifecycle.latest import gate, oldest_verified
 
     previous = _previous_or_empty(catalog_path)
@@ -452,7 +445,7 @@ def run_named(result: ScanResult, run: str | Path) -> Run:
 
 
 @contextlib.contextmanager
-def reading(catalog_path: Path) -> Iterator[Catalog]:
+def reading(catalog_path: StrPath) -> Iterator[Catalog]:
     """The catalog opened read-only, without the lock: `ls`, `show` and viewers answer while a cron run writes (a
     WAL read), for a user who can write neither the catalog nor its directory. Raises SessionError."""
     from ckpt_audit.catalog import CatalogError, read_catalog
@@ -471,7 +464,7 @@ def _verify(paths: Sequence[str | Path], **options) -> ScanResult:
     return verify(list(paths), **options)
 
 
-def _previous(catalog_path: Path | None) -> dict | None:
+def _previous(catalog_path: StrPath | None) -> dict | None:
     """The catalogued facts to reuse by stat (a WAL read: fine while a cron scan writes); None without a catalog."""
     if catalog_path is None or not os.path.exists(catalog_path):
         return None
@@ -480,13 +473,13 @@ def _previous(catalog_path: Path | None) -> dict | None:
     return read_previous(catalog_path)
 
 
-def _kept_deep(catalog_path: Path | None) -> dict[str, DeepVerdict]:
+def _kept_deep(catalog_path: StrPath | None) -> dict[str, DeepVerdict]:
     from ckpt_audit.catalog.deep_verdicts import read_deep_verdicts
 
     return read_deep_verdicts(catalog_path)
 
 
-def _kept_deep_or_empty(catalog_path: Path | None) -> dict[str, DeepVerdict]:
+def _kept_deep_or_empty(catalog_path: StrPath | None) -> dict[str, DeepVerdict]:
     """The kept deep verdicts; {} when the catalog is absent or unreadable (as _previous_or_empty)."""
     from ckpt_audit.catalog.manifest import CatalogError
 
@@ -496,7 +489,7 @@ def _kept_deep_or_empty(catalog_path: Path | None) -> dict[str, DeepVerdict]:
         return {}
 
 
-def _previous_or_empty(catalog_path: Path | None) -> dict:
+def _previous_or_empty(catalog_path: StrPath | None) -> dict:
     """The catalogued facts; {} when the catalog is absent or unreadable (the run is then read in full)."""
     from ckpt_audit.catalog.manifest import CatalogError
 

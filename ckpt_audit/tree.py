@@ -10,12 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from ckpt_audit.models import FileFacts, Finding, PtFacts, made_on_first_use, reduce_as_tuple
-
-if TYPE_CHECKING:
-    from ckpt_audit.models import Run
+from ckpt_audit.models import FileFacts, Finding, PtFacts, Run, reduce_as_tuple
 
 __all__ = ["FileFacts", "Partial", "PtFacts", "Tree", "TRASH_PREFIX", "trash_entry"]  # the facts live in models
 
@@ -90,35 +86,28 @@ class Tree:
         return out
 
 
-def _define_partial() -> None:
-    """Partial is made on first use (models.made_on_first_use): a scan builds one only after reading its files."""
-    global Partial  # a module global: qualified name and pickling as before
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Partial:
+    """The serialisable result of scanning one root (or one node's copy of it)."""
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class Partial:
-        """The serialisable result of scanning one root (or one node's copy of it)."""
+    root: str
+    tree: Tree
+    facts: Mapping[str, FileFacts]
+    findings: tuple[Finding, ...] = ()  # about the walk itself (links out of the root, loops, unreadable dirs)
+    files_hashed: int = 0
+    files_reused: int = 0
+    bytes_hashed: int = 0
+    reused_paths: frozenset[str] = frozenset()
+    files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); counted in files_hashed too
+    bytes_scrubbed: int = 0
+    # the verdict cache (ckpt_audit.verdict_cache): the settled runs' stat digests, and the runs whose cached
+    # verdict stood (their files are not in `facts` unless read now)
+    run_digests: Mapping[str, str] = field(default_factory=dict)
+    reused_runs: Mapping[str, tuple[str, Run]] = field(default_factory=dict)  # run -> (key, model)
+    # their files not read this scan -> the catalog's (size, mtime_ns, inode, hash, crc_ok, verified_ns)
+    reused_rows: Mapping[str, tuple] = field(default_factory=dict)
+    # run dir -> the name of the layout that claims it, as found in `tree` (reduce reuses it for one partial:
+    # every layout's find_runs walks every directory); None: not found here
+    owners: Mapping[str, str] | None = None
 
-        root: str
-        tree: Tree
-        facts: Mapping[str, FileFacts]
-        findings: tuple[Finding, ...] = ()  # about the walk itself (links out of the root, loops, unreadable dirs)
-        files_hashed: int = 0
-        files_reused: int = 0
-        bytes_hashed: int = 0
-        reused_paths: frozenset[str] = frozenset()
-        files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); counted in files_hashed too
-        bytes_scrubbed: int = 0
-        # the verdict cache (ckpt_audit.verdict_cache): the settled runs' stat digests, and the runs whose cached
-        # verdict stood (their files are not in `facts` unless read now)
-        run_digests: Mapping[str, str] = field(default_factory=dict)
-        reused_runs: Mapping[str, tuple[str, Run]] = field(default_factory=dict)  # run -> (key, model)
-        # their files not read this scan -> the catalog's (size, mtime_ns, inode, hash, crc_ok, verified_ns)
-        reused_rows: Mapping[str, tuple] = field(default_factory=dict)
-        # run dir -> the name of the layout that claims it, as found in `tree` (reduce reuses it for one partial:
-        # every layout's find_runs walks every directory); None: not found here
-        owners: Mapping[str, str] | None = None
-
-        __reduce__ = reduce_as_tuple
-
-
-__getattr__ = made_on_first_use(globals(), _define_partial, ("Partial",))
+    __reduce__ = reduce_as_tuple

@@ -406,7 +406,7 @@ def tensor_view(v: Any, info: Any, crcs: Mapping[str, int]) -> deep.TensorView:
     local = getattr(v, "_local_tensor", None)
     storage = info.storage_key if info is not None else None
     stats = values.tensor_stats(v if local is None else local)
-    common = dict(
+    common: dict[str, Any] = dict(
         dtype=str(v.dtype).removeprefix("torch."),
         device=info.device if info is not None else "cpu",
         storage=storage,

@@ -125,7 +125,7 @@ def test_scan_path_imports_neither_torch_nor_textual(run_copy, tmp_path):
         "except SystemExit:\n"
         "    pass\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'textual', 'tui', 'transformers'))\n"
-        "print('scanned', 'ckpt_audit.readers.pt_structure' in sys.modules, bad)\n"
+        "print('scanned', 'ckpt_audit.readers.pt' in sys.modules, bad)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

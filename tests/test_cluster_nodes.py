@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from node_dirs import split_by_rank
 from textual.widgets import DataTable
@@ -248,3 +249,12 @@ def test_a_node_local_rescan_reuses_the_catalogued_dcp_metadata(dcp_trees, tmp_p
     assert sorted((f.code, f.path, f.message) for f in again.all_findings) == sorted(
         (f.code, f.path, f.message) for f in fresh.all_findings
     )
+
+
+def test_a_node_roots_file_whose_entry_is_no_object_is_a_one_line_error(tmp_path):
+    from ckpt_audit.cluster.noderoots import NodeRootsError, parse_node_roots
+
+    table = tmp_path / "roots.json"
+    table.write_text('{"*": 5}')
+    with pytest.raises(NodeRootsError, match="must be a JSON object"):
+        parse_node_roots(f"@{table}", node_id="n1")

@@ -248,7 +248,7 @@ def test_digest_files_yields_every_path_and_oserrors(pt_dir: Path, tmp_path: Pat
 
 def test_readers_import_neither_torch_nor_textual_nor_numpy() -> None:
     code = (
-        "import sys, ckpt_audit.readers.hashing, ckpt_audit.readers.pt_structure, ckpt_audit.readers.ptzip\n"
+        "import sys, ckpt_audit.readers.hashing, ckpt_audit.readers.pt, ckpt_audit.readers.ptzip\n"
         "bad = sorted(m for m in ('torch', 'textual', 'numpy') if m in sys.modules)\n"
         "print(','.join(bad))\n"
     )

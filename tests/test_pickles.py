@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ckpt_audit.readers.problem import Problem
-from ckpt_audit.readers.pt_structure import read_pt_structure
+from ckpt_audit.readers.pt import read_pt_structure
 from ckpt_audit.readers.unpickler import Stub, global_name, is_record, restricted_load, restricted_load_ex
 
 WORLD = 2

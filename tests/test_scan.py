@@ -388,7 +388,7 @@ def test_run_without_any_complete_checkpoint(run_copy):
 
 
 def test_dtensor_mesh_must_match_the_file_world_size(run_copy):
-    from ckpt_audit.readers.pt_structure import read_pt_structure
+    from ckpt_audit.readers.pt import read_pt_structure
 
     step = steps_of(run_copy)[0]
     assert read_pt_structure(shard(step, "model", 0)).has_dtensors  # the trainer's FSDP2 shards hold DTensors

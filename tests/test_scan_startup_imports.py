@@ -18,16 +18,11 @@ from pathlib import Path
 CHILD = r"""
 import json, sys
 root = sys.argv[1]
-later = json.loads(sys.argv[3])
-seen, made = [], []
-def defined():  # which of the classes made on first use exist (in a module's __dict__: asking would make them)
-    space = {m: getattr(sys.modules.get(m), "__dict__", {}) for m in later}
-    return sorted(f"{m}.{n}" for m, names in later.items() for n in names if n in space[m])
+seen = []
 def hook(event, args):
     path = args[0] if event == "open" and isinstance(args[0], str) else ""
     if not seen and path.startswith(root) and path.endswith(".pt"):
         seen.append(sorted(sys.modules))
-        made.append(defined())
 sys.addaudithook(hook)
 from ckpt_audit.cli import cli
 try:
@@ -35,7 +30,7 @@ try:
 except SystemExit:
     pass
 doc = {"before_first_open": seen[0] if seen else None, "after": sorted(sys.modules)}
-print(json.dumps({**doc, "made_before_first_open": made[0] if made else None, "made_after": defined()}))
+print(json.dumps(doc))
 """
 
 # must not be loaded when the first file is opened (the scan needs none of them to start reading)
@@ -43,13 +38,11 @@ NOT_BEFORE_FIRST_FILE = (
     "ckpt_audit.report",
     "ckpt_audit.catalog.store",
     "ckpt_audit.metrics_textfile",
-    "ckpt_audit.nodes",  # scan --ray's per-node view (NodeCopy, ClusterView): no local command builds it
     "ckpt_audit.cluster",
     "ckpt_audit.verify",
     "ckpt_audit.lifecycle",
-    "ckpt_audit.answers",  # what the session's actions return: a scan builds its Recorded after the reads
     "ckpt_audit.catalog.node_memory",  # scan --ray's node memory
-    "ckpt_audit.readers.pt_structure",  # the pickle reader: needed once a file is hashed, not to open it
+    "ckpt_audit.readers.pt",  # the pickle reader: needed once a file is hashed, not to open it
     "ckpt_audit.readers.dcp_metadata",  # DCP's .metadata reader (and the unpickler behind it): on the first one
     "ckpt_audit.readers.unpickler",
     "pickle",
@@ -65,13 +58,6 @@ NOT_BEFORE_FIRST_FILE = (
     "tui",
     "harness",
 )
-# frozen slotted dataclasses made on first use (models.made_on_first_use), not at import: ~1.3 ms each to define, and
-# nothing builds them before the scan has read its files (the judged model, the per-root result, the judging context)
-MADE_AFTER_FIRST_FILE = {
-    "ckpt_audit.models": ["ShardFile", "Component", "Checkpoint", "Run", "ScanResult"],
-    "ckpt_audit.tree": ["Partial"],
-    "ckpt_audit.rules.status": ["ScanContext"],
-}
 # the command modules the scan may load: the group imports a subcommand's module only when that command runs
 SCAN_CLI_MODULES = {"ckpt_audit.cli", "ckpt_audit.cli.common", "ckpt_audit.cli.scan"}
 
@@ -91,8 +77,7 @@ def _tree(tmp_path):
 
 
 def _run(tmp_path, root, db):
-    later = json.dumps(MADE_AFTER_FIRST_FILE)
-    cmd = [sys.executable, "-c", CHILD, str(root), str(db), later]
+    cmd = [sys.executable, "-c", CHILD, str(root), str(db)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -113,16 +98,7 @@ def test_scan_opens_its_first_file_before_rendering_or_catalog_writes(tmp_path):
     # the check can fail: rendering and the catalog's write path do load, after the first file
     assert "ckpt_audit.report" in doc["after"]
     assert "ckpt_audit.catalog.store" in doc["after"]
-    assert "ckpt_audit.answers" in doc["after"]
-    assert "ckpt_audit.readers.pt_structure" in doc["after"]
-
-
-def test_the_judged_model_is_made_after_the_first_file_is_opened(tmp_path):
-    doc = _run(tmp_path, _tree(tmp_path), tmp_path / "c.db")
-    assert doc["made_before_first_open"] == []
-    # the check can fail: the scan does make them, once it has read its files and judges the run
-    every = sorted(f"{m}.{n}" for m, names in MADE_AFTER_FIRST_FILE.items() for n in names)
-    assert doc["made_after"] == every
+    assert "ckpt_audit.readers.pt" in doc["after"]
 
 
 # stdlib modules no ckpt_audit module on the start-up path may import at module level (outside TYPE_CHECKING):

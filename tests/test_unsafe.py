@@ -163,7 +163,7 @@ def test_legitimate_legacy_format_checkpoint_is_complete(copy_run, verl_run, tmp
 
 
 def test_legacy_shard_structure_is_read_like_a_zip(verl_run, tmp_path):
-    from ckpt_audit.readers.pt_structure import read_pt_structure
+    from ckpt_audit.readers.pt import read_pt_structure
 
     src = _target(_latest(Path(verl_run)), "model")
     legacy = tmp_path / src.name

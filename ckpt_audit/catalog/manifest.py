@@ -10,16 +10,13 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, fields, replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ckpt_audit import models
 from ckpt_audit.codes import CODES
-from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, from_slots, many_objects
+from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, ShardFile, from_slots, many_objects
 from ckpt_audit.readers import RULES
 from ckpt_audit.tree import FileFacts, PtFacts
-
-if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import ShardFile
 
 
 class CatalogError(Exception):
@@ -58,16 +55,16 @@ def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> 
 
 def _read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> dict[str, FileFacts]:
     own = not isinstance(conn_or_path, sqlite3.Connection)
-    if own:
-        path = os.fspath(conn_or_path)  # type: ignore[arg-type]
+    if isinstance(conn_or_path, sqlite3.Connection):
+        conn = conn_or_path
+    else:
+        path = os.fspath(conn_or_path)
         if not os.path.exists(path):
             return {}
         try:
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         except sqlite3.Error as exc:
             raise CatalogError(f"catalog {path}: {exc}") from None
-    else:
-        conn = conn_or_path
     try:
         rows = conn.execute(f"SELECT {fact_columns(conn)} FROM files WHERE present = 1").fetchall()
     except sqlite3.OperationalError:
@@ -208,7 +205,8 @@ def pt_from_json(doc: str | None) -> tuple[PtFacts | None, bool]:
     if doc is None:
         return None, True
     d = json.loads(doc)
-    pt = PtFacts(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _PT_FIELDS})
+    stored: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _PT_FIELDS}
+    pt = PtFacts(**stored)
     if pt.meta:  # JSON keeps its (key, value) pairs as lists
         pt = replace(pt, meta=tuple((str(k), v) for k, v in pt.meta))
     missing = _PT_FIELDS - set(d)

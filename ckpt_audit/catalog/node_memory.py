@@ -1,7 +1,7 @@
 """The catalog's memory of a cluster's nodes (scan --ray): which copies each node held, and when it last answered.
 
-Apart from ckpt_audit.catalog.manifest, which every scan imports before its first read: only scan --ray and prune
---ray read it (its frozen dataclass costs 1-2 ms to make: bench/README.md, issue 16).
+One module per catalog table family, as deep_verdicts, tracker_log and verdicts are: this one reads the `nodes`
+and `file_nodes` tables (migration m005), which only scan --ray and prune --ray use.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ class Table:
             return
         cols = list(dict.fromkeys(c for r in rows for c in r))  # every key of every row, first-seen order
         sql = f"INSERT INTO {_q(self.name)} ({', '.join(map(_q, cols))}) VALUES ({', '.join('?' * len(cols))})"
-        if how == "UPSERT":
+        if how == "UPSERT" and pk is not None:
             rest = [c for c in cols if c != pk]
             sets = ", ".join(f"{_q(c)} = excluded.{_q(c)}" for c in rest)
             sql += f" ON CONFLICT({_q(pk)}) DO " + (f"UPDATE SET {sets}" if rest else "NOTHING")

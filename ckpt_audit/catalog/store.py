@@ -144,7 +144,8 @@ class Catalog:
             ops.tick()
             old_hash = _present_hashes(conn, result.runs_reused)
             reused = result.reused_paths
-            run_rows, ckpt_rows, file_rows, finding_rows, history, kept_ckpts = [], [], [], [], [], []
+            run_rows, ckpt_rows, file_rows, history, kept_ckpts = [], [], [], [], []
+            finding_rows: list[tuple] = []
             seen: set[str] = set()
             for run in result.runs:
                 run_rows.append(_run_row(run, scan_id))

@@ -12,17 +12,24 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.catalog.manifest import VERIFIED_UNDER_TODAYS_RULES as VERIFIED
 from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows, query_read_only
-from ckpt_audit.models import FileKind, Finding, Severity, Status, from_slots, many_from_slots
+from ckpt_audit.models import (
+    Checkpoint,
+    Component,
+    FileKind,
+    Finding,
+    Run,
+    Severity,
+    ShardFile,
+    Status,
+    from_slots,
+    many_from_slots,
+)
 from ckpt_audit.tree import FileFacts
 from ckpt_audit.verdict_cache import Row
-
-if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
 
 
 def run_to_json(run: Run) -> str:
@@ -88,21 +95,21 @@ def _unfinding(v: list) -> Finding:
 def _unfiles(vs: list[list]) -> tuple[ShardFile, ...]:
     for v in vs:
         v[1] = _KINDS[v[1]]
-    return many_from_slots(models.ShardFile, vs)
+    return many_from_slots(ShardFile, vs)
 
 
 def _uncomponent(v: list) -> Component:
-    return from_slots(models.Component, (*v[:4], _unfiles(v[4]), tuple(map(_unfinding, v[5]))))
+    return from_slots(Component, (*v[:4], _unfiles(v[4]), tuple(map(_unfinding, v[5]))))
 
 
 def _uncheckpoint(v: list) -> Checkpoint:
     components, files, found = tuple(map(_uncomponent, v[4])), _unfiles(v[5]), tuple(map(_unfinding, v[6]))
-    return from_slots(models.Checkpoint, (v[0], v[1], v[2], _STATUSES[v[3]], components, files, found, v[7]))
+    return from_slots(Checkpoint, (v[0], v[1], v[2], _STATUSES[v[3]], components, files, found, v[7]))
 
 
 def _unrun(v: list) -> Run:
     checkpoints, found = tuple(map(_uncheckpoint, v[3])), tuple(map(_unfinding, v[4]))
-    return from_slots(models.Run, (v[0], v[1], v[2], checkpoints, found, v[5]))
+    return from_slots(Run, (v[0], v[1], v[2], checkpoints, found, v[5]))
 
 
 class CatalogVerdicts:

@@ -85,7 +85,7 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
             f"by content just now, before writing: {r.as_outcome().detail} (recorded; run fix-tracker again)",
             err=True,
         )
-    elif done:
+    elif write is not None and done:
         kept = f"; old content kept in {write.backup}" if write.backup else ""
         checked = write.reread.as_outcome().detail
         click.echo(f"{fix.tracker_path}: {fix.problem}: {old} -> {new} ({fix.new_path}){kept}")

@@ -71,7 +71,7 @@ def run_ray_scan(
     if junit_xml is not None:
         from ckpt_audit.report_junit import scan_suite
 
-        write_junit_report(junit_xml, [scan_suite(result, threshold, name=ctx.info_name)])
+        write_junit_report(junit_xml, [scan_suite(result, threshold, name=ctx.info_name or "scan")])
     if as_json:
         doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(s.catalog_path), exit_code=int(code))
         emit_json({**doc, "command": ctx.info_name, "deep": False, "ray": True})

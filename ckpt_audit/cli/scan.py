@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import click
 
@@ -25,6 +26,9 @@ from ckpt_audit.cli.common import (
 )
 from ckpt_audit.exitcodes import ExitCode
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
+
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
 
 
 def scan_options(f):
@@ -225,8 +229,9 @@ def run_scan(
     `reader`: who reads the files (scan --ray's shared placement); `extra`: a callable adding keys to the JSON."""
     from ckpt_audit.models import many_objects
 
+    command = ctx.info_name or "scan"  # the subcommand's name (scan or verify); None only for a hand-made context
     if deep:
-        require_torch(f"{ctx.info_name} --deep" if ctx.info_name == "scan" else ctx.info_name)
+        require_torch(f"{command} --deep" if command == "scan" else command)
     check_junit_writable(junit_xml)
     # a scan keeps the cyclic GC paused while its result is recorded and rendered too: each collection would walk
     # the whole result again (an object per file), and the process ends right after. verify loads tensors: not it
@@ -249,10 +254,10 @@ def run_scan(
         if junit_xml is not None:
             from ckpt_audit.report_junit import scan_suite
 
-            write_junit_report(junit_xml, [scan_suite(result, threshold, name=ctx.info_name)])
+            write_junit_report(junit_xml, [scan_suite(result, threshold, name=command)])
         if as_json:
             doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
-            emit_json({**doc, "command": ctx.info_name, "deep": deep, **(extra() if extra else {})})
+            emit_json({**doc, "command": command, "deep": deep, **(extra() if extra else {})})
         else:
             for line in report.render_text(result, quiet=quiet, fail_on=threshold):
                 click.echo(line)
@@ -264,7 +269,7 @@ class _progress:
 
     def __init__(self, *, enabled: bool) -> None:
         self.enabled = enabled and sys.stderr.isatty()
-        self.bar = None
+        self.bar: ProgressBar[int] | None = None
         self.done = 0
 
     def __enter__(self):

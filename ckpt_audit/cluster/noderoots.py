@@ -42,7 +42,9 @@ def parse_node_roots(value: str | None, *, node_id: str = "*") -> dict[str, str]
         if not isinstance(table, dict):
             raise NodeRootsError(f"{ENV}: {value[1:]} must hold a JSON object")
         entry = table.get(node_id, table.get("*", {}))
-        return {str(k).rstrip("/"): str(v).rstrip("/") for k, v in dict(entry).items()}
+        if not isinstance(entry, dict):
+            raise NodeRootsError(f"{ENV}: {value[1:]}: the entry for {node_id!r} must be a JSON object")
+        return {str(k).rstrip("/"): str(v).rstrip("/") for k, v in entry.items()}
     out: dict[str, str] = {}
     for pair in value.split(":"):
         logical, sep, local = pair.partition("=")

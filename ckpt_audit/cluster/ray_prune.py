@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ckpt_audit.codes import finding
 from ckpt_audit.killpoints import KILL_AFTER_ENV
@@ -286,7 +287,7 @@ class Cluster:
         self.last: ClusterExecution | None = None
         self.errors: dict[str, str] = {}  # node -> the error its task raised (a node that answered with a failure)
 
-    def _call(self, fn, per_node: Mapping[str, tuple]) -> tuple[dict[str, object], list[str]]:
+    def _call(self, fn, per_node: Mapping[str, tuple]) -> tuple[dict[str, Any], list[str]]:
         ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
 
@@ -297,7 +298,7 @@ class Cluster:
             ): n
             for n, args in per_node.items()
         }
-        got: dict[str, object] = {}
+        got: dict[str, Any] = {}  # node -> what its task returned (a NodeReport or the re-read's Reread)
         silent: list[str] = []
         deadline = time.monotonic() + self.timeout_s
         for ref, node in refs.items():
@@ -388,14 +389,14 @@ class Cluster:
         go = tuple(i for i in plan.delete if i.path not in refused and not self.holders(i) & silent_before)
         for item in plan.delete:
             if item.path in refused:
-                node, (action, why) = refused[item.path]
-                done(_outcome(item, action, f"on node {node}: {why}; nothing removed on any node"))
+                holder, (action, why) = refused[item.path]
+                done(_outcome(item, action, f"on node {holder}: {why}; nothing removed on any node"))
             elif item not in go:
                 quiet = ", ".join(sorted(self.holders(item) & silent_before))
                 done(_outcome(item, Action.FAILED, f"left whole on every node: node(s) {quiet} did not answer"))
         ran = self._round(replace(plan, delete=go), exec_id=exec_id)
-        quiet = tuple(dict.fromkeys([*first.silent, *ran.silent]))
-        self.last = replace(ran, silent=quiet)
+        all_silent = tuple(dict.fromkeys([*first.silent, *ran.silent]))
+        self.last = replace(ran, silent=all_silent)
         for node in ran.reports:
             for o in node.result.outcomes if node.result else ():
                 if o.step is None:  # earlier trash: reclaimed, or left marked and why
@@ -403,9 +404,9 @@ class Cluster:
         for item in go:
             done(_merged(item, ran, self.holders(item)))
         involved = {n for i in plan.delete for n in self.holders(i)}
-        for node in (n for n in quiet if n not in involved):  # a node's silence is an error even with no part
+        for node_id in (n for n in all_silent if n not in involved):  # a node's silence is an error even with no part
             for root in self.roots:
-                detail = f"node {node} did not answer the prune: its leftover trash, if any, stays for the next one"
+                detail = f"node {node_id} did not answer the prune: its leftover trash, if any, stays for the next one"
                 done(Outcome(path=root, action=Action.FAILED, detail=detail))
         return log.finish()
 

@@ -15,8 +15,7 @@ from dataclasses import dataclass, replace
 from ckpt_audit.catalog.node_memory import NodeMemory
 from ckpt_audit.layouts import ScanContext, load_layouts
 from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
-from ckpt_audit.models import FileFacts, ScanResult
-from ckpt_audit.nodes import ClusterView, NodeCopy
+from ckpt_audit.models import ClusterView, FileFacts, NodeCopy, ScanResult
 from ckpt_audit.scanner import focus_of, only_checkpoints, reduce, scan_partial
 from ckpt_audit.scrub import ScrubPolicy
 from ckpt_audit.tree import Partial, Tree

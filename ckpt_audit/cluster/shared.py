@@ -244,12 +244,12 @@ class RayReader:
                 t.failed = True
                 here.extend(plan[node])
                 continue
-            share = set(plan[node])
-            mine = {p: f for p, f in answer.facts.items() if p in share}
+            asked = set(plan[node])
+            mine = {p: f for p, f in answer.facts.items() if p in asked}
             t.files += len(mine)
             t.bytes += sum(f.size_bytes for f in mine.values())
-            t.handed_back += len(share) - len(mine)
-            here.extend(share.difference(mine))  # handed back (or, by a bug, left out): never lost
+            t.handed_back += len(asked) - len(mine)
+            here.extend(asked.difference(mine))  # handed back (or, by a bug, left out): never lost
             yield from mine.items()
         self.read_here += len(here)
         yield from read_all(sorted(here), stats, previous, kinds, workers=workers, now_ns=now_ns)

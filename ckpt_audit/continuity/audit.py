@@ -90,11 +90,9 @@ def audit_log(
                 )
         if point is not None and point.prev_step is not None and "checkpoint" not in point.sources:
             out.extend(_boundary_findings(point, path, src[i].time, ckpts, st))
-        j = (
-            judge_resume(series, point.resume_step, window=window, threshold=threshold, after=after, index=i)
-            if point is not None
-            else None
-        )
+        if point is None:
+            continue
+        j = judge_resume(series, point.resume_step, window=window, threshold=threshold, after=after, index=i)
         if j is not None:
             found = []
             if j.jumped:

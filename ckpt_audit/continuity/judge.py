@@ -13,6 +13,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ckpt_audit.continuity.metrics import Series
 
@@ -121,7 +122,7 @@ def judge_resume(
         if len(post) == after:
             break
     nonfinite_after = any(not math.isfinite(values[i]) for i in range(index, min(index + after, len(values))))
-    base = dict(
+    base: dict[str, Any] = dict(
         metric=series.metric,
         resume_step=resume_step,
         index=index,

@@ -121,24 +121,24 @@ def resume_points(
             continue
         if why == ["step-repeat"] and not ({first, first - 1} & known):
             continue  # logged twice in a row, nothing suggests a restart
-        r = _pick(first, known)
-        if r is not None:
+        picked = _pick(first, known)
+        if picked is not None:
             found[i] = ResumePoint(
-                index=i, resume_step=r, first_step=first, prev_step=prev, sources=(*why, "catalog"), inferred=False
+                index=i, resume_step=picked, first_step=first, prev_step=prev, sources=(*why, "catalog"), inferred=False
             )
         else:
             found[i] = ResumePoint(
                 index=i, resume_step=first - 1, first_step=first, prev_step=prev, sources=tuple(why), inferred=True
             )
     for r in hand:  # hand-given steps that no boundary explains: a continuous log, judged where it crosses r
-        i = crossing_index(steps, r)
-        if i is None or i in found:
+        at = crossing_index(steps, r)
+        if at is None or at in found:
             continue
-        found[i] = ResumePoint(
-            index=i,
+        found[at] = ResumePoint(
+            index=at,
             resume_step=r,
-            first_step=steps[i],
-            prev_step=steps[i - 1] if i else None,
+            first_step=steps[at],
+            prev_step=steps[at - 1] if at else None,
             sources=("manual",),
             inferred=False,
         )
@@ -147,14 +147,14 @@ def resume_points(
         for k in sorted(known - judged):
             if not (min(steps) <= k < max(steps)):
                 continue
-            i = crossing_index(steps, k)
-            if i is None or i in found or i == 0:
+            at = crossing_index(steps, k)
+            if at is None or at in found or at == 0:
                 continue
-            found[i] = ResumePoint(
-                index=i,
+            found[at] = ResumePoint(
+                index=at,
                 resume_step=k,
-                first_step=steps[i],
-                prev_step=steps[i - 1],
+                first_step=steps[at],
+                prev_step=steps[at - 1],
                 sources=("checkpoint",),
                 inferred=False,
             )

@@ -47,7 +47,7 @@ def check_identity(c: ComponentView) -> list[Finding]:
                 by_path.setdefault(path, []).append((key, t))
         for path, wrong in by_path.items():
             key, t = wrong[0]
-            writers = sorted({t.writer_rank for _, t in wrong})
+            writers = sorted({t.writer_rank for _, t in wrong if t.writer_rank is not None})
             out.append(
                 finding(
                     "shard-rank-mismatch",

@@ -126,7 +126,7 @@ def mesh_coords(t: TensorView, rank: int) -> tuple[int, ...] | None:
 def expected_local_shape(t: TensorView, rank: int) -> tuple[int, ...] | None:
     """The local shape DTensor gives `rank`, or None when the mesh does not say where the rank sits."""
     coords = mesh_coords(t, rank)
-    if t.global_shape is None or coords is None:
+    if t.global_shape is None or t.mesh_shape is None or coords is None:
         return None
     shape = list(t.global_shape)
     for p, n, c in zip(t.placements, t.mesh_shape, coords):
@@ -146,7 +146,7 @@ def check_dtensors(c: ComponentView, ranks: Sequence[RankView]) -> list[Finding]
         return out
     keys = list(ranks[0].model or {})
     for key in keys:
-        views = [(r, r.model[key]) for r in ranks if key in (r.model or {})]
+        views = [(r, r.model[key]) for r in ranks if r.model is not None and key in r.model]
         first_r, first = views[0]
         kinds = {v.is_dtensor for _, v in views}
         if len(kinds) > 1:
@@ -368,7 +368,7 @@ def check_optimizer(ranks: Sequence[RankView]) -> list[Finding]:
             if "step" in st:
                 rank_steps.add(st["step"])
                 first_key = first_key or name
-            if params is None:
+            if params is None or r.model is None:  # params come from r.model: both or neither
                 continue
             p = r.model[name]
             for sname, sv in st.items():

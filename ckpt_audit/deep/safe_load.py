@@ -1,6 +1,6 @@
 """The one place verify calls torch.load: weights_only, on the CPU, after a look at what the file asks for.
 
-Before any load the file's pickles are read by the restricted unpickler (`pt_structure.read_pt_structure`, which
+Before any load the file's pickles are read by the restricted unpickler (`readers.pt.read_pt_structure`, which
 resolves no globals; zip, legacy and raw containers alike). A file that names any global outside
 `torch_globals.KNOWN_SAFE_GLOBALS` (the allowlist the scan judges by, too) becomes an `unsafe-pickle` finding and is
 never passed to torch at all. The rest is loaded with `weights_only=True`, the allowlist's non-torch names (numpy's RNG
@@ -23,7 +23,7 @@ from typing import Any
 
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
-from ckpt_audit.readers import pt_structure
+from ckpt_audit.readers import pt
 from ckpt_audit.readers.torch_globals import KNOWN_SAFE_GLOBALS, RECORD_GLOBALS
 
 
@@ -31,7 +31,7 @@ from ckpt_audit.readers.torch_globals import KNOWN_SAFE_GLOBALS, RECORD_GLOBALS
 class LoadResult:
     path: str
     value: Any = None  # the loaded object; None when refused or failed
-    structure: pt_structure.PtStructure | None = None  # what the restricted unpickler saw (storage keys, CRCs)
+    structure: pt.PtStructure | None = None  # what the restricted unpickler saw (storage keys, CRCs)
     findings: tuple[Finding, ...] = ()
     loaded: bool = False
     entry_crc: dict[str, int] = field(default_factory=dict, repr=False)  # storage key -> CRC-32 of data/<key>
@@ -41,7 +41,7 @@ def load(path: str | os.PathLike[str]) -> LoadResult:
     """Load one torch file safely; never raises for a bad or hostile file (the reason becomes a finding)."""
     p = os.fspath(path)
     try:
-        s = pt_structure.read_pt_structure(p)
+        s = pt.read_pt_structure(p)
     except OSError as exc:
         return LoadResult(path=p, findings=(finding("unreadable", p, f"cannot read: {exc.strerror or exc}"),))
     refused = sorted(s.unsafe_globals)
@@ -155,6 +155,8 @@ class Record:
     arguments and the pickled state, kept as data. The real class is never imported, so no code of its runs."""
 
     __slots__ = ("args", "state")
+    args: tuple[Any, ...]
+    state: Any
     qualname = ""
 
     def __new__(cls, *args: Any) -> Record:  # NEWOBJ calls __new__ alone, REDUCE the class: both land here

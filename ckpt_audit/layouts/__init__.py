@@ -16,16 +16,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from ckpt_audit import models
-from ckpt_audit.models import FileKind, from_slots
-from ckpt_audit.rules import status
+from ckpt_audit.models import Component, FileKind, Run, ShardFile, from_slots
+from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
-
-if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Component, Run, ShardFile
-    from ckpt_audit.rules.status import ScanContext
 
 # module path of each layout plug-in, in priority order (first claim wins).
 LAYOUTS: tuple[str, ...] = (
@@ -90,13 +85,4 @@ def shard_file(facts: FileFacts, kind: FileKind, rank: int | None, world_size: i
     """The one way a layout turns a walked file into a ShardFile (rank and world size from its name, if any).
     One per file per judgement: built in slot order without the frozen __init__ (models.from_slots)."""
     f = facts
-    return from_slots(
-        models.ShardFile, (f.path, kind, f.size_bytes, f.mtime_ns, f.inode, rank, world_size, f.hash, f.crc_ok)
-    )
-
-
-def __getattr__(name: str) -> object:
-    """PEP 562: `ScanContext`, what judging needs of the scan, is re-exported for the layouts; made on first use."""
-    if name == "ScanContext":
-        return status.ScanContext
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return from_slots(ShardFile, (f.path, kind, f.size_bytes, f.mtime_ns, f.inode, rank, world_size, f.hash, f.crc_ok))

@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import shard_file
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
-from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
+from ckpt_audit.models import MAX_STEP, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules import megatron_v2, status
+from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
-
-if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Component, Run, ShardFile
-    from ckpt_audit.rules.status import ScanContext
 
 MEGATRON = "verl-megatron"
 DCP = "dcp"
@@ -61,7 +57,8 @@ def dcp_files(
 ) -> tuple[list[ShardFile], list[Finding]]:
     """The component's files, each named as classify knows it; a first folder in `content_dirs` is not part of the
     name (Megatron v2's model/dist_ckpt/x reads as dist_ckpt/x, model/huggingface/x as huggingface/x)."""
-    files, found = [], []
+    files: list[ShardFile] = []
+    found: list[Finding] = []
     cut = len(comp_dir) + 1
     for path in tree.files_below(comp_dir):
         fact = facts.get(path)

@@ -14,20 +14,16 @@ rank grid come from what the files record (rules/deepspeed.py); tags newer than 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import shard_file
-from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import deepspeed as rules
 from ckpt_audit.rules import hf_trainer as hf_rules
 from ckpt_audit.rules import status, tracker
+from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
-
-if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
-    from ckpt_audit.rules.status import ScanContext
 
 NAME = "deepspeed"
 

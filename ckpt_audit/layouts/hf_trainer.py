@@ -17,19 +17,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import deepspeed, shard_file
-from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, Status
 from ckpt_audit.rules import hf_trainer as rules
 from ckpt_audit.rules import status
+from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
-
-if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint, Component, Run
-    from ckpt_audit.rules.status import ScanContext
 
 NAME = "hf-trainer"
 CHECKPOINT_RE = re.compile(r"checkpoint-(\d{1,19})")  # transformers' _re_checkpoint, with a bound on the digits
@@ -179,7 +175,13 @@ def fewer_ranks(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
     before: Checkpoint | None = None
     for c in checkpoints:
         ws, prev = c.world_size, before.world_size if before is not None else None
-        if ws is not None and prev is not None and ws < prev and c.status is not Status.IN_PROGRESS:
+        if (
+            before is not None
+            and ws is not None
+            and prev is not None
+            and ws < prev
+            and c.status is not Status.IN_PROGRESS
+        ):
             note = finding(
                 "hf-fewer-ranks",
                 f"{c.path}/rng_state_{ws}.pth",

@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import shard_file
 from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA, check_byte_ranges, check_dcp_dir, check_model_keys
-from ckpt_audit.models import MAX_STEP, FileKind, Finding, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import status
+from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
-
-if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
-    from ckpt_audit.rules.status import ScanContext
 
 NAME = "torchtitan"
 STEP_DIR_RE = re.compile(r"step-(\d+)")

@@ -15,19 +15,15 @@ import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
-from ckpt_audit.models import MAX_STEP, FileKind, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import deepspeed, megatron_v2, save_order, shards, status, tracker
+from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
-
-if TYPE_CHECKING:  # the judged model is made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint, Component, Run, ShardFile
-    from ckpt_audit.rules.status import ScanContext
 
 NAME = "verl-fsdp"
 STEP_RE = re.compile(r"global_step_(\d+)")
@@ -116,7 +112,7 @@ class VerlFsdp:
 
     def _component(self, role: str, role_dir: str, tree: Tree, facts: Mapping[str, FileFacts]) -> Component:
         files: list[ShardFile] = []
-        file_findings = []
+        file_findings: list[Finding] = []
         cut = len(role_dir) + 1
         stop = frozenset(
             f"{role_dir}/{s}" for s in tree.subdirs(role_dir) if role == "" and _is_role(s, tree, role_dir)
@@ -134,7 +130,7 @@ class VerlFsdp:
         config_fact = facts.get(f"{role_dir}/fsdp_config.json")
         comp = models.Component(role=role, path=role_dir, layout=NAME, world_size=None, files=tuple(files))
         ws, found = shards.check_fsdp_shards(comp, config_text=config_fact.text if config_fact else None)
-        meshes = {f.path: facts[f.path].pt.mesh_sizes for f in files if facts[f.path].pt is not None}
+        meshes = {f.path: pt.mesh_sizes for f in files if (pt := facts[f.path].pt) is not None}
         found += shards.check_meshes(comp, ws, meshes)
         if "huggingface" not in tree.subdirs(role_dir) and "huggingface" in tree.subdirs(f"{role_dir}/model"):
             found += (megatron_v2.huggingface_moved(role_dir),)
@@ -200,9 +196,9 @@ class VerlFsdp:
             now_ns=ctx.now_ns,
             in_progress_window_ns=ctx.in_progress_window_ns,
             configs={
-                p: facts[p].text
+                p: text
                 for p in (f"{run_dir}/{n}" for n in save_order.CONFIG_NAMES)
-                if p in facts and facts[p].text
+                if p in facts and (text := facts[p].text)
             },
         )
         metrics = f"{run_dir}/metrics.jsonl"
@@ -231,7 +227,7 @@ class VerlFsdp:
         if sft:
             components.insert(0, self._component("", step_dir, tree, facts))
         step_files: list[ShardFile] = []
-        step_findings = []
+        step_findings: list[Finding] = []
         in_components = {f.path for c in components for f in c.files}
         for path in tree.files_below(step_dir, stop=frozenset(claimed)):
             fact = facts.get(path)

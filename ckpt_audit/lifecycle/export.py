@@ -453,12 +453,12 @@ def _export_streamed(
             shutil.copy2(adapter_cfg, tmp / "lora_adapter" / "adapter_config.json")
         lora_dir = str(out / "lora_adapter")
     _copy_hf_files(hf_dir, tmp, outcome.dtype, None)
-    files = []
+    exported: list[ExportedFile] = []
     for p in sorted(tmp.rglob("*")):
         if p.is_file():
             rel = str(p.relative_to(tmp))
             size, digest = outcome.hashes[rel] if rel in outcome.hashes else _digest(digest_file, p)
-            files.append(ExportedFile(path=str(out / rel), size_bytes=size, hash=digest))
+            exported.append(ExportedFile(path=str(out / rel), size_bytes=size, hash=digest))
     return ExportResult(
         source=str(src),
         role_dir=str(role_dir),
@@ -468,7 +468,7 @@ def _export_streamed(
         dtype=outcome.dtype,
         tensors=outcome.tensors,
         total_bytes=outcome.total_bytes,
-        files=tuple(files),
+        files=tuple(exported),
         lora_dir=lora_dir,
         warnings=outcome.warnings,
         read_back=outcome.read_back,
@@ -518,7 +518,7 @@ class _Tensor:
 
     name: str
     shape: tuple[int, ...]
-    dtype: object  # torch.dtype of the source
+    dtype: Any  # torch.dtype of the source
     pieces: list = field(default_factory=list)  # torch tensors (mmap-backed views), in join order
     dim: int | None = None  # concatenation dim; None: a single piece
 
@@ -702,7 +702,7 @@ def _world_size(role_dir: Path, by_w: dict[int, dict[int, Path]]) -> int:
     except (OSError, ValueError):
         text = None
     config_ws, _ = parse_fsdp_config(str(config), text)
-    newest = {w: max(_mtime_ns(p) for p in files.values()) for w, files in by_w.items()}
+    newest: dict[int | None, int] = {w: max(_mtime_ns(p) for p in files.values()) for w, files in by_w.items()}
     return current_world_size(newest, config_ws)  # type: ignore[return-value]  # by_w has no None key
 
 
@@ -755,7 +755,8 @@ def _export(
         else:
             warnings.append("tie_word_embeddings is true but lm_head.weight differs from embed_tokens; kept both")
 
-    base, lora = [], []
+    base: list[_Tensor] = []
+    lora: list[_Tensor] = []
     for t in tensors:
         (lora if "lora_" in t.name else base).append(t)
     if lora:
@@ -937,7 +938,7 @@ def _dominant_float(tensors: list[_Tensor], torch):
     for t in tensors:
         if t.dtype.is_floating_point:
             sizes[t.dtype] = sizes.get(t.dtype, 0) + _nbytes(t, None, torch)
-    return max(sizes, key=sizes.get) if sizes else torch.float32
+    return max(sizes, key=sizes.__getitem__) if sizes else torch.float32
 
 
 def _read_config(hf: Path) -> dict:

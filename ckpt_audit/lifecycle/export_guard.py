@@ -272,7 +272,7 @@ def check_source(
             got.mtime_ns,
             got.inode,
         )
-        if same_stat and row["hash"] and row["hash"] != got.hash:
+        if row is not None and same_stat and row["hash"] and row["hash"] != got.hash:
             found.append(
                 finding(
                     "hash-drift",
@@ -284,7 +284,11 @@ def check_source(
             )
         if row is not None and not same_stat:
             notes.append(f"{path}: changed since the last scan; checked by CRC only")
-        against = "manifest" if same_stat and row["hash"] == got.hash else ("crc" if got.crc_ok else "none")
+        against = (
+            "manifest"
+            if row is not None and same_stat and row["hash"] == got.hash
+            else ("crc" if got.crc_ok else "none")
+        )
         files.append(
             SourceFile(
                 path=path,

@@ -31,7 +31,8 @@ def main(out: Path) -> dict:
         cls = transformers.AutoModelForCausalLM
     done = {"ran": True, "transformers": transformers.__version__, "class": getattr(cls, "__name__", name)}
     try:
-        model, info = cls.from_pretrained(
+        # transformers types from_pretrained as returning the model; output_loading_info=True makes it (model, info)
+        model, info = cls.from_pretrained(  # type: ignore[misc]
             out,
             local_files_only=True,
             trust_remote_code=False,

@@ -1,6 +1,6 @@
 """Export without torch: each tensor's bytes copied from the shards' stored zip entries into safetensors, in blocks.
 
-torch.save writes every storage as a stored (uncompressed) zip entry, and readers.pt_structure reads each tensor's
+torch.save writes every storage as a stored (uncompressed) zip entry, and readers.pt reads each tensor's
 storage key, offset, shape, stride and DTensor placement without torch or running the pickle. A merged tensor is then
 a byte copy: Shard(0) pieces follow one another, Shard(d>0) pieces are interleaved a block of rows at a time, HSDP
 replicas after the first are never opened, and a cast (bf16/fp16/fp32) is done by numpy on the same blocks. Where no
@@ -32,7 +32,7 @@ from pathlib import Path
 import xxhash
 
 from ckpt_audit.readers import safetensors_header
-from ckpt_audit.readers.pt_structure import PtStructure, TensorInfo, read_pt_structure
+from ckpt_audit.readers.pt import PtStructure, TensorInfo, read_pt_structure
 from ckpt_audit.readers.ptzip import ZipEntry, ZipFormatError, payload_offset
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 
@@ -213,8 +213,8 @@ def plan_shards(files: dict[int, Path], world_size: int, role_dir: Path) -> Plan
                 t = replace(t, dim=0, pieces=tuple(pieces), shape=shape)  # what verl's merger does
                 warnings.append(f"{key}: plain tensor differs across ranks; concatenated on dim 0")
             out.append(t)
-    for r in locate.values():
-        r.close()
+    for loc in locate.values():
+        loc.close()
     return Plan(kind="fsdp-shards", world_size=world_size, tensors=tuple(out), warnings=tuple(warnings))
 
 
@@ -478,7 +478,7 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, c
                             maps.release(t.pieces[i], src)
             for i, crc in crcs.items():
                 p = t.pieces[i]
-                if maps.crc_recorded(p.path) and (crc & 0xFFFFFFFF) != p.entry.crc:
+                if p.entry is not None and maps.crc_recorded(p.path) and (crc & 0xFFFFFFFF) != p.entry.crc:
                     raise StreamError(
                         f"{p.path}: {p.entry.name} fails its CRC-32 as exported (changed since its check?)"
                     )
@@ -773,7 +773,7 @@ def _dominant_float(tensors: list[Planned]) -> str:
     for t in tensors:
         if t.dtype in FLOATS:
             sizes[t.dtype] = sizes.get(t.dtype, 0) + t.nbytes(None)
-    return max(sizes, key=sizes.get) if sizes else "float32"
+    return max(sizes, key=sizes.__getitem__) if sizes else "float32"
 
 
 def _numel(shape: tuple[int, ...]) -> int:

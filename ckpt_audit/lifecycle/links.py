@@ -18,12 +18,9 @@ import bisect
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ckpt_audit.models import Run
 from ckpt_audit.tree import TRASH_PREFIX
-
-if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Run
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from ckpt_audit.durable import fsync_dir
 from ckpt_audit.killpoints import OpCounter
@@ -207,7 +208,7 @@ def find_trash(dirs: Iterable[str]) -> list[TrashDir]:
 
 
 def _delete(item: PlanItem, exec_id: str, ops: OpCounter, links: Links) -> Outcome:
-    base = {
+    base: dict[str, Any] = {
         "path": item.path,
         "step": item.step,
         "run_path": item.run_path,

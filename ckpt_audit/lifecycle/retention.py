@@ -323,7 +323,7 @@ def plan_prune(
                 if any(r.protected for r in reasons):
                     refused.append(Refusal(path=ckpt.path, reasons=tuple(r for r in reasons if r.protected)))
                 else:
-                    reasons, keeping = (*(r for r in reasons if not _is_keep(r)), Reason.SELECTED), False
+                    reasons, keeping = [*(r for r in reasons if not _is_keep(r)), Reason.SELECTED], False
             item = PlanItem(checkpoint=ckpt, reasons=_ordered(reasons))
             if keeping:
                 keep.append(item)
@@ -370,8 +370,8 @@ def _keep_linked(delete: list[PlanItem], links: Links) -> tuple[list[PlanItem], 
     for p in (i.path for i in delete if i.path in linked):
         item = paths[p]
         reasons = (*(r for r in item.reasons if r not in (Reason.NOT_KEPT, Reason.SELECTED)), Reason.LINKED)
-        found = tuple(ln for ln, h in into[p] if h is None or h in linked)
-        kept.append(replace(item, reasons=_ordered(reasons), linked_from=found))
+        sources = tuple(ln for ln, h in into[p] if h is None or h in linked)
+        kept.append(replace(item, reasons=_ordered(reasons), linked_from=sources))
     # a checkpoint that others going link into goes after them (the executor skips one a link still leads into)
     order: list[PlanItem] = []
     left = [i for i in delete if i.path not in linked]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts.deepspeed import NAME as DEEPSPEED
@@ -23,7 +24,7 @@ from ckpt_audit.layouts.tracker import resume_step, tracker_path
 from ckpt_audit.layouts.verl_fsdp import NAME as VERL_FSDP
 from ckpt_audit.layouts.verl_fsdp import step_dir_name, step_of
 from ckpt_audit.lifecycle.latest import why_not
-from ckpt_audit.models import MAX_STEP, Run, Status
+from ckpt_audit.models import MAX_STEP, Checkpoint, Run, Status
 from ckpt_audit.rules import deepspeed as ds_rules
 
 BACKUP_INFIX = ".ckpt-audit-old-"  # <tracker>.ckpt-audit-old-<ns>: the content before a fix
@@ -95,7 +96,7 @@ def tracker_of(run: Run) -> str:
     return f"{run.path}/{ds_rules.LATEST}" if run.layout == DEEPSPEED else tracker_path(run.path)
 
 
-def _named(run: Run, ckpts: list, content: bytes | None) -> tuple[int | None, object]:
+def _named(run: Run, ckpts: list[Checkpoint], content: bytes | None) -> tuple[int | None, Checkpoint | None]:
     """(step the tracker names, the checkpoint it resolves to or None). DeepSpeed's load_checkpoint opens
     `<save_dir>/<content.strip()>`: the tag is matched by directory name, its step is that tag's."""
     if content is None:
@@ -112,7 +113,9 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
     """What the tracker should say, and whether it may be rewritten now."""
     ckpts = sorted((c for c in run.checkpoints if _resolves(run, c)), key=lambda c: c.step)
     old_step, named = _named(run, ckpts, tracker.content)
-    base = dict(run_path=run.path, tracker_path=tracker.path, old_content=tracker.content, old_step=old_step)
+    base: dict[str, Any] = dict(
+        run_path=run.path, tracker_path=tracker.path, old_content=tracker.content, old_step=old_step
+    )
     deepspeed = run.layout == DEEPSPEED
     target = next((c for c in reversed(ckpts) if why_not(c, run) is None), None)
     if not tracker.exists:
@@ -239,6 +242,8 @@ def apply_fix(fix: TrackerFix, *, step_names: frozenset[str] | None = None) -> s
     the new content, whole.
     """
     assert fix.needed and not fix.refused
+    new_content = fix.new_content
+    assert new_content is not None  # a needed, unrefused fix names its target
     path = fix.tracker_path
     directory = os.path.dirname(path)
     try:
@@ -258,7 +263,7 @@ def apply_fix(fix: TrackerFix, *, step_names: frozenset[str] | None = None) -> s
             backup = f"{path}{BACKUP_INFIX}{stamp}"
             _write_new(backup, fix.old_content)
         ops.tick()
-        _write_new(tmp, fix.new_content)
+        _write_new(tmp, new_content)
         ops.tick()
         os.replace(tmp, path)
         ops.tick()

@@ -9,7 +9,7 @@ The layout judges the checkpoint's degrees and its consistency by these, never b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from ckpt_audit.readers.unpickler import is_record
 
@@ -31,16 +31,16 @@ def read_meta(tree: Any) -> tuple[tuple[str, int | str], ...]:
         out["zero_stage"] = stage  # DeepSpeed's default is stage 0 when the config names none
     osd = tree.get("optimizer_state_dict")
     if isinstance(osd, dict):
-        rec = osd.get("zero_stage")
+        rec: Any = osd.get("zero_stage")
         if is_record(rec, ZERO_STAGE) and len(rec.args) == 1 and _is_int(rec.args[0]):
             out["zero_stage"] = rec.args[0]
         pc = osd.get("partition_count")
-        counts = set(pc) if isinstance(pc, (list, tuple)) else {pc}
+        counts: set[Any] = set(pc) if isinstance(pc, (list, tuple)) else {pc}
         if counts and all(_is_int(c) for c in counts):
             # one per parameter group, all equal when saved by one world; a mix is reported as it is
             out["partition_count"] = counts.pop() if len(counts) == 1 else ",".join(map(str, sorted(counts)))
     return tuple(out.items())
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)

@@ -17,7 +17,7 @@ import os
 import stat
 import threading
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 
 import xxhash
@@ -371,7 +371,7 @@ def _stream(fd: int, checker: _CrcChecker | None, size: int) -> tuple[str, int]:
 
 def digest_files(
     paths: Iterable[str | os.PathLike[str]], *, workers: int = 2, check_crc: bool = True
-) -> Iterator[tuple[str, FileDigest | OSError]]:
+) -> Generator[tuple[str, FileDigest | OSError], None, None]:
     """digest_file over the file thread pool (pool.map_unordered), yielding (path, digest or the OSError) as each
     file completes.
 

@@ -321,7 +321,7 @@ def payload_offset(fd: int, entry: ZipEntry) -> int:
     return entry.header_offset + parse_local_header(hdr, entry.name)
 
 
-def parse_local_header(hdr: bytes | memoryview, name: str) -> int:
+def parse_local_header(hdr: bytes | bytearray | memoryview, name: str) -> int:
     """Length of a local header (fixed part + name + extra) from its first 30 bytes; ZipFormatError if not one."""
     if len(hdr) < LOCAL_HEADER_LEN:
         raise ZipFormatError("truncated", f"truncated: local header of {name} cut short")

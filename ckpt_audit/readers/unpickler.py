@@ -6,7 +6,7 @@ BUILD on it only record their arguments and state. So nothing named by the file 
 `collections.OrderedDict`, `torch.Size`, `builtins.set`, `_codecs.encode`, ...) produce the plain Python value they
 stand for, because callers want dicts and tuples, and building those runs no code from the file.
 
-Generic: it knows no file format (`pt_structure` reads torch files with it, `deep.dcp_check` DCP's `.metadata`).
+Generic: it knows no file format (`pt` reads torch files with it, `deep.dcp_check` DCP's `.metadata`).
 No torch import.
 """
 
@@ -17,7 +17,7 @@ import pickle
 import pickletools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from ckpt_audit.readers.problem import Problem
 
@@ -25,6 +25,8 @@ from ckpt_audit.readers.problem import Problem
 
 
 class _GlobalMeta(type):
+    _qualname: str
+
     def __repr__(cls) -> str:
         return f"<global {cls._qualname}>"
 
@@ -36,6 +38,11 @@ class Stub(metaclass=_GlobalMeta):
     """
 
     __slots__ = ("args", "kwargs", "state", "setitems", "appended")
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state: Any
+    setitems: dict[Any, Any] | None
+    appended: list[Any] | None
     _module: str = ""
     _name: str = ""
     _qualname: str = ""
@@ -202,7 +209,7 @@ def stub_class(module: str, name: str) -> type[Stub]:
     cls = _STUB_CACHE.get(key)
     if cls is None:
         qual = f"{module}.{name}" if module and name else (module or name)
-        cls = _GlobalMeta(
+        made = _GlobalMeta(
             "Stub",
             (Stub,),
             {
@@ -213,6 +220,7 @@ def stub_class(module: str, name: str) -> type[Stub]:
                 "_plain": DATA_CONSTRUCTORS.get(key),
             },
         )
+        cls = cast(type[Stub], made)
         _STUB_CACHE[key] = cls
     return cls
 
@@ -331,7 +339,7 @@ def _max_depth(data: bytes | BinaryIO) -> int:
     """The deepest nesting the pickle builds, from its opcodes' stack effects; stops past the bound. Exact for what
     is built bottom-up, as tuples and frozensets (the only containers hashed, so the only ones that can overflow the
     C stack) always are; a list or dict filled through the memo after it was placed can nest deeper than counted,
-    which no hashing reaches and pt_structure's walk cuts at 200 levels. A pickle pickletools cannot walk gives 0:
+    which no hashing reaches and readers.pt's walk cuts at 200 levels. A pickle pickletools cannot walk gives 0:
     the unpickler then reports it as damaged."""
     stack: list[int] = []
     marks: list[int] = []

@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import Finding, Severity
-
-if TYPE_CHECKING:  # made on first use (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint
+from ckpt_audit.models import Checkpoint, Finding, Severity
 
 # (path, size_bytes, mtime_ns, inode, content hash or None): a file as a verdict read it, keyed as the catalog keys
 # files (the stat cache's own key) plus what its content hashed to

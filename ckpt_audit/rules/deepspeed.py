@@ -105,7 +105,12 @@ def check_tag(
             )
             for n in seen["partition_count"][pc]
         ]
-    if not all(isinstance(v, int) and v >= 0 for v in (stage, dp, mp)) or not dp or not mp:
+    if (
+        not (isinstance(stage, int) and isinstance(dp, int) and isinstance(mp, int))
+        or min(stage, dp, mp) < 0
+        or not dp
+        or not mp
+    ):
         if all(m is not None for m in metas.values()):  # an unread file already says why it is not known
             out.append(
                 finding(

@@ -114,7 +114,7 @@ def index_against_headers(
     opened = set(wm.values()) & names
     if set(wm.values()) - names or any(headers.get(f) is None for f in opened):
         return []
-    held = {t for f in opened for t in headers[f]}
+    held = {t for f in opened for t in headers[f] or ()}  # none is None: checked above
     out: list[Finding] = []
     lost: set[str] = set()
     for f in sorted(set(headers) - opened):

@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import Finding, Severity, Status
+from ckpt_audit.models import Checkpoint, Finding, Severity, Status
 from ckpt_audit.rules.status import is_husk
-
-if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint
 
 # where a verl run's resolved config may be saved beside its checkpoints (Hydra's output dir, or a copy)
 CONFIG_NAMES = ("config.yaml", ".hydra/config.yaml")

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import FileKind, Finding
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, ShardFile
 from ckpt_audit.readers import bounded_json
-
-if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint, Component, ShardFile
 
 SHARD_KINDS = (FileKind.MODEL, FileKind.OPTIM, FileKind.EXTRA_STATE)
 _PREFIX = {FileKind.MODEL: "model", FileKind.OPTIM: "optim", FileKind.EXTRA_STATE: "extra_state"}
@@ -89,16 +85,17 @@ def check_fsdp_shards(comp: Component, *, config_text: str | None) -> tuple[int 
             )
         )
 
-    cur = [f for f in shards if f.world_size == current]
+    # (kind, rank) of the current world size's shards: a shard's name always carries its rank
+    cur = [(f.kind, f.rank) for f in shards if f.world_size == current and f.rank is not None]
     ranks_by_kind: dict[FileKind, set[int]] = {}
-    for f in cur:
-        ranks_by_kind.setdefault(f.kind, set()).add(f.rank)  # type: ignore[arg-type]
+    for kind, rank in cur:
+        ranks_by_kind.setdefault(kind, set()).add(rank)
     if current is not None:
         expected = current
     elif config_ws is not None:
         expected = config_ws
     else:  # v0.2-era names and no config: the highest rank seen is the only hint
-        expected = max(f.rank for f in cur) + 1  # type: ignore[type-var]
+        expected = max(rank for _, rank in cur) + 1
     for kind in SHARD_KINDS:
         ranks = ranks_by_kind.get(kind)
         if not ranks:

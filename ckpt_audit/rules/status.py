@@ -7,30 +7,22 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import CODES, finding
-from ckpt_audit.models import IN_PROGRESS_WINDOW_S, FileKind, Finding, Severity, Status, made_on_first_use
+from ckpt_audit.models import IN_PROGRESS_WINDOW_S, Checkpoint, FileKind, Finding, Severity, Status
 
-if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint
+if TYPE_CHECKING:
     from ckpt_audit.rules.deep_verdict import DeepVerdict
 
 
-def _define_scan_context() -> None:
-    """ScanContext is made on first use (models.made_on_first_use): a scan builds one only after reading its files."""
-    global ScanContext  # a module global: qualified name and pickling as before
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanContext:
+    """What a verdict needs to know of the scan itself (the layouts pass it through to `judge`)."""
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
-    class ScanContext:
-        """What a verdict needs to know of the scan itself (the layouts pass it through to `judge`)."""
-
-        now_ns: int  # wall clock at scan start
-        in_progress_window_ns: int = int(IN_PROGRESS_WINDOW_S * 1e9)  # touched this recently, uncommitted: in-progress
-        changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
-        unread: tuple[Finding, ...] = ()  # entries the walk or the readers could not read: their checkpoint is unknown
-        # checkpoint path -> what an earlier verify found of it (catalog.deep_verdicts): binds while its files stand
-        deep: Mapping[str, DeepVerdict] = field(default_factory=dict)
-
-
-__getattr__ = made_on_first_use(globals(), _define_scan_context, ("ScanContext",))
+    now_ns: int  # wall clock at scan start
+    in_progress_window_ns: int = int(IN_PROGRESS_WINDOW_S * 1e9)  # touched this recently, uncommitted: in-progress
+    changed_paths: frozenset[str] = frozenset()  # files whose stat changed while the scan read them
+    unread: tuple[Finding, ...] = ()  # entries the walk or the readers could not read: their checkpoint is unknown
+    # checkpoint path -> what an earlier verify found of it (catalog.deep_verdicts): binds while its files stand
+    deep: Mapping[str, DeepVerdict] = field(default_factory=dict)
 
 
 def is_resumable_role(role: str) -> bool:

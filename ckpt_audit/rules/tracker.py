@@ -5,14 +5,10 @@ The tracker's name, place and parsing belong to `ckpt_audit.layouts.tracker`; th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ckpt_audit.codes import finding
-from ckpt_audit.models import Finding, Severity, Status
+from ckpt_audit.models import Checkpoint, Finding, Severity, Status
 from ckpt_audit.rules.status import is_husk
-
-if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Checkpoint
 
 
 def unread_tracker(
