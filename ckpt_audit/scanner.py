@@ -25,6 +25,7 @@ from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S, DcpFacts, FileKind, Finding, format_size, many_objects
 from ckpt_audit.readers import hashing, safetensors_header
 from ckpt_audit.readers.pool import map_unordered
+from ckpt_audit.remote import is_remote, normal  # the package's light __init__ only
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules import hf_trainer as hf_rules
 from ckpt_audit.rules.status import UNREAD_CODES
@@ -93,6 +94,8 @@ def scan(
     neighbours' names are needed to judge it) but only the checkpoint's files are read, and the result holds
     only that checkpoint, so recording it changes nothing else in the catalog.
     """
+    if any(is_remote(r) for r in roots):  # the session scans these (ckpt_audit.remote.scan)
+        raise ScanError("an s3:// root is scanned through the session (ckpt_audit.remote.scan), not scanner.scan")
     with many_objects():  # the walk, the facts and a cached run's model: objects by the hundred thousand
         started = time.time_ns()
         real_roots = [check_root(r) for r in roots]
@@ -187,6 +190,8 @@ RUN_WIDE_CODES = frozenset({"no-complete-checkpoint", "tracker-behind", "hf-last
 
 
 def check_root(root: str | Path) -> str:
+    if is_remote(root):
+        return normal(root)  # type: ignore[arg-type]
     path = os.path.abspath(os.fspath(root))
     if not os.path.exists(path):
         raise ScanError(f"root {path} does not exist")
@@ -414,6 +419,7 @@ def _vouched(prev: FileFacts | ShardFile | None, st: os.stat_result, kind: FileK
         and prev.verified_ns is not None
         and file_rules.judged_as(kind, prev.findings)
         and _has_dcp_facts(kind, prev)
+        and (bool(prev.checksums) or not hashing.store_checksums_enabled())  # scan --store-checksums fills them in
     )
 
 
@@ -557,6 +563,7 @@ def read_file(
             reused=False,
             text=_read_text(path, st) if _wants_text(path) else None,
             verified_ns=(now_ns if now_ns is not None else time.time_ns()),
+            checksums=d.checksums or prev.checksums,
         )
     found = list(
         file_rules.digest_findings(
@@ -596,6 +603,7 @@ def read_file(
         tensors=tensors,
         findings=tuple(found),
         verified_ns=None if changed else (now_ns if now_ns is not None else time.time_ns()),
+        checksums=d.checksums,
     )
 
 
