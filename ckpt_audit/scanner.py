@@ -95,7 +95,7 @@ def scan(
     only that checkpoint, so recording it changes nothing else in the catalog.
     """
     if any(is_remote(r) for r in roots):  # the session scans these (ckpt_audit.remote.scan)
-        raise ScanError("an s3:// root is scanned through the session (ckpt_audit.remote.scan), not scanner.scan")
+        raise ScanError("s3:// roots are read by scan, ls, show, latest and compare only (docs/remote.md)")
     with many_objects():  # the walk, the facts and a cached run's model: objects by the hundred thousand
         started = time.time_ns()
         real_roots = [check_root(r) for r in roots]

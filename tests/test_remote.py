@@ -265,3 +265,9 @@ def test_latest_verified_never_names_a_partially_uploaded_step(s3, uploaded):
     # --verified read the step it names by content (GETs of its shards), and no other step's
     assert {g for g in gets if g.endswith(".pt")} >= {f"{prefix}/global_step_4/actor/{shard.split('/')[-1]}"}
     assert not [g for g in gets if g.endswith(".pt") and "global_step_4" not in g], res.output
+
+
+def test_a_bucket_that_is_not_there_is_one_line_exit_3(s3, tmp_path):
+    res = CliRunner().invoke(cli, ["scan", "s3://no-such-bucket-here/ckpts", "--catalog", str(tmp_path / "c.db")])
+    assert res.exit_code == 3 and "no-such-bucket-here" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output

@@ -199,7 +199,10 @@ def _judged(obj: Obj, head: Head, candidates: list[FileFacts]) -> FileFacts:
     mine = dict(full)
     for c in known:
         if c.size_bytes == obj.size and any(mine.get(a) == v for a, v in c.checksums):
-            return replace(c, path=obj.url, mtime_ns=obj.mtime_ns, inode=0, reused=True, text=None, checksums=full)
+            found = tuple(replace(f, path=obj.url) if f.path == c.path else f for f in c.findings)
+            return replace(
+                c, path=obj.url, mtime_ns=obj.mtime_ns, inode=0, reused=True, text=None, findings=found, checksums=full
+            )
     comparable = [c for c in known if c.size_bytes != obj.size or set(mine) & {a for a, _ in c.checksums}]
     if comparable:
         c = comparable[0]

@@ -130,7 +130,8 @@ class Store:
         except FileNotFoundError:
             raise
         except (OSError, ValueError) as exc:  # s3fs maps the service's errors to OSError subclasses
-            raise RemoteError(f"{_path(str(args[0])) if args else ''}: {exc.strerror or exc}") from None
+            why = getattr(exc, "strerror", None) or exc
+            raise RemoteError(f"{_path(str(args[0])) if args else ''}: {why}") from None
         except Exception as exc:  # noqa: BLE001 - botocore's credential and endpoint errors are no OSError
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
