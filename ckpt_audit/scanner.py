@@ -240,7 +240,9 @@ def scan_partial(
     if verdicts is not None and not focus:  # --rehash judges every run afresh, and keeps what it judged
         settled = verdict_cache.settled_runs(run_files, tree, stats, walk_findings, now_ns=now, window_ns=window_ns)
     digests = {r: s.digest for r, s in settled.items()}
-    cand = _Candidates.of(root, settled, verdicts) if verdicts and settled and not rehash else _Candidates()
+    # --store-checksums: a cached verdict would leave its files unread, without the checksums asked for
+    fresh = rehash or hashing.store_checksums_enabled()
+    cand = _Candidates.of(root, settled, verdicts) if verdicts and settled and not fresh else _Candidates()
     facts: dict[str, FileFacts] = {}
     todo: list[str] = list(cand.unrowed)
     cached: dict[str, FileFacts] = {}

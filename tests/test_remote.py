@@ -271,3 +271,22 @@ def test_a_bucket_that_is_not_there_is_one_line_exit_3(s3, tmp_path):
     res = CliRunner().invoke(cli, ["scan", "s3://no-such-bucket-here/ckpts", "--catalog", str(tmp_path / "c.db")])
     assert res.exit_code == 3 and "no-such-bucket-here" in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1, res.output
+
+
+@pytest.mark.slow
+def test_store_checksums_fill_in_on_a_catalog_scanned_without_them(verl_run, tmp_path):
+    """A run whose verdict the catalog caches is still read for the checksums --store-checksums asks for, once."""
+    import sqlite3
+
+    local = tmp_path / "demo" / "exp"
+    shutil.copytree(verl_run, local)
+    age(tmp_path)
+    catalog = tmp_path / "catalog.db"
+    for _ in range(2):  # the second scan stores the run's verdict for reuse
+        cli_json("scan", str(local), catalog=catalog)
+    cli_json("scan", "--store-checksums", str(local), catalog=catalog)
+    with sqlite3.connect(catalog) as db:
+        rows = db.execute("SELECT path, store_checksums FROM files WHERE present = 1").fetchall()
+    assert rows and all(s and "crc64nvme=" in s for _, s in rows), [p for p, s in rows if not s]
+    _, doc = cli_json("scan", "--store-checksums", "--no-scrub", str(local), catalog=catalog)
+    assert doc["files_reused"] == len(rows)  # every catalogued file now reused by stat, checksums and all
