@@ -22,6 +22,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from ckpt_audit import scanner
@@ -33,6 +34,7 @@ from ckpt_audit.remote import RemoteError, normal
 from ckpt_audit.remote.store import Head, Obj, Store
 from ckpt_audit.tree import Tree
 
+READERS = 8  # objects downloaded and read at once (--read-data, the text files)
 TEXT_GET_LIMIT = 16 * 1024 * 1024  # a "text" object larger than this is not fetched (the rules read prefixes only)
 _READ_DATA = [False]
 
@@ -114,21 +116,22 @@ def _partial(root: str, store: Store, previous: Mapping[str, FileFacts], *, layo
     heads = store.heads(sorted(run_of))
     catalogued = _Catalogued(previous)
     facts: dict[str, FileFacts] = {}
-    read = 0
-    with tempfile.TemporaryDirectory(prefix="ckpt-audit-remote-") as tmp:
-        for url, run in sorted(run_of.items()):
-            obj, head = by_url[url], heads[url]
-            if isinstance(head, RemoteError):
-                facts[url] = _fact(obj, finding("unreadable", url, f"cannot read: {head}"))
-                continue
-            kind = file_kind(url, layouts)
-            if (read_data and (not focus or scanner._in_focus(url, focus))) or (
-                scanner._wants_text(url) and obj.size <= TEXT_GET_LIMIT
-            ):
-                facts[url] = _read(store, obj, head, kind, tmp, now_ns=now_ns)
-                read += 1
-            else:
-                facts[url] = _judged(obj, head, catalogued.candidates(run, url))
+    to_read: list[tuple[Obj, Head]] = []
+    for url, run in sorted(run_of.items()):
+        obj, head = by_url[url], heads[url]
+        if isinstance(head, RemoteError):
+            facts[url] = _fact(obj, finding("unreadable", url, f"cannot read: {head}"))
+        elif (read_data and (not focus or scanner._in_focus(url, focus))) or (
+            scanner._wants_text(url) and obj.size <= TEXT_GET_LIMIT
+        ):
+            to_read.append((obj, head))
+        else:
+            facts[url] = _judged(obj, head, catalogued.candidates(run, url))
+    with tempfile.TemporaryDirectory(prefix="ckpt-audit-remote-") as tmp, ThreadPoolExecutor(READERS) as pool:
+        # GETs in flight together (a round trip each); at most READERS objects in the temporary folder at once
+        done = pool.map(lambda oh: _read(store, *oh, file_kind(oh[0].url, layouts), tmp, now_ns=now_ns), to_read)
+        facts.update((f.path, f) for f in done)
+    read = len(to_read)
     for key in store.uploads(root):
         found.append(
             finding("upload-in-progress", key, "a multipart upload of this object was begun and not completed")

@@ -9,6 +9,7 @@ AWS_ENDPOINT_URL for an S3-compatible server); nothing here prints or stores the
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -50,7 +51,8 @@ class Store:
         except ImportError:
             raise RemoteError("s3:// roots need the s3 extra: pip install 'ckpt-audit[s3]'") from None
         self.fs = s3fs.S3FileSystem(skip_instance_cache=True)
-        self.gets = 0  # objects read (GET), for the report and the tests' own count
+        self.gets = 0  # objects read (GET): bench/bench_remote.py prints it
+        self._lock = threading.Lock()
 
     # ---------------------------------------------------------------------------------------- reads
 
@@ -108,12 +110,16 @@ class Store:
 
     def read(self, url: str, limit: int) -> bytes:
         """The object's first `limit` bytes (a GET)."""
-        self.gets += 1
+        self._got()
         return self._call(self.fs.cat_file, _path(url), start=0, end=limit)
 
     def download(self, url: str, dest: str) -> None:
-        self.gets += 1
+        self._got()
         self._call(self.fs.get_file, _path(url), dest)
+
+    def _got(self) -> None:
+        with self._lock:  # the remote scan reads on a thread pool
+            self.gets += 1
 
     # ---------------------------------------------------------------------------------------- writes
 
