@@ -605,7 +605,8 @@ def read_file(
         tensors=tensors,
         findings=tuple(found),
         verified_ns=None if changed else (now_ns if now_ns is not None else time.time_ns()),
-        checksums=d.checksums,
+        # the same xxh3-128 is the same bytes: their store checksums stand (--rehash without --store-checksums)
+        checksums=d.checksums or (prev.checksums if _same_hash(prev, d) and not changed else ()),
     )
 
 
@@ -617,6 +618,10 @@ def _same_bytes(prev: FileFacts | ShardFile | None, st: os.stat_result, d: hashi
         and not d.crc_bad_entries
         and d.zip_error is None
     )
+
+
+def _same_hash(prev: FileFacts | ShardFile | None, d: hashing.FileDigest) -> bool:
+    return isinstance(prev, FileFacts) and (prev.hash, prev.size_bytes) == (d.hash, d.size_bytes)
 
 
 def _drift(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, new_hash: str) -> tuple[Finding, ...]:

@@ -290,3 +290,6 @@ def test_store_checksums_fill_in_on_a_catalog_scanned_without_them(verl_run, tmp
     assert rows and all(s and "crc64nvme=" in s for _, s in rows), [p for p, s in rows if not s]
     _, doc = cli_json("scan", "--store-checksums", "--no-scrub", str(local), catalog=catalog)
     assert doc["files_reused"] == len(rows)  # every catalogued file now reused by stat, checksums and all
+    cli_json("scan", "--rehash", str(local), catalog=catalog)  # re-read without the flag: the same bytes keep them
+    with sqlite3.connect(catalog) as db:
+        assert db.execute("SELECT path, store_checksums FROM files WHERE present = 1").fetchall() == rows
