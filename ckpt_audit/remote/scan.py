@@ -117,20 +117,23 @@ def _partial(root: str, store: Store, previous: Mapping[str, FileFacts], *, layo
     catalogued = _Catalogued(previous)
     facts: dict[str, FileFacts] = {}
     to_read: list[tuple[Obj, Head]] = []
-    for url, run in sorted(run_of.items()):
-        obj, head = by_url[url], heads[url]
-        if isinstance(head, RemoteError):
-            facts[url] = _fact(obj, finding("unreadable", url, f"cannot read: {head}"))
-        elif (read_data and (not focus or scanner._in_focus(url, focus))) or (
-            scanner._wants_text(url) and obj.size <= TEXT_GET_LIMIT
-        ):
-            to_read.append((obj, head))
-        else:
-            facts[url] = _judged(obj, head, catalogued.candidates(run, url))
-    with tempfile.TemporaryDirectory(prefix="ckpt-audit-remote-") as tmp, ThreadPoolExecutor(READERS) as pool:
-        # GETs in flight together (a round trip each); at most READERS objects in the temporary folder at once
-        done = pool.map(lambda oh: _read(store, *oh, file_kind(oh[0].url, layouts), tmp, now_ns=now_ns), to_read)
-        facts.update((f.path, f) for f in done)
+    with tempfile.TemporaryDirectory(prefix="ckpt-audit-remote-") as tmp:
+        for url, run in sorted(run_of.items()):
+            obj, head = by_url[url], heads[url]
+            if isinstance(head, RemoteError):
+                facts[url] = _fact(obj, finding("unreadable", url, f"cannot read: {head}"))
+            elif obj.size == head.size == 0:  # known whole from the listing: judged as an empty local file is
+                facts[url] = _read_local(_local_path(obj, tmp), obj, head, file_kind(url, layouts), now_ns=now_ns)
+            elif (read_data and (not focus or scanner._in_focus(url, focus))) or (
+                scanner._wants_text(url) and obj.size <= TEXT_GET_LIMIT
+            ):
+                to_read.append((obj, head))
+            else:
+                facts[url] = _judged(obj, head, catalogued.candidates(run, url))
+        with ThreadPoolExecutor(READERS) as pool:
+            # GETs in flight together (a round trip each); at most READERS objects in the temporary folder at once
+            done = pool.map(lambda oh: _read(store, *oh, file_kind(oh[0].url, layouts), tmp, now_ns=now_ns), to_read)
+            facts.update((f.path, f) for f in done)
     read = len(to_read)
     for key in store.uploads(root):
         found.append(
@@ -231,17 +234,29 @@ def _show(full: tuple[tuple[str, str], ...], theirs: tuple[tuple[str, str], ...]
     return ", ".join(f"{a} {mine[a]} vs {v}" for a, v in theirs if a in mine)
 
 
-def _read(store: Store, obj: Obj, head: Head, kind, tmp: str, *, now_ns: int) -> FileFacts:
-    """The object streamed to a temporary file and read by the local readers, its facts keyed by its URL."""
-    # its own folder, under its own name: the readers (and the text rules) go by the file name
+def _local_path(obj: Obj, tmp: str) -> str:
+    """A path for the object's bytes in its own folder, under its own name (the readers and the text rules go by
+    the file name); an empty file until written."""
     local = os.path.join(tempfile.mkdtemp(dir=tmp), os.path.basename(obj.url))
+    open(local, "wb").close()
+    return local
+
+
+def _read(store: Store, obj: Obj, head: Head, kind, tmp: str, *, now_ns: int) -> FileFacts:
+    """The object downloaded to a temporary file and read by the local readers (_read_local)."""
+    local = _local_path(obj, tmp)
     try:
         store.download(obj.url, local)
     except (RemoteError, FileNotFoundError) as exc:
+        os.unlink(local)
         return _fact(obj, finding("unreadable", obj.url, f"cannot read: {exc}"))
+    return _read_local(local, obj, head, kind, now_ns=now_ns)
+
+
+def _read_local(local: str, obj: Obj, head: Head, kind, *, now_ns: int) -> FileFacts:
+    """The facts the local readers find in the object's bytes at `local` (then deleted), keyed by its URL."""
     try:
-        st = os.stat(local)
-        fact = scanner.read_file(local, st, None, kind=kind, now_ns=now_ns)
+        fact = scanner.read_file(local, os.stat(local), None, kind=kind, now_ns=now_ns)
     finally:
         os.unlink(local)
     found = tuple(replace(f, path=obj.url) if f.path == local else f for f in fact.findings)
