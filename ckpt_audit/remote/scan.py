@@ -62,8 +62,7 @@ def scan_remote(
     """Scan remote `roots` (URLs) into a ScanResult, as scanner.scan does a local tree. A root at or inside a step
     directory scans that checkpoint with its run (scanner.focus_of); `rehash` (latest --verified's re-read of its
     candidate) reads the objects as `read_data` does."""
-    from ckpt_audit.models import ScanResult  # noqa: F401 - made on first use (models.made_on_first_use)
-    from ckpt_audit.rules.status import ScanContext
+    from ckpt_audit.rules.status import ScanContext  # made on first use (models.made_on_first_use)
 
     started = time.time_ns()
     now = now_ns if now_ns is not None else started
