@@ -857,6 +857,24 @@ _TABLE: tuple[Code, ...] = (
         explanation="a symbolic link leads back to a directory already being walked; not followed again",
     ),
     Code(code="broken-symlink", severity=W, explanation="a symbolic link whose target does not exist"),
+    # object stores (ckpt_audit.remote, docs/remote.md)
+    Code(
+        code="remote-checksum-mismatch",
+        severity=E,
+        explanation="an object's size or store checksum differs from the catalogued local copy of the same file",
+        corrupts=True,
+    ),
+    Code(
+        code="remote-unverified",
+        severity=W,
+        explanation="an object judged by listing alone (no catalogued checksum, or only a composite one): its "
+        "checkpoint is unknown until --read-data reads it",
+    ),
+    Code(
+        code="upload-in-progress",
+        severity=W,
+        explanation="a multipart upload under the prefix was begun and not completed: its checkpoint is unknown",
+    ),
     Code(
         code="prune-leftover",
         severity=INFO,

@@ -195,6 +195,9 @@ class FileFacts:
     # a .safetensors file's tensor names, from its header (None: not read, or unusable); not catalogued: a reused
     # row's header is read and checked again (scanner._header_again), and a weights index is checked against them
     tensors: tuple[str, ...] | None = None
+    # the whole file's checksums as object stores record them (readers.hashing.StoreSums: scan --store-checksums),
+    # e.g. (("crc32c", "bIkWNQ=="), ...); a remote scan compares a bucket's copy against them (ckpt_audit.remote)
+    checksums: tuple[tuple[str, str], ...] = ()
 
     __reduce__ = reduce_as_tuple
 

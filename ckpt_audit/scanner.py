@@ -25,6 +25,7 @@ from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S, DcpFacts, FileKind, Finding, format_size, many_objects
 from ckpt_audit.readers import hashing, safetensors_header
 from ckpt_audit.readers.pool import map_unordered
+from ckpt_audit.remote import is_remote, normal  # the package's light __init__ only
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.rules import hf_trainer as hf_rules
 from ckpt_audit.rules.status import UNREAD_CODES
@@ -93,6 +94,8 @@ def scan(
     neighbours' names are needed to judge it) but only the checkpoint's files are read, and the result holds
     only that checkpoint, so recording it changes nothing else in the catalog.
     """
+    if any(is_remote(r) for r in roots):  # the session scans these (ckpt_audit.remote.scan)
+        raise ScanError("s3:// roots are read by scan, ls, show, latest and compare only (docs/remote.md)")
     with many_objects():  # the walk, the facts and a cached run's model: objects by the hundred thousand
         started = time.time_ns()
         real_roots = [check_root(r) for r in roots]
@@ -187,6 +190,8 @@ RUN_WIDE_CODES = frozenset({"no-complete-checkpoint", "tracker-behind", "hf-last
 
 
 def check_root(root: str | Path) -> str:
+    if is_remote(root):
+        return normal(root)  # type: ignore[arg-type]
     path = os.path.abspath(os.fspath(root))
     if not os.path.exists(path):
         raise ScanError(f"root {path} does not exist")
@@ -235,7 +240,9 @@ def scan_partial(
     if verdicts is not None and not focus:  # --rehash judges every run afresh, and keeps what it judged
         settled = verdict_cache.settled_runs(run_files, tree, stats, walk_findings, now_ns=now, window_ns=window_ns)
     digests = {r: s.digest for r, s in settled.items()}
-    cand = _Candidates.of(root, settled, verdicts) if verdicts and settled and not rehash else _Candidates()
+    # --store-checksums: a cached verdict would leave its files unread, without the checksums asked for
+    fresh = rehash or hashing.store_checksums_enabled()
+    cand = _Candidates.of(root, settled, verdicts) if verdicts and settled and not fresh else _Candidates()
     facts: dict[str, FileFacts] = {}
     todo: list[str] = list(cand.unrowed)
     cached: dict[str, FileFacts] = {}
@@ -414,6 +421,7 @@ def _vouched(prev: FileFacts | ShardFile | None, st: os.stat_result, kind: FileK
         and prev.verified_ns is not None
         and file_rules.judged_as(kind, prev.findings)
         and _has_dcp_facts(kind, prev)
+        and (bool(prev.checksums) or not hashing.store_checksums_enabled())  # scan --store-checksums fills them in
     )
 
 
@@ -557,6 +565,7 @@ def read_file(
             reused=False,
             text=_read_text(path, st) if _wants_text(path) else None,
             verified_ns=(now_ns if now_ns is not None else time.time_ns()),
+            checksums=d.checksums or prev.checksums,
         )
     found = list(
         file_rules.digest_findings(
@@ -596,6 +605,8 @@ def read_file(
         tensors=tensors,
         findings=tuple(found),
         verified_ns=None if changed else (now_ns if now_ns is not None else time.time_ns()),
+        # the same xxh3-128 is the same bytes: their store checksums stand (--rehash without --store-checksums)
+        checksums=d.checksums or (prev.checksums if _same_hash(prev, d) and not changed else ()),
     )
 
 
@@ -607,6 +618,10 @@ def _same_bytes(prev: FileFacts | ShardFile | None, st: os.stat_result, d: hashi
         and not d.crc_bad_entries
         and d.zip_error is None
     )
+
+
+def _same_hash(prev: FileFacts | ShardFile | None, d: hashing.FileDigest) -> bool:
+    return isinstance(prev, FileFacts) and (prev.hash, prev.size_bytes) == (d.hash, d.size_bytes)
 
 
 def _drift(path: str, st: os.stat_result, prev: FileFacts | ShardFile | None, new_hash: str) -> tuple[Finding, ...]:

@@ -112,7 +112,7 @@ class Session:
             from ckpt_audit.catalog.verdicts import CatalogVerdicts
 
             verdicts = CatalogVerdicts(self.catalog_path)
-        result = scanner.scan(
+        result = scan_any(
             list(self.roots if roots is None else roots),
             workers=workers,
             rehash=rehash,
@@ -384,7 +384,7 @@ def latest(
     started = time.time_ns()  # a file read by content from here on was read "now"
     try:
         real = scanner.check_root(run)
-        result = scanner.scan([real], previous=previous, in_progress_window_s=in_progress_window_s, deep=deep)
+        result = scan_any([real], previous=previous, in_progress_window_s=in_progress_window_s, deep=deep)
     except scanner.ScanError as exc:
         raise SessionError(str(exc)) from None
     the_run = run_named(result, run)
@@ -408,7 +408,7 @@ def latest(
         if g.reread is None:
             break
         # read the candidate by content now; what that read finds (hash drift, a bad CRC) is its verdict
-        focused = scanner.scan(
+        focused = scan_any(
             [g.reread.path], previous=previous, in_progress_window_s=in_progress_window_s, rehash=True, deep=deep
         )
         scans.append(focused)
@@ -431,9 +431,31 @@ def latest(
     )
 
 
+def scan_any(roots: Sequence[str | Path], **options) -> ScanResult:
+    """scanner.scan, or for s3:// roots the remote scan (ckpt_audit.remote.scan: listing and stored checksums,
+    the same layouts and verdicts); a remote root's trouble is a scanner.ScanError like a local one's."""
+    from ckpt_audit.remote import RemoteError, is_remote
+
+    if not any(is_remote(r) for r in roots):
+        return scanner.scan(roots, **options)
+    from ckpt_audit.remote.scan import scan_remote
+
+    keep = ("previous", "now_ns", "rehash")
+    try:
+        return scan_remote(
+            [str(r) for r in roots],
+            window_s=options.get("in_progress_window_s", IN_PROGRESS_WINDOW_S),
+            **{k: v for k, v in options.items() if k in keep},
+        )
+    except RemoteError as exc:
+        raise scanner.ScanError(str(exc)) from None
+
+
 def run_named(result: ScanResult, run: str | Path) -> Run:
     """The run `run` names in a scan of it; a path that is not one run directory is a SessionError (exit 3)."""
-    real = os.path.realpath(run)
+    from ckpt_audit.remote import is_remote, normal
+
+    real = normal(str(run)) if is_remote(run) else os.path.realpath(run)
     match = [r for r in result.runs if r.path == real]
     if match:
         return match[0]

@@ -77,7 +77,9 @@ def light_facts(path: str, row: Row) -> FileFacts:
     read); no rule ever sees these. Slot order as FileFacts (models.from_slots)."""
     size, mtime, inode, digest, crc, verified = row
     crc_ok = None if crc is None else bool(crc)
-    return from_slots(FileFacts, (path, size, mtime, inode, digest, crc_ok, None, None, (), True, verified, None, None))
+    return from_slots(
+        FileFacts, (path, size, mtime, inode, digest, crc_ok, None, None, (), True, verified, None, None, ())
+    )
 
 
 class LaterRows(Mapping):

@@ -273,3 +273,21 @@ def test_archive_comment_holding_the_end_signature(tmp_path: Path) -> None:
         z.comment = b"xx PK\x05\x06 decoy " + b"\0" * 30
     assert [e.name for e in open_archive(p).entries] == ["c/data.pkl", "c/version"]
     assert digest_file(p).crc_ok is True
+
+
+def test_store_checksums_are_the_stores_values(tmp_path):
+    """CRC-32 and CRC-32C of the one read pass equal independent implementations' (zlib, google-crc32c), in the
+    base64 big-endian form S3's headers use; off by default (scan --store-checksums)."""
+    import base64
+    import zlib
+
+    google_crc32c = pytest.importorskip("google_crc32c")
+    pytest.importorskip("awscrt")
+    data = os.urandom(3 * hashing.CHUNK + 12345)
+    p = tmp_path / "shard.bin"
+    p.write_bytes(data)
+    assert hashing.digest_file(p).checksums == ()
+    sums = dict(hashing.digest_file(p, store_checksums=True).checksums)
+    assert sums["crc32"] == base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+    assert sums["crc32c"] == base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
+    assert len(base64.b64decode(sums["crc64nvme"])) == 8  # checked against S3's own value in test_remote.py

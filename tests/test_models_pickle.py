@@ -41,6 +41,7 @@ FACTS = FileFacts(
     verified_ns=9,
     dcp=DCP,
     tensors=("model.embed_tokens.weight", "lm_head.weight"),
+    checksums=(("crc32c", "bIkWNQ=="), ("crc64nvme", "RXy0lWEYIi8=")),
 )
 TREE = Tree(
     dirs={"/c": ("p",), "/c/p": ()},

@@ -133,28 +133,39 @@ def fact_columns(conn: sqlite3.Connection) -> str:
     have = {r[1] for r in conn.execute("PRAGMA table_info(files)")}
     verified = VERIFIED_UNDER_TODAYS_RULES if "read_rules" in have else "NULL"
     dcp = "dcp_facts" if "dcp_facts" in have else "NULL"
-    return f"path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, {verified}, {dcp}"
+    sums = "store_checksums" if "store_checksums" in have else "NULL"
+    return f"path, size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, {verified}, {dcp}, {sums}"
 
 
 def facts_of_rows(rows: Iterable[tuple]) -> dict[str, FileFacts]:
     """path -> FileFacts of files rows read with `fact_columns`."""
     out: dict[str, FileFacts] = {}
     pts: dict[str | None, tuple[PtFacts | None, bool]] = {}  # many files share one document; PtFacts is frozen
-    for path, size, mtime, inode, h, crc, ff, pt_doc, verified, dcp_doc in rows:
+    for path, size, mtime, inode, h, crc, ff, pt_doc, verified, dcp_doc, sums in rows:
         found = findings_from_json(ff, path)
         if (parsed := pts.get(pt_doc)) is None:
             parsed = pts[pt_doc] = pt_from_json(pt_doc)
         pt, pt_whole = parsed
         # slot order (FileFacts: path, size, mtime, inode, hash, crc_ok, pt, text, findings, reused, verified_ns,
-        # dcp, tensors): one per catalogued file, so built without the frozen __init__ (models.from_slots). A row
-        # missing a fact the readers now record cannot vouch for the file: no verified_ns, so it is read again
+        # dcp, tensors, checksums): one per catalogued file, so built without the frozen __init__ (models.from_slots).
+        # A row missing a fact the readers now record cannot vouch for the file: no verified_ns, so it is read again
         crc_ok = None if crc is None else bool(crc)
         again = verified if pt_whole else None
         out[path] = from_slots(
             FileFacts,
-            (path, size, mtime, inode, h, crc_ok, pt, None, found, False, again, dcp_from_json(dcp_doc), None),
-        )
+            (path, size, mtime, inode, h, crc_ok, pt, None, found, False, again, dcp_from_json(dcp_doc), None,
+             checksums_from_text(sums)),
+        )  # fmt: skip
     return out
+
+
+def checksums_to_text(sums: tuple[tuple[str, str], ...]) -> str | None:
+    """`crc32c=bIkWNQ== crc64nvme=…`: the store checksums of one file (FileFacts.checksums); None: none computed."""
+    return " ".join(f"{k}={v}" for k, v in sums) or None
+
+
+def checksums_from_text(text: str | None) -> tuple[tuple[str, str], ...]:
+    return tuple(tuple(x.split("=", 1)) for x in text.split()) if text else ()  # type: ignore[misc]
 
 
 def findings_to_json(found: tuple[Finding, ...]) -> str:

@@ -352,3 +352,11 @@ def m009_read_rules(db) -> None:
     """Which readers' rules (ckpt_audit.readers.RULES) each file's facts were read under: a row read under other
     rules does not vouch for its file, which the next scan reads again. NULL (every row before this): not today's."""
     db.execute("ALTER TABLE files ADD COLUMN read_rules INTEGER")
+
+
+@MIGRATIONS()
+def m010_store_checksums(db) -> None:
+    """The whole file's checksums as object stores record them (`crc32=… crc32c=… crc64nvme=…`, base64 of the
+    big-endian value as S3's headers give them; scan --store-checksums): a remote scan checks a bucket's copy of the
+    file against them without downloading it (docs/remote.md). NULL: not computed."""
+    db.execute("ALTER TABLE files ADD COLUMN store_checksums TEXT")

@@ -19,6 +19,7 @@ from ckpt_audit.catalog.deep_verdicts import record_deep_verdicts
 from ckpt_audit.catalog.manifest import (
     CatalogError,
     as_shard_files,
+    checksums_to_text,
     dcp_to_json,
     findings_from_json,
     findings_to_json,
@@ -515,7 +516,7 @@ def _checkpoint_row(ckpt: Checkpoint, scan_id: int) -> dict:
 
 _FILE_COLS = (
     "path, run_path, checkpoint_path, role, kind, rank, world_size, size_bytes, mtime_ns, inode, hash,"
-    " crc_ok, file_findings, pt_facts, verified_ns, dcp_facts, read_rules"
+    " crc_ok, file_findings, pt_facts, verified_ns, dcp_facts, read_rules, store_checksums"
 )
 _N_FILE_COLS = _FILE_COLS.count(",") + 1
 
@@ -542,6 +543,7 @@ def _file_row(f: ShardFile, run_path: str, ckpt_path: str, role: str | None, fac
         fact.verified_ns if fact else None,
         dcp_to_json(fact.dcp) if fact else None,
         RULES,  # the facts above are what today's readers say (a reused row's were vouched for under them)
+        checksums_to_text(fact.checksums) if fact else None,
     )
 
 

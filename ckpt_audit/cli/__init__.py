@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "continuity": "ckpt_audit.cli.continuity:continuity_command",
     "latest": "ckpt_audit.cli.latest:latest_command",
     "fix-tracker": "ckpt_audit.cli.fix_tracker:fix_tracker_command",
+    "compare": "ckpt_audit.cli.compare:compare_command",
 }
 PLUGIN_GROUP = "ckpt_audit.commands"
 

@@ -108,6 +108,10 @@ def prune_command(
     from ckpt_audit.lifecycle.retention import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy
     from ckpt_audit.session import PlanError
 
+    # click's Path has made s3://b of a URL s3:/b. docs/remote.md: not yet, rather than a prune without its invariants
+    if any(str(r).startswith(("s3:/", "gs:/")) for r in roots):
+        raise click.UsageError("prune does not act on s3:// or gs:// roots yet; prune the local copy after `compare`")
+
     rules: list = []
     if keep_last is not None:
         rules.append(KeepLast(n=keep_last))

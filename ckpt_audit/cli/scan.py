@@ -136,11 +136,25 @@ def scrub_options(f):
     "are read by all nodes at once) or auto: shared only when the root is on a network filesystem and every node "
     "sees the same root directory (docs/ray.md).",
 )
+@click.option(
+    "--store-checksums",
+    is_flag=True,
+    help="Also record each file's CRC-32C, CRC-64/NVME and CRC-32 (what S3 and GCS keep), so a remote scan or "
+    "`compare` can check a bucket's copy without downloading it (docs/remote.md). Costs hashing speed.",
+)
+@click.option(
+    "--read-data",
+    is_flag=True,
+    help="s3:// roots: download and read every object of each run (CRCs, structure) instead of judging it from "
+    "its metadata (docs/remote.md).",
+)
 @click.pass_context
 def scan_command(
     ctx: click.Context,
     roots,
     deep,
+    store_checksums,
+    read_data,
     scrub_period,
     scrub_budget,
     no_scrub,
@@ -172,6 +186,15 @@ def scan_command(
     """
     from ckpt_audit.scrub import ScrubPolicy
 
+    # for this command only (click closes them with its context: a test's CliRunner runs many in one process)
+    if store_checksums:
+        from ckpt_audit.readers.hashing import store_checksums_on
+
+        ctx.with_resource(store_checksums_on())
+    if read_data:
+        from ckpt_audit.remote.scan import read_data_on
+
+        ctx.with_resource(read_data_on())
     scrub = None if no_scrub else ScrubPolicy(period_ns=scrub_period, budget_bytes=scrub_budget)
     placement = options.pop("placement")
     if ray_address is None and placement != "auto":
@@ -331,7 +354,7 @@ def ls_command(run, as_json, catalog) -> None:
                     f"{_dash(r['tracker_step']):>7} {format_size(r['size_bytes']):>10}  {st}"
                 )
             return
-        match = [r for r in runs if r["path"] == os.path.abspath(run).rstrip("/") or r["name"] == run.strip("/")]
+        match = [r for r in runs if r["path"] == _target(run) or r["name"] == run.strip("/")]
         if not match:
             raise CommandError(f"no run {run!r} in the catalog")
         rows = cat.checkpoints(match[0]["path"])
@@ -366,7 +389,7 @@ def show_command(path, as_json, catalog) -> None:
     """
     from ckpt_audit.models import format_size
 
-    target = os.path.abspath(path).rstrip("/")
+    target = _target(path)
     with _open(catalog) as cat:
         detail = cat.checkpoint_detail(target) or cat.checkpoint_detail(os.path.realpath(target))
         if detail is not None:
@@ -404,6 +427,13 @@ def show_command(path, as_json, catalog) -> None:
         click.echo(target)
         for h in history:
             click.echo(f"  scan {h['scan_id']:>5}  {h['hash'] or 'unreadable'}  {format_size(h['size_bytes'])}")
+
+
+def _target(path: str) -> str:
+    """What the catalog keys `path` by: a URL as given (s3://…, docs/remote.md), a local path made absolute."""
+    from ckpt_audit.remote import is_remote, normal
+
+    return normal(path) if is_remote(path) else os.path.abspath(path).rstrip("/")
 
 
 def verified_ago(ns: int | None) -> str:

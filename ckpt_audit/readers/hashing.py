@@ -11,6 +11,7 @@ for the CPU. See docs/readers.md and bench/README.md for the measured figures.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -70,6 +71,9 @@ class FileDigest:
     mtime_ns: int = 0  # from fstat at open, so callers can record the stat the hash belongs to
     inode: int = 0
     stat_size: int = 0  # st_size at open
+    # the whole file's checksums as object stores record them ("crc32c" -> base64 of the big-endian value, as S3's
+    # x-amz-checksum-* headers give them); empty unless asked for (store_checksums)
+    checksums: tuple[tuple[str, str], ...] = ()
 
 
 def _buffer() -> memoryview:
@@ -176,11 +180,19 @@ MAX_KEPT_PICKLE = 64 * 1024 * 1024  # a .distcp item's data.pkl kept for the res
 ZipCrcChecker = _CrcChecker  # the public name: readers.distcp_items checks each zip inside a .distcp with it
 
 
-def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None, check_crc: bool = True) -> FileDigest:
+def digest_file(
+    path: str | os.PathLike[str],
+    *,
+    expect_zip: bool | None = None,
+    check_crc: bool = True,
+    store_checksums: bool | None = None,
+) -> FileDigest:
     """Hash `path` in one read and check its zip CRCs. Raises OSError (missing, unreadable, a directory).
 
     expect_zip: whether a non-zip should be reported as zip_error; default: the name ends in .pt/.pth.
     check_crc: False skips the CRC pass (crc_ok stays None); the zip structure is still parsed.
+    store_checksums: also the whole file's CRC-32, CRC-32C and CRC-64/NVME (StoreSums); default: as
+    `store_checksums_enabled()` says (scan --store-checksums).
     """
     fspath = os.fspath(path)
     if expect_zip is None:
@@ -208,12 +220,13 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
             zip_error = not_a_zip_problem(head, st.st_size)
         crc_wanted = check_crc and archive is not None and not archive.crc_disabled
         checker = _CrcChecker(archive, crcs=crc_wanted, keep_pickles=chain) if archive is not None else None
+        sums = StoreSums() if (_STORE_SUMS[0] if store_checksums is None else store_checksums) else None
         _streaming(+1)
         try:
             if _mappable(st):
-                digest, nread = _stream_mapped(fd, checker, st.st_size)
+                digest, nread = _stream_mapped(fd, checker, st.st_size, sums)
             else:
-                digest, nread = _stream(fd, checker, st.st_size)
+                digest, nread = _stream(fd, checker, st.st_size, sums)
         finally:
             _streaming(-1)
         st_end = os.fstat(fd)
@@ -251,7 +264,59 @@ def digest_file(path: str | os.PathLike[str], *, expect_zip: bool | None = None,
         mtime_ns=st.st_mtime_ns,
         inode=st.st_ino,
         stat_size=st.st_size,
+        checksums=sums.values() if sums is not None and not changed else (),
     )
+
+
+_STORE_SUMS = [False]  # scan --store-checksums sets it for the command (the readers run on pool threads)
+
+
+@contextlib.contextmanager
+def store_checksums_on(on: bool = True) -> Iterator[None]:
+    """While inside, every digest_file of this process also computes the object stores' checksums (StoreSums)."""
+    was, _STORE_SUMS[0] = _STORE_SUMS[0], on
+    try:
+        yield
+    finally:
+        _STORE_SUMS[0] = was
+
+
+def store_checksums_enabled() -> bool:
+    return _STORE_SUMS[0]
+
+
+class StoreSums:
+    """The whole-file checksums S3 and GCS record at upload, fed the same chunks as xxh3: CRC-32 (boto3's default),
+    CRC-32C (GCS, S3) and CRC-64/NVME (S3's default full-object checksum). awscrt's are imported here, on the first
+    file, not at start-up (~45 ms); without awscrt (the `s3` extra) only CRC-32 is kept."""
+
+    __slots__ = ("crc32", "crc32c", "crc64", "_c")
+
+    def __init__(self) -> None:
+        try:
+            from awscrt import checksums
+        except ImportError:
+            checksums = None
+        self._c = checksums
+        self.crc32 = self.crc32c = self.crc64 = 0
+
+    def feed(self, mv: memoryview) -> None:
+        self.crc32 = _crc32(mv, self.crc32)
+        if self._c is not None:
+            self.crc32c = self._c.crc32c(mv, self.crc32c)
+            self.crc64 = self._c.crc64nvme(mv, self.crc64)
+
+    def values(self) -> tuple[tuple[str, str], ...]:
+        out = [("crc32", _b64(self.crc32, 4))]
+        if self._c is not None:
+            out += [("crc32c", _b64(self.crc32c, 4)), ("crc64nvme", _b64(self.crc64, 8))]
+        return tuple(out)
+
+
+def _b64(value: int, n: int) -> str:
+    import base64
+
+    return base64.b64encode((value & ((1 << (8 * n)) - 1)).to_bytes(n, "big")).decode()
 
 
 MAP_MIN_BYTES = 64 * 1024 * 1024  # below this a mapping's set-up costs more than the copy it saves
@@ -269,7 +334,7 @@ def _mappable(st: os.stat_result) -> bool:
     return st.st_size >= MAP_MIN_BYTES and time.time() - st.st_mtime >= MAP_MIN_AGE_S and hasattr(mmap, "MADV_DONTNEED")
 
 
-def _stream_mapped(fd: int, checker: _CrcChecker | None, size: int) -> tuple[str, int]:
+def _stream_mapped(fd: int, checker: _CrcChecker | None, size: int, sums: StoreSums | None) -> tuple[str, int]:
     m = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     try:
         m.madvise(mmap.MADV_SEQUENTIAL)
@@ -282,6 +347,8 @@ def _stream_mapped(fd: int, checker: _CrcChecker | None, size: int) -> tuple[str
             h.update(piece)
             if checker is not None:
                 checker.feed(pos, piece)
+            if sums is not None:
+                sums.feed(piece)
             n = len(piece)
             piece.release()
             done = pos + n
@@ -346,7 +413,7 @@ class _ReadAhead:
             return False
 
 
-def _stream(fd: int, checker: _CrcChecker | None, size: int) -> tuple[str, int]:
+def _stream(fd: int, checker: _CrcChecker | None, size: int, sums: StoreSums | None) -> tuple[str, int]:
     try:  # a hint for the kernel's readahead; harmless where unsupported
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     except (AttributeError, OSError):
@@ -365,6 +432,8 @@ def _stream(fd: int, checker: _CrcChecker | None, size: int) -> tuple[str, int]:
         h.update(piece)
         if checker is not None:
             checker.feed(pos, piece)  # the CRC pass finds the chunk still in cache
+        if sums is not None:
+            sums.feed(piece)
         pos += k
     return h.hexdigest(), pos
 

@@ -52,7 +52,17 @@ def is_in_progress(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanConte
 
 # what says "this entry was not read", as opposed to "this entry was read and is bad": a checkpoint holding one is
 # unknown, and unknown is never disposable (a broken link was read: its target is missing)
-UNREAD_CODES = frozenset({"unreadable", "symlink-outside-root", "symlink-loop", "file-vanished", "non-utf8-name"})
+UNREAD_CODES = frozenset(
+    {
+        "unreadable",
+        "symlink-outside-root",
+        "symlink-loop",
+        "file-vanished",
+        "non-utf8-name",
+        "remote-unverified",  # an object store's object judged by its listing alone (ckpt_audit.remote)
+        "upload-in-progress",
+    }
+)
 
 
 # what says "resuming from this would run code": a pickle that names a global outside the allowlist, or one whose
