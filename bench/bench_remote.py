@@ -100,7 +100,7 @@ def run(args, log: Path, tmp: str) -> None:
     url = f"s3://{BUCKET}/run"
     store = Store(url)
     t = time.perf_counter()
-    listed = store.list(url)
+    listed = store.objects(url)
     t_list = time.perf_counter() - t
     counts, mark = requests(log, mark)
     print(f"plain listing: {len(listed)} objects in {t_list:.2f} s, requests {dict(counts)}")

@@ -18,7 +18,7 @@ import os
 import stat
 import threading
 import zlib
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 import xxhash

@@ -61,7 +61,7 @@ def remote_side(root: str) -> dict[str, Entry]:
     from ckpt_audit.remote.store import Store
 
     store = Store(root)
-    objs = store.list(root)
+    objs = store.objects(root)
     heads = store.heads([o.url for o in objs])
     out: dict[str, Entry] = {}
     for o in objs:

@@ -101,7 +101,7 @@ def focus_of(urls: Sequence[str]) -> tuple[list[str], frozenset[str]]:
 
 
 def _partial(root: str, store: Store, previous: Mapping[str, FileFacts], *, layouts, now_ns: int, read_data, focus):
-    objs = store.list(root)
+    objs = store.objects(root)
     tree = tree_of(root, objs)
     found: list[Finding] = []
     owners: dict[str, str] = {}
@@ -131,7 +131,9 @@ def _partial(root: str, store: Store, previous: Mapping[str, FileFacts], *, layo
                 facts[url] = _judged(obj, head, catalogued.candidates(run, url))
         with ThreadPoolExecutor(READERS) as pool:
             # GETs in flight together (a round trip each); at most READERS objects in the temporary folder at once
-            done = pool.map(lambda oh: _read(store, *oh, file_kind(oh[0].url, layouts), tmp, now_ns=now_ns), to_read)
+            done = pool.map(
+                lambda oh: _read(store, oh[0], oh[1], file_kind(oh[0].url, layouts), tmp, now_ns=now_ns), to_read
+            )
             facts.update((f.path, f) for f in done)
     read = len(to_read)
     for key in store.uploads(root):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ckpt_audit.remote import RemoteError
@@ -56,7 +56,7 @@ class Store:
 
     # ---------------------------------------------------------------------------------------- reads
 
-    def list(self, url: str) -> list[Obj]:
+    def objects(self, url: str) -> list[Obj]:
         """Every object at or below the prefix `url` (an object named exactly `url` is no root: not listed)."""
         path = _path(url)
         try:
@@ -75,9 +75,7 @@ class Store:
         """url -> its Head (one HEAD request each, HEAD_CONCURRENCY at a time), or why it could not be had."""
         from fsspec.asyn import sync
 
-        sem: asyncio.Semaphore | None = None
-
-        async def one(url: str) -> Head | RemoteError:
+        async def one(sem: asyncio.Semaphore, url: str) -> Head | RemoteError:
             bucket, key = _split(url)
             async with sem:
                 try:
@@ -90,9 +88,8 @@ class Store:
             return Head(size=int(r.get("ContentLength", -1)), checksums=sums, kind=r.get("ChecksumType"))
 
         async def every() -> list:
-            nonlocal sem
-            sem = asyncio.Semaphore(HEAD_CONCURRENCY)
-            return await asyncio.gather(*(one(u) for u in urls))
+            sem = asyncio.Semaphore(HEAD_CONCURRENCY)  # made inside the loop it serves
+            return await asyncio.gather(*(one(sem, u) for u in urls))
 
         return dict(zip(urls, self._call(sync, self.fs.loop, every), strict=True)) if urls else {}
 
@@ -120,12 +117,6 @@ class Store:
     def _got(self) -> None:
         with self._lock:  # the remote scan reads on a thread pool
             self.gets += 1
-
-    # ---------------------------------------------------------------------------------------- writes
-
-    def delete(self, urls: Iterable[str]) -> None:
-        for url in urls:
-            self._call(self.fs.rm_file, _path(url))
 
     # ----------------------------------------------------------------------------------------
 
