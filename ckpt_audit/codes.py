@@ -805,6 +805,28 @@ _TABLE: tuple[Code, ...] = (
         "missing or unreadable): no step to file it under, so it is not judged, and prune never touches it",
     ),
     Code(
+        code="ds-optim-step-mismatch",
+        severity=E,
+        explanation="verify: the optimizer shards of one tag record different optimizer steps (AdamW's step): a "
+        "shard from another save of the same world size; DeepSpeed loads it without a word",
+        corrupts=True,
+    ),
+    Code(
+        code="ds-partition-mismatch",
+        severity=E,
+        explanation="verify: the flat fp32 optimizer partitions do not cover the model states' param_shapes as "
+        "DeepSpeed lays them out (equal per rank; ZeRO 1/2 sum aligned to 2 x dp, ZeRO-3 ceil(numel/dp) each): "
+        "zero_to_fp32 raises and a resume loads the wrong slices",
+        corrupts=True,
+    ),
+    Code(
+        code="ds-replica-mismatch",
+        severity=E,
+        explanation="verify: a tensor every rank writes as a copy of one value (ZeRO-3's non-partitioned tensors, "
+        "parameters the checkpoint names as tensor-parallel replicated) differs between ranks",
+        corrupts=True,
+    ),
+    Code(
         code="ds-latest-missing",
         severity=W,
         explanation="no `latest` file: load_checkpoint(tag=None) logs a warning and returns (None, None), so the "
