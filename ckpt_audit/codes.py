@@ -827,6 +827,30 @@ _TABLE: tuple[Code, ...] = (
         corrupts=True,
     ),
     Code(
+        code="openrlhf-pair-missing",
+        severity=E,
+        explanation="an OpenRLHF tag held by only one of _actor/ and _critic/: resuming it loads the actor and the "
+        "critic from different steps",
+    ),
+    Code(
+        code="openrlhf-latest-differs",
+        severity=E,
+        explanation="OpenRLHF's _actor/latest and _critic/latest name different tags: its resume (load_checkpoint "
+        "with no tag, each) loads the actor and the critic from different steps",
+    ),
+    Code(
+        code="openrlhf-metric-missing",
+        severity=W,
+        explanation="an OpenRLHF tag without the metric.json OpenRLHF writes after DeepSpeed's save: the save was cut "
+        "in between (the tag loads), or an older OpenRLHF; its own rotation deletes such a tag first",
+    ),
+    Code(
+        code="openrlhf-hf-export",
+        severity=INFO,
+        explanation="<tag>_hf/ directories beside OpenRLHF's _actor/: the actor's HF weights it exported, not "
+        "checkpoints a resume loads",
+    ),
+    Code(
         code="ds-latest-missing",
         severity=W,
         explanation="no `latest` file: load_checkpoint(tag=None) logs a warning and returns (None, None), so the "

@@ -213,6 +213,7 @@ SLOW_FIXTURES = frozenset(
         "ds_z2",  # test_deepspeed: trees DeepSpeed itself writes (2 gloo ranks), and Trainer with DeepSpeed
         "ds_z3",
         "hf_ds",
+        "openrlhf_tree",  # test_deepspeed_openrlhf: OpenRLHF's save sequence on two real DeepSpeed engines
         "ray_cluster",  # tests/ray_cluster.py: the session's local Ray cluster (tens of seconds to start)
     }
 )

@@ -224,8 +224,8 @@ def check_copies(models: Sequence[ModelStates]) -> list[Finding]:
 def _optim(path: str, dp: int, mp: int, value: Mapping) -> OptimStates:
     osd = value.get("optimizer_state_dict")
     osd = osd if isinstance(osd, Mapping) else {}
-    stage = osd.get("zero_stage")
-    stage = stage.args[0] if getattr(stage, "args", None) and isinstance(stage.args[0], int) else None
+    args = getattr(osd.get("zero_stage"), "args", None)  # a ZeroStageEnum record: args=(stage,)
+    stage = args[0] if isinstance(args, tuple) and args and isinstance(args[0], int) else None
     inner = osd.get("base_optimizer_state", osd.get("optimizer_state_dict"))  # ZeRO 1/2 / ZeRO-3
     flat = osd.get("single_partition_of_fp32_groups", osd.get("fp32_flat_groups"))
     pads = osd.get("param_alignment_paddings")

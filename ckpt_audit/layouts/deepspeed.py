@@ -14,6 +14,7 @@ rank grid come from what the files record (rules/deepspeed.py); tags newer than 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit import models
@@ -98,6 +99,11 @@ class DeepSpeed:
                 )
                 continue
             checkpoints.append(ckpt)
+        pair_run, pair_ckpt = openrlhf_findings(run_dir, tree, facts, checkpoints)
+        found += pair_run
+        checkpoints = [
+            replace(c, findings=c.findings + pair_ckpt[c.path]) if c.path in pair_ckpt else c for c in checkpoints
+        ]
         by_tag = {c.path.rsplit("/", 1)[-1]: c for c in checkpoints}
         committed = by_tag[latest_tag].step if latest_tag in by_tag else None
         judged = sorted(
@@ -184,6 +190,72 @@ def trainer_state_findings(ckpt_dir: str, tree: Tree, facts: Mapping[str, FileFa
         tag_dir = f"{ckpt_dir}/{t}"
         out += rules.check_tag(tag_dir, rules.tag_step(t), tag_files(tag_dir, tree, facts)[2])[1]
     return tuple(out)
+
+
+def openrlhf_findings(
+    run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], checkpoints: list[Checkpoint]
+) -> tuple[list[Finding], dict[str, tuple[Finding, ...]]]:
+    """(run findings, checkpoint path -> findings) of an OpenRLHF save directory (`_actor`, `_critic`).
+
+    OpenRLHF resumes each of the pair with load_checkpoint(dir) and no tag, so the two `latest` must name one tag,
+    and a tag only one of them holds resumes half of the pair at another step. metric.json is written by OpenRLHF
+    after DeepSpeed's save (and `latest`): a tag without it was cut in between (still loadable), and OpenRLHF's own
+    rotation evicts it first. `<tag>_hf/` beside the pair is the actor's HF export of that tag."""
+    parent, _, name = run_dir.rpartition("/")
+    if name not in rules.OPENRLHF_PAIR:
+        return [], {}
+    run_out: list[Finding] = []
+    ckpt_out: dict[str, list[Finding]] = {}
+    tags = {c.path.rsplit("/", 1)[-1]: c for c in checkpoints}
+    for c in tags.values():
+        if rules.METRIC_JSON not in tree.file_names(c.path):
+            ckpt_out.setdefault(c.path, []).append(
+                finding(
+                    "openrlhf-metric-missing",
+                    f"{c.path}/{rules.METRIC_JSON}",
+                    "no metric.json: OpenRLHF's save was cut after DeepSpeed's (the tag loads), or an older "
+                    "OpenRLHF; its rotation deletes this tag first",
+                )
+            )
+    exports = sorted(
+        d for d in tree.subdirs(parent) if d.endswith(rules.HF_EXPORT_SUFFIX) and d[: -len(rules.HF_EXPORT_SUFFIX)]
+    )
+    if name == "_actor" and exports:
+        run_out.append(
+            finding(
+                "openrlhf-hf-export",
+                parent,
+                f"{', '.join(f'{d}/' for d in exports)}: the actor's HF weights OpenRLHF exported (--ckpt.save_hf); "
+                "exports, not resume points: never judged or pruned as checkpoints",
+            )
+        )
+    other = f"{parent}/{rules.OPENRLHF_PAIR[name]}"
+    if other not in tree.dirs:
+        return run_out, {p: tuple(f) for p, f in ckpt_out.items()}
+    theirs = {s for s in tree.subdirs(other) if is_tag(f"{other}/{s}", tree)}
+    for tag, c in tags.items():
+        if tag not in theirs:
+            ckpt_out.setdefault(c.path, []).append(
+                finding(
+                    "openrlhf-pair-missing",
+                    c.path,
+                    f"{rules.OPENRLHF_PAIR[name].lstrip('_')} has no tag {tag}: resuming here loads one of OpenRLHF's "
+                    "actor/critic pair from another step",
+                )
+            )
+    mine, their = (facts.get(f"{d}/{rules.LATEST}") for d in (run_dir, other))
+    if mine and their and mine.text is not None and their.text is not None:
+        a, b = rules.read_latest(mine.text), rules.read_latest(their.text)
+        if a != b:
+            run_out.append(
+                finding(
+                    "openrlhf-latest-differs",
+                    f"{run_dir}/{rules.LATEST}",
+                    f"`latest` names {a!r} here, {b!r} in {rules.OPENRLHF_PAIR[name]}: OpenRLHF resumes the actor and "
+                    "the critic from different tags",
+                )
+            )
+    return run_out, {p: tuple(f) for p, f in ckpt_out.items()}
 
 
 def check_latest(run_dir: str, present: bool, text: str | None, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:

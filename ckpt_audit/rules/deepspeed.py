@@ -23,6 +23,12 @@ MODEL_RE = re.compile(r"mp_rank_(\d{2,9})_model_states\.pt")
 ZERO3_MODEL_RE = re.compile(r"zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_model_states\.pt")
 OPTIM_RE = re.compile(r"(bf16_)?zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_optim_states\.pt")
 STEP_TAG_RE = re.compile(r"(?:best_)?global_step(\d{1,19})")  # engine's default tag, and OpenRLHF's best_ tags
+# OpenRLHF (openrlhf/utils/deepspeed/deepspeed.py save_ckpt): PPO saves the actor's and the critic's engines into
+# <ckpt.path>/_actor and <ckpt.path>/_critic under one tag, writes <tag>/metric.json after each DeepSpeed save, and
+# may export the actor's HF weights to <ckpt.path>/<tag>_hf
+OPENRLHF_PAIR = {"_actor": "_critic", "_critic": "_actor"}
+METRIC_JSON = "metric.json"
+HF_EXPORT_SUFFIX = "_hf"
 # what every file of one save records alike (partition_count is checked against dp_world_size below)
 SAME_KEYS = ("ds_version", "zero_stage", "dp_world_size", "mp_world_size", "global_steps", "partition_count")
 
@@ -192,3 +198,16 @@ def read_latest(text: str | None) -> str | None:
         return None
     tag = text.strip()
     return tag or None
+
+
+def read_metric_json(doc: object) -> tuple[str | None, float | None]:
+    """(metric_key, metric_value) of an OpenRLHF metric.json as its own rotation reads it (a value that float()
+    refuses, or none, is no metric)."""
+    if not isinstance(doc, dict):
+        return None, None
+    key, value = doc.get("metric_key"), doc.get("metric_value")
+    try:
+        number = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    return (key if isinstance(key, str) else None), number
