@@ -760,6 +760,13 @@ _TABLE: tuple[Code, ...] = (
         "Trainer resumes with load_checkpoint(checkpoint-N, tag=None), which finds nothing, and raises ValueError",
     ),
     Code(
+        code="hf-deepspeed-no-weights",
+        severity=INFO,
+        explanation="checkpoint-N holds DeepSpeed state but no HF weights (ZeRO-3 saved without "
+        "stage3_gather_16bit_weights_on_model_save): Trainer resumes it, but from_pretrained cannot load the folder; "
+        "the weights must be exported from the ZeRO partitions",
+    ),
+    Code(
         code="training-args-pickle",
         severity=INFO,
         explanation="training_args.bin is a pickled TrainingArguments object: unpickling it runs transformers' "

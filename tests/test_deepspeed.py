@@ -365,3 +365,35 @@ def test_a_catalog_row_from_before_meta_is_read_again_only_for_deepspeed_files()
     assert pt_from_json(old % '["optimizer_state_dict", "ds_config", "ds_version"]')[1] is False
     pt, whole = pt_from_json(old.replace("}", ', "meta": [["dp_world_size", 2]]}') % "[]")
     assert whole and pt.meta == (("dp_world_size", 2),)
+
+
+@pytest.mark.slow
+def test_trainer_checkpoints_under_deepspeed_as_trainer_resumes_them(hf_ds, tmp_path):
+    """Cut from the real Trainer + ZeRO-2 run: checkpoint-4 as ZeRO-3 without gathered weights leaves it (Trainer's
+    save_model catches the ValueError, removes the empty model.safetensors it wrote, saves DeepSpeed's state:
+    Trainer resumes it, from_pretrained cannot load it); checkpoint-2 as `save_only_model=True` leaves it (weights
+    and trainer_state.json only: under DeepSpeed, Trainer's resume raises "Can't find a valid checkpoint"); and a
+    2-process save whose rank 1 RNG file is missing (transformers writes rng_state_R.pth per process)."""
+    from transformers import GPT2LMHeadModel
+
+    out = tmp_path / "runs" / "out"
+    shutil.copytree(hf_ds, out)
+    (out / "checkpoint-4" / "model.safetensors").unlink()
+    with pytest.raises(OSError):  # what loading the folder as a model does
+        GPT2LMHeadModel.from_pretrained(out / "checkpoint-4")
+    two = out / "checkpoint-2"
+    for p in [two / "latest", two / "scheduler.pt", two / "rng_state.pth", two / "zero_to_fp32.py"]:
+        p.unlink()
+    shutil.rmtree(two / "global_step2")
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete"}
+    assert "hf-deepspeed-no-weights" in codes_of(doc, 4) and "hf-model-only" in codes_of(doc, 2)
+    res = invoke("latest", str(out), catalog=tmp_path / "c.db")  # the weights-only one is no resume point
+    assert res.exit_code == 0 and res.stdout.strip() == str(out / "checkpoint-4"), res.output
+    # rank 0's rng_state_0.pth alone, where DeepSpeed's state records 2 processes
+    (out / "checkpoint-4" / "rng_state.pth").rename(out / "checkpoint-4" / "rng_state_0.pth")
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    [f] = [f for f in findings_of(doc, 4) if f["code"] == "hf-missing-rng-state"]
+    assert f["path"] == str(out / "checkpoint-4" / "rng_state_1.pth") and f["rank"] == 1

@@ -186,9 +186,37 @@ def trainer_state_findings(ckpt_dir: str, tree: Tree, facts: Mapping[str, FileFa
             out.append(
                 finding("hf-deepspeed-latest", path, f"`latest` names {tag!r}, not a tag here ({', '.join(tags)})")
             )
+    worlds = set()
     for t in tags:
         tag_dir = f"{ckpt_dir}/{t}"
-        out += rules.check_tag(tag_dir, rules.tag_step(t), tag_files(tag_dir, tree, facts)[2])[1]
+        degrees, found = rules.check_tag(tag_dir, rules.tag_step(t), tag_files(tag_dir, tree, facts)[2])
+        out += found
+        if degrees:
+            worlds.add(degrees.dp * degrees.mp)
+    names = frozenset(tree.file_names(ckpt_dir))
+    if not names & hf_rules.WEIGHT_FILES and not names & hf_rules.INDEX_FILES:
+        # ZeRO-3 without stage3_gather_16bit_weights_on_model_save: Trainer removes the empty weights it wrote
+        out.append(
+            finding(
+                "hf-deepspeed-no-weights",
+                ckpt_dir,
+                "no HF weights beside DeepSpeed's state (ZeRO-3 saved without "
+                "stage3_gather_16bit_weights_on_model_save): Trainer resumes it, from_pretrained cannot load it; "
+                "the weights are in the ZeRO partitions",
+            )
+        )
+    ranks = hf_rules.rng_ranks(names)[1]
+    if ranks and len(worlds) == 1 and (world := worlds.pop()) > max(ranks) + 1:
+        # one rng_state_R.pth per process: the DeepSpeed state says how many processes saved
+        out += [
+            finding(
+                "hf-missing-rng-state",
+                f"{ckpt_dir}/rng_state_{r}.pth",
+                f"rank {r}'s RNG state is absent: DeepSpeed's state records {world} processes",
+                rank=r,
+            )
+            for r in range(max(ranks) + 1, world)
+        ]
     return tuple(out)
 
 
