@@ -3,7 +3,7 @@
 
     DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 tests/_write_deepspeed.py DEST STAGE [bf16]
 
-DEST/global_step2, global_step4, global_step6 and `latest` (naming global_step6), ZeRO stage STAGE (2 or 3),
+DEST/global_step2, global_step4, global_step6 and `latest` (naming global_step6), ZeRO stage STAGE (0 to 3),
 torch's AdamW as the client optimizer (DeepSpeed's fused Adam needs CUDA), fp32 unless `bf16` is given.
 """
 

@@ -23,6 +23,7 @@ from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
 from conftest import build_cached, writer_key
 
 from ckpt_audit.rules import deepspeed as rules
+from ckpt_audit.verify import verify
 
 WRITER = Path(__file__).with_name("_write_deepspeed.py")
 HF_WRITER = Path(__file__).with_name("_write_hf_deepspeed.py")
@@ -76,6 +77,16 @@ def ds_z3(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ds_z1(tmp_path_factory) -> Path:
+    return _tree(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="session")
+def ds_z0(tmp_path_factory) -> Path:
+    return _tree(tmp_path_factory, 0, "bf16")
+
+
+@pytest.fixture(scope="session")
 def hf_ds(tmp_path_factory) -> Path:
     """A transformers Trainer output directory with DeepSpeed ZeRO-2 on (checkpoint-2, -4), resumed by Trainer."""
     import deepspeed  # noqa: F401
@@ -106,6 +117,33 @@ def test_engine_tree_is_recognised_complete_and_latest_names_its_tag(save_dir, t
     assert {c["world_size"] for c in run["checkpoints"]} == {2}  # dp_world_size as the files record it
     res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
     assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "global_step6")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [0, 1])
+def test_zero_0_and_1_trees_complete_and_a_missing_file_of_their_grid_is_incomplete(request, stage, tmp_path):
+    # ZeRO-0 (bf16): model states alone, the optimizer inside them; ZeRO-1 (fp32): an optimizer shard per dp rank.
+    # Each written tag loads back through load_checkpoint at build time; verify's deep checks pass on both.
+    save_dir = tmp_path / "ds"
+    shutil.copytree(request.getfixturevalue(f"ds_z{stage}"), save_dir)
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"} and doc["exit_code"] == 0
+    names = sorted(p.name for p in (save_dir / "global_step4").iterdir())
+    assert not [f for c in verify([save_dir]).runs[0].checkpoints for f in c.all_findings if f.code.startswith("ds-")]
+    assert names == (
+        ["mp_rank_00_model_states.pt"]
+        if stage == 0
+        else ["mp_rank_00_model_states.pt", *(Z2_OPTIM.format(r) for r in (0, 1))]
+    )
+    if stage == 0:  # the one file of a ZeRO-0 tag, from another step: loads without a word at the wrong step
+        shutil.copy2(save_dir / "global_step2" / names[0], save_dir / "global_step4" / names[0])
+    else:  # rank 1's optimizer shard: its load_checkpoint raises FileNotFoundError
+        (save_dir / "global_step4" / names[-1]).unlink()
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc)[4] == ("corrupt" if stage == 0 else "incomplete")
+    assert ("ds-mixed-shards" if stage == 0 else "ds-missing-shard") in codes_of(doc, 4)
 
 
 @pytest.mark.slow
@@ -397,3 +435,12 @@ def test_trainer_checkpoints_under_deepspeed_as_trainer_resumes_them(hf_ds, tmp_
     doc = scan_json(out, tmp_path / "c.db")
     [f] = [f for f in findings_of(doc, 4) if f["code"] == "hf-missing-rng-state"]
     assert f["path"] == str(out / "checkpoint-4" / "rng_state_1.pth") and f["rank"] == 1
+
+
+def test_a_shard_of_another_world_size_is_the_one_blamed():
+    # the real cut (ZeRO-1, rank 0's shard from a 1-rank save in a 2-rank tag): rank 0's load_checkpoint raises
+    # RuntimeError (size of tensor a (106) must match the size of tensor b (212)), rank 1 loads (docs/layouts.md)
+    metas = _z2(2)
+    metas[Z2_OPTIM.format(0)] = {**Z2_META, "partition_count": 1}
+    found = rules.check_tag("/r/global_step6", 6, metas)[1]
+    assert [(f.code, f.rank) for f in found] == [("ds-mixed-shards", 0)]

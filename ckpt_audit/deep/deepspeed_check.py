@@ -54,6 +54,7 @@ class OptimStates:
     steps: frozenset[float]
     flat: tuple[int, ...] | None  # numel of each group's flat fp32 partition on this rank
     paddings: tuple[int, ...] | None  # ZeRO 1/2: each group's parameter alignment paddings, summed
+    partitions: int | None  # the partition_count it records (the data-parallel degree of its save)
 
 
 def check_component(comp: Component, bad: set[str]) -> tuple[Finding, ...]:
@@ -144,6 +145,8 @@ def check_coverage(optims: Sequence[OptimStates], models: Sequence[ModelStates])
     for mp in sorted({o.mp for o in flat}):
         ranks = sorted((o for o in flat if o.mp == mp), key=lambda o: o.dp)
         dp = len(ranks)
+        if {o.partitions for o in ranks} != {dp} or [o.dp for o in ranks] != list(range(dp)):
+            continue  # a partition not loaded (the scan's findings say why) or of another world: nothing to sum
         stage = ranks[0].stage
         where = ranks[0].path.rsplit("/", 1)[0]
         sizes = {o.flat for o in ranks}
@@ -229,6 +232,9 @@ def _optim(path: str, dp: int, mp: int, value: Mapping) -> OptimStates:
     inner = osd.get("base_optimizer_state", osd.get("optimizer_state_dict"))  # ZeRO 1/2 / ZeRO-3
     flat = osd.get("single_partition_of_fp32_groups", osd.get("fp32_flat_groups"))
     pads = osd.get("param_alignment_paddings")
+    count = osd.get("partition_count")  # one per parameter group; zero_to_fp32 takes the largest
+    if isinstance(count, (list, tuple)) and count and all(isinstance(c, int) for c in count):
+        count = max(count)
     return OptimStates(
         path=path,
         dp=dp,
@@ -237,6 +243,7 @@ def _optim(path: str, dp: int, mp: int, value: Mapping) -> OptimStates:
         steps=frozenset(_optimizer_steps(inner)),
         flat=tuple(_numel(t) for t in flat) if isinstance(flat, (list, tuple)) else None,
         paddings=tuple(sum(p) for p in pads) if isinstance(pads, (list, tuple)) and _all_ints(pads) else None,
+        partitions=count if isinstance(count, int) and count > 0 else None,
     )
 
 

@@ -69,9 +69,12 @@ def check_tag(
     for name, meta in sorted(metas.items()):
         for key, value in (meta or {}).items():
             seen.setdefault(key, {}).setdefault(value, []).append(name)
+    recorded_dp = _one(seen.get("dp_world_size"))
     for key in SAME_KEYS:
         if key == "global_steps" and step is not None:
             continue  # checked against the tag's N below
+        if key == "partition_count" and isinstance(recorded_dp, int):
+            continue  # each held against the model states' dp_world_size below, not against the other shards
         values = seen.get(key, {})
         if len(values) > 1:
             common = max(values, key=lambda v: len(values[v]))
@@ -101,7 +104,7 @@ def check_tag(
     stage, dp, mp = (_one(seen.get(k)) for k in ("zero_stage", "dp_world_size", "mp_world_size"))
     if dp is None:
         dp = _one(seen.get("partition_count"))  # the optimizer's own partition count: the same degree
-    if isinstance(dp, int) and (pc := _one(seen.get("partition_count"))) is not None and pc != dp:
+    if isinstance(recorded_dp, int):
         out += [
             finding(
                 "ds-mixed-shards",
@@ -109,7 +112,9 @@ def check_tag(
                 f"partition_count={pc} but the model states record dp_world_size={dp}: another world size",
                 rank=rank_of(n),
             )
-            for n in seen["partition_count"][pc]
+            for pc, names in seen.get("partition_count", {}).items()
+            if pc != recorded_dp
+            for n in names
         ]
     if not all(isinstance(v, int) and v >= 0 for v in (stage, dp, mp)) or not dp or not mp:
         if all(m is not None for m in metas.values()):  # an unread file already says why it is not known
