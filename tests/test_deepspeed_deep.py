@@ -9,7 +9,9 @@ rank's Adam moments and step from step 2. Only verify's step check sees it: the 
 from __future__ import annotations
 
 import shutil
+import struct
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,20 @@ def test_node_local_saves_are_judged_as_their_union_and_differing_latest_is_repo
     assert told.path == f"{dirs[0]}/latest"
     assert told.message == f"the tracker differs between nodes: node {IDS[0]}: step 6; node {IDS[1]}: step 4"
     assert {c.step for c in run.checkpoints if any(f.code == "replica-differs" for f in c.findings)} == {4, 6}
+
+
+def test_a_bit_flipped_shard_is_corrupt_though_deepspeed_loads_it(ds_z3, tmp_path):  # noqa: F811
+    # DeepSpeed (scripts/probe_deepspeed_load.py): both ranks load rank 1's optimizer shard with one bit flipped in
+    # a tensor's bytes, without a word; the zip entry's CRC-32 says the bytes are not what was written
+    root = _copy(ds_z3, tmp_path)
+    shard = optim(root / "global_step6", 1)
+    with zipfile.ZipFile(shard) as z:  # the largest tensor's bytes: the fp32 partition or a moment
+        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(shard.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[entry.header_offset + 26 : entry.header_offset + 30])
+    data[entry.header_offset + 30 + name_len + extra_len + entry.file_size // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    age(root)
+    got = _verified(root)
+    assert got[6][0] is Status.CORRUPT and got[4][0] is Status.COMPLETE
+    assert any(f.code == "crc-mismatch" and f.path == str(shard) for f in got[6][1])
