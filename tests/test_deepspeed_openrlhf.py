@@ -108,3 +108,49 @@ def test_keep_best_ranks_by_each_tags_metric_json(ckpt, tmp_path):
     assert sorted(p.name for p in ckpt.glob("*_hf")) == ["global_step2_hf", "global_step4_hf", "global_step6_hf"]
     res = invoke("prune", "--keep-best", "1", "--metric", "eval_typo", "--yes", str(ckpt), catalog=db)
     assert res.exit_code == 2 and "no metric.json" in res.output
+
+
+@pytest.mark.slow
+def test_prometheus_catalog_and_tui_show_each_tag_of_a_step_saved_twice(ckpt, tmp_path):
+    """global_step6 and best_global_step6 are one step under two tags: every surface keeps both."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from textual.widgets import DataTable
+    from tui_pilot import drive, open_run
+
+    from tui.app import AuditApp
+    from tui.screens.details import DetailsScreen
+
+    db, prom = tmp_path / "c.db", tmp_path / "m.prom"
+    res = invoke("scan", "-q", "--metrics-file", str(prom), str(ckpt), catalog=db)
+    assert res.exit_code == 0, res.output
+    got = {
+        (s.name, s.labels.get("run"), s.labels.get("status")): s.value
+        for fam in text_string_to_metric_families(prom.read_text())
+        for s in fam.samples
+    }
+    for name in ("_actor", "_critic"):
+        run = str(ckpt / name)
+        assert got[("ckpt_audit_checkpoints", run, "complete")] == 3
+        assert got[("ckpt_audit_latest_complete_step", run, None)] == 6
+    ls = json.loads(invoke("ls", "--json", str(ckpt / "_actor"), catalog=db).output)
+    assert sorted(Path(c["path"]).name for c in ls["checkpoints"]) == [
+        "best_global_step6",
+        "global_step4",
+        "global_step6",
+    ]
+    show = json.loads(invoke("show", "--json", str(ckpt / "_actor" / "best_global_step6"), catalog=db).output)
+    assert show["checkpoint"]["path"] == str(ckpt / "_actor" / "best_global_step6")
+    assert {Path(f["path"]).name for f in show["checkpoint"]["files"]} >= {"metric.json", "mp_rank_00_model_states.pt"}
+
+    app = AuditApp(catalog_path=db, roots=[str(ckpt)])
+
+    async def script(pilot):
+        assert app.last_error is None and app.screen.query_one("#runs", DataTable).row_count == 2
+        screen = await open_run(pilot)
+        table = screen.query_one("#checkpoints", DataTable)
+        assert table.row_count == 3 and sorted(int(table.get_row_at(i)[1]) for i in range(3)) == [4, 6, 6]
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, DetailsScreen) and app.screen.checkpoint.step == 6
+
+    drive(app, script)
