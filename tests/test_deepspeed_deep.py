@@ -8,6 +8,7 @@ rank's Adam moments and step from step 2. Only verify's step check sees it: the 
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import time
@@ -174,3 +175,21 @@ def test_a_bit_flipped_shard_is_corrupt_though_deepspeed_loads_it(ds_z3, tmp_pat
     got = _verified(root)
     assert got[6][0] is Status.CORRUPT and got[4][0] is Status.COMPLETE
     assert any(f.code == "crc-mismatch" and f.path == str(shard) for f in got[6][1])
+
+
+def test_prune_rereads_the_surviving_tag_and_deletes_nothing_when_it_changed(ds_z2, tmp_path):  # noqa: F811
+    """Bit rot in the newest tag after the nightly scan (size and mtime kept): prune's survivor re-read by content
+    finds it before anything older goes, as for verl's runs, and the recomputed plan keeps global_step4, now the
+    newest whole tag (read again too), deleting only global_step2."""
+    root = _copy(ds_z2, tmp_path)
+    db = tmp_path / "c.db"
+    assert invoke("scan", str(root), catalog=db).exit_code == 0
+    shard = optim(root / "global_step6", 0)
+    st = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    res = invoke("prune", "--yes", "--keep-last", "1", str(root), catalog=db)
+    assert res.exit_code == 1 and "FAILED re-read: step 6" in res.output and "plan recomputed" in res.output
+    assert sorted(p.name for p in root.glob("global_step*")) == ["global_step4", "global_step6"]
