@@ -78,7 +78,9 @@ def ds_z3(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def ds_z1(tmp_path_factory) -> Path:
-    return _tree(tmp_path_factory, 1)
+    """ZeRO-1 fp32, global_step6 also converted by DeepSpeed's ds_to_universal (global_step6_universal/,
+    latest_universal), resumed through latest_universal at build time."""
+    return _tree(tmp_path_factory, 1, "universal")
 
 
 @pytest.fixture(scope="session")
@@ -131,6 +133,7 @@ def test_zero_0_and_1_trees_complete_and_a_missing_file_of_their_grid_is_incompl
     assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"} and doc["exit_code"] == 0
     names = sorted(p.name for p in (save_dir / "global_step4").iterdir())
     assert not [f for c in verify([save_dir]).runs[0].checkpoints for f in c.all_findings if f.code.startswith("ds-")]
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"} and doc["exit_code"] == 0
     assert names == (
         ["mp_rank_00_model_states.pt"]
         if stage == 0
@@ -444,3 +447,32 @@ def test_a_shard_of_another_world_size_is_the_one_blamed():
     metas[Z2_OPTIM.format(0)] = {**Z2_META, "partition_count": 1}
     found = rules.check_tag("/r/global_step6", 6, metas)[1]
     assert [(f.code, f.rank) for f in found] == [("ds-mixed-shards", 0)]
+
+
+@pytest.mark.slow
+def test_a_universal_checkpoint_is_judged_as_the_universal_load_reads_it(ds_z1, tmp_path):
+    # global_step6_universal: model states plus zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt and
+    # zero/optimizer_state.pt, no optimizer shards; an engine with checkpoint.load_universal reads latest_universal
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z1, save_dir)
+    uni = save_dir / "global_step6_universal"
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    [run] = doc["runs"]
+    got = {Path(c["path"]).name: (c["status"], [f["code"] for f in c["findings"]]) for c in run["checkpoints"]}
+    assert got[uni.name] == ("complete", []) and got["global_step6"] == ("complete", []) and not run["findings"]
+    # the universal load asserts zero/optimizer_state.pt; a parameter folder short of a file resumes without it
+    (uni / "zero" / "optimizer_state.pt").unlink()
+    (uni / "zero" / "0.bias" / "exp_avg.pt").unlink()
+    (save_dir / "latest_universal").write_text("global_step8_universal")
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    [run] = doc["runs"]
+    [c] = [c for c in run["checkpoints"] if c["path"] == str(uni)]
+    assert c["status"] == "incomplete"
+    assert {f["path"] for f in c["findings"] if f["code"] == "ds-missing-shard"} == {
+        str(uni / "zero" / "optimizer_state.pt"),
+        str(uni / "zero" / "0.bias" / "exp_avg.pt"),
+    }
+    [f] = [f for f in run["findings"] if f["code"] == "ds-latest-dangling"]
+    assert f["path"] == str(save_dir / "latest_universal") and "global_step8_universal" in f["message"]

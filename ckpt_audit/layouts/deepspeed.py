@@ -111,6 +111,8 @@ class DeepSpeed:
         )
         if not unread:
             found += check_latest(run_dir, latest_fact is not None, latest_fact.text if latest_fact else None, judged)
+        if (universal := facts.get(f"{run_dir}/{rules.LATEST_UNIVERSAL}")) is not None and universal.text is not None:
+            found += check_latest_universal(run_dir, universal.text, judged)
         return models.Run(
             path=run_dir, layout=NAME, tracker_step=committed, checkpoints=tuple(judged), findings=tuple(found)
         )
@@ -141,7 +143,12 @@ def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, F
     """One tag directory as a Checkpoint with the tag rules' findings (None: no step to file it under)."""
     files, file_findings, metas = tag_files(tag_dir, tree, facts)
     step = rules.tag_step(tag_dir.rsplit("/", 1)[-1])
-    degrees, found = rules.check_tag(tag_dir, step, metas)
+    universal = rules.UNIVERSAL_DIR in tree.subdirs(tag_dir)
+    degrees, found = rules.check_tag(tag_dir, step, metas, universal=universal)
+    if universal:
+        zero = f"{tag_dir}/{rules.UNIVERSAL_DIR}"
+        params = {p: frozenset(tree.file_names(f"{zero}/{p}")) for p in tree.subdirs(zero)}
+        found += tuple(rules.universal_findings(tag_dir, params, frozenset(tree.file_names(zero))))
     if step is None:  # a custom tag: filed under the step its own files record
         steps = {v for m in metas.values() if m and isinstance(v := m.get("global_steps"), int)}
         step = steps.pop() if len(steps) == 1 else None
@@ -284,6 +291,21 @@ def openrlhf_findings(
                 )
             )
     return run_out, {p: tuple(f) for p, f in ckpt_out.items()}
+
+
+def check_latest_universal(run_dir: str, text: str, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:
+    """`latest_universal`, which an engine with checkpoint.load_universal reads instead of `latest`: it must name a
+    whole universal checkpoint here."""
+    tag = rules.read_latest(text)
+    target = [c for c in checkpoints if c.path == f"{run_dir}/{tag}"]
+    if target and target[0].status in (Status.COMPLETE, Status.IN_PROGRESS):
+        return ()
+    why = "which is no tag here" if not target else f"which is {target[0].status.value}"
+    return (
+        finding(
+            "ds-latest-dangling", f"{run_dir}/{rules.LATEST_UNIVERSAL}", f"`latest_universal` names {tag!r}, {why}"
+        ),
+    )
 
 
 def check_latest(run_dir: str, present: bool, text: str | None, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:

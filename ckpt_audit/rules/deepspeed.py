@@ -19,6 +19,11 @@ from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
 
 LATEST = "latest"  # <save_dir>/latest: the tag load_checkpoint(tag=None) resumes
+# ds_to_universal's output: <save_dir>/<tag>/zero/<param>/{fp32,exp_avg,...}.pt and zero/optimizer_state.pt beside
+# the model states, named by <save_dir>/latest_universal, which an engine with checkpoint.load_universal resumes
+LATEST_UNIVERSAL = "latest_universal"
+UNIVERSAL_DIR = "zero"
+UNIVERSAL_OPTIM = "optimizer_state.pt"
 MODEL_RE = re.compile(r"mp_rank_(\d{2,9})_model_states\.pt")
 ZERO3_MODEL_RE = re.compile(r"zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_model_states\.pt")
 OPTIM_RE = re.compile(r"(bf16_)?zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_optim_states\.pt")
@@ -56,12 +61,13 @@ class Degrees:
 
 
 def check_tag(
-    tag_dir: str, step: int | None, metas: Mapping[str, Mapping[str, int | str] | None]
+    tag_dir: str, step: int | None, metas: Mapping[str, Mapping[str, int | str] | None], *, universal: bool = False
 ) -> tuple[Degrees | None, tuple[Finding, ...]]:
     """(the degrees the tag records, findings) for the DeepSpeed files `metas` in `tag_dir`.
 
     `metas`: file name -> what it records (readers.deepspeed_meta), or None when it could not be read (its own
-    findings say why); `step`: the N of a global_stepN tag, which every model states file's global_steps must equal.
+    findings say why); `step`: the N of a global_stepN tag, which every model states file's global_steps must equal;
+    `universal`: a universal checkpoint (its optimizer state is in zero/, see universal_findings).
     """
     at = lambda n: f"{tag_dir}/{n}"  # noqa: E731
     out: list[Finding] = []
@@ -128,15 +134,27 @@ def check_tag(
             )
         return None, tuple(out)
     deg = Degrees(stage=stage, dp=dp, mp=mp)
-    out += _grid(tag_dir, deg, frozenset(metas))
+    out += _grid(tag_dir, deg, frozenset(metas), universal)
     return deg, tuple(out)
 
 
-def _grid(tag_dir: str, deg: Degrees, names: frozenset[str]) -> list[Finding]:
+def _grid(tag_dir: str, deg: Degrees, names: frozenset[str], universal: bool = False) -> list[Finding]:
     """Missing files of the grid the degrees require, one optimizer spelling, and leftovers beyond the grid."""
     at = lambda n: f"{tag_dir}/{n}"  # noqa: E731
     out: list[Finding] = []
     mps = [f"{m:02d}" for m in range(deg.mp)]
+    if universal:  # the engine opens data-parallel rank 0's model states (ZeRO-3) and reads optimizer state in zero/
+        prefix = "zero_pp_rank_0_" if deg.stage == 3 else ""
+        need = {f"{prefix}mp_rank_{m}_model_states.pt" for m in mps}
+        return [
+            finding(
+                "ds-missing-shard",
+                at(n),
+                "missing: the universal checkpoint's model states; load_checkpoint raises FileNotFoundError",
+                rank=rank_of(n),
+            )
+            for n in sorted(need - names, key=_natural)
+        ]
     if deg.stage == 3:
         need = {f"zero_pp_rank_{d}_mp_rank_{m}_model_states.pt" for d in range(deg.dp) for m in mps}
     else:
@@ -216,3 +234,33 @@ def read_metric_json(doc: object) -> tuple[str | None, float | None]:
     except (TypeError, ValueError):
         number = None
     return (key if isinstance(key, str) else None), number
+
+
+def universal_findings(tag_dir: str, params: Mapping[str, frozenset[str]], names: frozenset[str]) -> list[Finding]:
+    """A universal checkpoint's zero/ (`names`: its files, `params`: each parameter folder's files), as the engine's
+    universal load reads it: zero/optimizer_state.pt (it asserts the file is there), and in each parameter folder
+    every `<key>.pt` it finds (fp32.pt the master weights, the optimizer's moments, step): a folder lacking a file
+    the others hold resumes that parameter without it."""
+    zero = f"{tag_dir}/{UNIVERSAL_DIR}"
+    out = []
+    if UNIVERSAL_OPTIM not in names:
+        out.append(
+            finding(
+                "ds-missing-shard",
+                f"{zero}/{UNIVERSAL_OPTIM}",
+                "missing: the universal load asserts the optimizer's global state is there",
+            )
+        )
+    held = frozenset().union(*params.values()) if params else frozenset()
+    if "fp32.pt" not in held:
+        out.append(finding("ds-missing-shard", zero, "no parameter folder holds fp32.pt: no master weights to load"))
+    for p, files in sorted(params.items()):
+        out += [
+            finding(
+                "ds-missing-shard",
+                f"{zero}/{p}/{f}",
+                "missing: the other parameter folders hold it; the universal load resumes this parameter without it",
+            )
+            for f in sorted(held - files)
+        ]
+    return out
