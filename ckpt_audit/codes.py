@@ -858,6 +858,13 @@ _TABLE: tuple[Code, ...] = (
         "checkpoints a resume loads",
     ),
     Code(
+        code="ds-universal",
+        severity=INFO,
+        explanation="a DeepSpeed universal checkpoint (ds_to_universal's zero/ folder): only an engine with "
+        "checkpoint.load_universal loads it, through latest_universal; `latest` never answers it and fix-tracker "
+        "never writes it",
+    ),
+    Code(
         code="ds-latest-missing",
         severity=W,
         explanation="no `latest` file: load_checkpoint(tag=None) logs a warning and returns (None, None), so the "

@@ -460,7 +460,13 @@ def test_a_universal_checkpoint_is_judged_as_the_universal_load_reads_it(ds_z1, 
     doc = scan_json(save_dir, tmp_path / "c.db")
     [run] = doc["runs"]
     got = {Path(c["path"]).name: (c["status"], [f["code"] for f in c["findings"]]) for c in run["checkpoints"]}
-    assert got[uni.name] == ("complete", []) and got["global_step6"] == ("complete", []) and not run["findings"]
+    assert got[uni.name] == ("complete", ["ds-universal"]) and got["global_step6"] == ("complete", [])
+    assert not run["findings"]
+    # a plain engine's `latest` never names it: fix-tracker points a missing `latest` at global_step6 (the universal
+    # tag sorts after it at the same step)
+    (save_dir / "latest").unlink()
+    res = invoke("fix-tracker", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 1 and "would write global_step6 (" in res.output, res.output
     # the universal load asserts zero/optimizer_state.pt; a parameter folder short of a file resumes without it
     (uni / "zero" / "optimizer_state.pt").unlink()
     (uni / "zero" / "0.bias" / "exp_avg.pt").unlink()

@@ -149,6 +149,14 @@ def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, F
         zero = f"{tag_dir}/{rules.UNIVERSAL_DIR}"
         params = {p: frozenset(tree.file_names(f"{zero}/{p}")) for p in tree.subdirs(zero)}
         found += tuple(rules.universal_findings(tag_dir, params, frozenset(tree.file_names(zero))))
+        found += (
+            finding(
+                "ds-universal",
+                tag_dir,
+                "a universal checkpoint: only an engine with checkpoint.load_universal loads it (through "
+                "`latest_universal`); never the answer for `latest` or what fix-tracker writes",
+            ),
+        )
     if step is None:  # a custom tag: filed under the step its own files record
         steps = {v for m in metas.values() if m and isinstance(v := m.get("global_steps"), int)}
         step = steps.pop() if len(steps) == 1 else None
