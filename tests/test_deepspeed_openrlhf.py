@@ -11,6 +11,7 @@ _actor/ and _critic/, `latest` naming best_global_step6, metric.json in every ta
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -108,6 +109,12 @@ def test_keep_best_ranks_by_each_tags_metric_json(ckpt, tmp_path):
     assert sorted(p.name for p in ckpt.glob("*_hf")) == ["global_step2_hf", "global_step4_hf", "global_step6_hf"]
     res = invoke("prune", "--keep-best", "1", "--metric", "eval_typo", "--yes", str(ckpt), catalog=db)
     assert res.exit_code == 2 and "no metric.json" in res.output
+    # a FIFO in metric.json's place is no metric, and never blocks prune waiting for a writer
+    best = ckpt / "_actor" / "best_global_step6" / "metric.json"
+    best.unlink()
+    os.mkfifo(best)
+    res = invoke("prune", *keep, "--mode", "max", "--yes", str(ckpt), catalog=db)
+    assert res.exit_code == 0, res.output
 
 
 @pytest.mark.slow

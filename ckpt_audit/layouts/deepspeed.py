@@ -272,12 +272,10 @@ def openrlhf_findings(
                 "exports, not resume points: never judged or pruned as checkpoints",
             )
         )
-    other = f"{parent}/{rules.OPENRLHF_PAIR[name]}"
-    if other not in tree.dirs:
-        return run_out, {p: tuple(f) for p, f in ckpt_out.items()}
-    theirs = {s for s in tree.subdirs(other) if is_tag(f"{other}/{s}", tree)}
+    other = f"{parent}/{rules.OPENRLHF_PAIR[name]}"  # not walked (a scan of this directory alone): not compared
+    theirs = {s for s in tree.subdirs(other) if is_tag(f"{other}/{s}", tree)} if other in tree.dirs else None
     for tag, c in tags.items():
-        if tag not in theirs:
+        if theirs is not None and tag not in theirs:
             ckpt_out.setdefault(c.path, []).append(
                 finding(
                     "openrlhf-pair-missing",
@@ -287,7 +285,7 @@ def openrlhf_findings(
                 )
             )
     mine, their = (facts.get(f"{d}/{rules.LATEST}") for d in (run_dir, other))
-    if mine and their and mine.text is not None and their.text is not None:
+    if theirs is not None and mine and their and mine.text is not None and their.text is not None:
         a, b = rules.read_latest(mine.text), rules.read_latest(their.text)
         if a != b:
             run_out.append(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -498,8 +499,7 @@ def _tag_metrics(run: Run, metric: str) -> dict[int, float] | None:
     # a best_ tag's value is its own step's eval; the regular tag of that step records the eval before it
     for c in sorted(run.checkpoints, key=lambda c: c.path.rsplit("/", 1)[-1].startswith("best")):
         try:
-            with open(f"{c.path}/{ds_rules.METRIC_JSON}", "rb") as f:
-                doc = bounded_json.loads(f.read(METRIC_JSON_LIMIT + 1), max_bytes=METRIC_JSON_LIMIT)
+            doc = bounded_json.loads(_small_file(f"{c.path}/{ds_rules.METRIC_JSON}"), max_bytes=METRIC_JSON_LIMIT)
         except (OSError, ValueError):
             continue
         found = True
@@ -507,6 +507,17 @@ def _tag_metrics(run: Run, metric: str) -> dict[int, float] | None:
         if key == metric and value is not None and math.isfinite(value):
             out[c.step] = value
     return out if found else None
+
+
+def _small_file(path: str) -> bytes:
+    """Up to METRIC_JSON_LIMIT + 1 bytes of a regular file (a FIFO put there must not block prune)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        return os.read(fd, METRIC_JSON_LIMIT + 1)
+    finally:
+        os.close(fd)
 
 
 def metric_problem(runs: Sequence[Run], metric: str, values: Mapping[str, Mapping[int, float]]) -> str | None:

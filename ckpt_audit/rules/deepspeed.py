@@ -115,7 +115,7 @@ def check_tag(
             finding(
                 "ds-mixed-shards",
                 at(n),
-                f"partition_count={pc} but the model states record dp_world_size={dp}: another world size",
+                f"partition_count={pc} but the model states record dp_world_size={recorded_dp}: another world size",
                 rank=rank_of(n),
             )
             for pc, names in seen.get("partition_count", {}).items()
