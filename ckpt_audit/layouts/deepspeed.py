@@ -5,10 +5,12 @@
                  zero_pp_rank_D_mp_rank_MM_model_states.pt      ZeRO-3: one per dp rank too
                  [bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt  ZeRO >= 1: one optimizer partition per dp rank
 <save_dir>/zero_to_fp32.py                          DeepSpeed's converter, copied next to the tags
+<save_dir>/latest_universal, <tag>/zero/            a universal checkpoint (ds_to_universal) and the tag naming it
 
 The save directory is the run; each directory holding DeepSpeed shards is a checkpoint (tag `global_stepN`,
 `best_global_stepN` or any custom name; a custom tag's step is what its model states record). The degrees and the
-rank grid come from what the files record (rules/deepspeed.py); tags newer than `latest` are uncommitted.
+rank grid come from what the files record (rules/deepspeed.py); tags newer than `latest` are uncommitted. OpenRLHF's
+`_actor/` and `_critic/` save directories are also held to each other (openrlhf_findings).
 """
 
 from __future__ import annotations
