@@ -865,6 +865,12 @@ _TABLE: tuple[Code, ...] = (
         "never writes it",
     ),
     Code(
+        code="ds-latest-universal-target",
+        severity=INFO,
+        explanation="the tag DeepSpeed's latest_universal names: an engine with checkpoint.load_universal resumes it, "
+        "so prune keeps it as a tracker target",
+    ),
+    Code(
         code="ds-latest-missing",
         severity=W,
         explanation="no `latest` file: load_checkpoint(tag=None) logs a warning and returns (None, None), so the "

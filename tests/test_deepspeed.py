@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -461,8 +462,19 @@ def test_a_universal_checkpoint_is_judged_as_the_universal_load_reads_it(ds_z1, 
     doc = scan_json(save_dir, tmp_path / "c.db")
     [run] = doc["runs"]
     got = {Path(c["path"]).name: (c["status"], [f["code"] for f in c["findings"]]) for c in run["checkpoints"]}
-    assert got[uni.name] == ("complete", ["ds-universal"]) and got["global_step6"] == ("complete", [])
-    assert not run["findings"]
+    assert got[uni.name] == ("complete", ["ds-universal", "ds-latest-universal-target"])
+    assert got["global_step6"] == ("complete", []) and not run["findings"]
+    # training went on past the conversion (the run as the scan judged it, `latest` moved on to a later step): the
+    # tag latest_universal names stays a tracker target (it was `not-kept`, deleted), the plain global_step6 does not
+    from dataclasses import replace
+
+    from ckpt_audit.lifecycle.retention import KeepLast, Policy, Reason, plan_prune
+    from ckpt_audit.scanner import scan
+
+    [scanned] = scan([save_dir]).runs
+    plan = plan_prune([replace(scanned, tracker_step=8)], Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
+    kept = {Path(i.path).name: i.reasons for i in plan.keep}
+    assert kept[uni.name] == (Reason.TRACKER_TARGET,) and Reason.TRACKER_TARGET not in kept["global_step6"]
     # a plain engine's `latest` never names it: fix-tracker points a missing `latest` at global_step6 (the universal
     # tag sorts after it at the same step)
     (save_dir / "latest").unlink()

@@ -114,7 +114,8 @@ class DeepSpeed:
         if not unread:
             found += check_latest(run_dir, latest_fact is not None, latest_fact.text if latest_fact else None, judged)
         if (universal := facts.get(f"{run_dir}/{rules.LATEST_UNIVERSAL}")) is not None and universal.text is not None:
-            found += check_latest_universal(run_dir, universal.text, judged)
+            judged, dangling = check_latest_universal(run_dir, universal.text, judged)
+            found += dangling
         return models.Run(
             path=run_dir, layout=NAME, tracker_step=committed, checkpoints=tuple(judged), findings=tuple(found)
         )
@@ -301,19 +302,21 @@ def openrlhf_findings(
     return run_out, {p: tuple(f) for p, f in ckpt_out.items()}
 
 
-def check_latest_universal(run_dir: str, text: str, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:
-    """`latest_universal`, which an engine with checkpoint.load_universal reads instead of `latest`: it must name a
-    whole universal checkpoint here."""
+def check_latest_universal(
+    run_dir: str, text: str, checkpoints: list[Checkpoint]
+) -> tuple[list[Checkpoint], tuple[Finding, ...]]:
+    """`latest_universal`, which an engine with checkpoint.load_universal reads instead of `latest`: (the checkpoints,
+    the one it names marked as its target so prune keeps it; the run's finding when it names no whole tag here)."""
     tag = rules.read_latest(text)
-    target = [c for c in checkpoints if c.path == f"{run_dir}/{tag}"]
-    if target and target[0].status in (Status.COMPLETE, Status.IN_PROGRESS):
-        return ()
-    why = "which is no tag here" if not target else f"which is {target[0].status.value}"
-    return (
-        finding(
-            "ds-latest-dangling", f"{run_dir}/{rules.LATEST_UNIVERSAL}", f"`latest_universal` names {tag!r}, {why}"
-        ),
+    path = f"{run_dir}/{rules.LATEST_UNIVERSAL}"
+    target = next((c for c in checkpoints if c.path == f"{run_dir}/{tag}"), None)
+    if target is None or target.status not in (Status.COMPLETE, Status.IN_PROGRESS):
+        why = "which is no tag here" if target is None else f"which is {target.status.value}"
+        return checkpoints, (finding("ds-latest-dangling", path, f"`latest_universal` names {tag!r}, {why}"),)
+    named = finding(
+        "ds-latest-universal-target", target.path, "`latest_universal` names it: a universal resume loads it"
     )
+    return [replace(c, findings=(*c.findings, named)) if c is target else c for c in checkpoints], ()
 
 
 def check_latest(run_dir: str, present: bool, text: str | None, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:

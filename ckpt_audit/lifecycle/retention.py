@@ -440,7 +440,10 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
             reasons.append(Reason.NEWEST_COMPLETE)
         elif c.path == newest_resumable:
             reasons.append(Reason.NEWEST_RESUMABLE)
-        if run.tracker_step is not None and c.step == run.tracker_step:
+        # DeepSpeed's latest_universal is a second tracker, for engines that load universal checkpoints
+        if (run.tracker_step is not None and c.step == run.tracker_step) or any(
+            f.code == "ds-latest-universal-target" for f in c.findings
+        ):
             reasons.append(Reason.TRACKER_TARGET)
         if tracker_unread:
             reasons.append(Reason.TRACKER_UNREAD)
