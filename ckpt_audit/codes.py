@@ -778,6 +778,13 @@ _TABLE: tuple[Code, ...] = (
         "Trainer resumes with load_checkpoint(checkpoint-N, tag=None), which finds nothing, and raises ValueError",
     ),
     Code(
+        code="hf-deepspeed-no-weights",
+        severity=INFO,
+        explanation="checkpoint-N holds DeepSpeed state but no HF weights (ZeRO-3 saved without "
+        "stage3_gather_16bit_weights_on_model_save): Trainer resumes it, but from_pretrained cannot load the folder; "
+        "the weights must be exported from the ZeRO partitions",
+    ),
+    Code(
         code="training-args-pickle",
         severity=INFO,
         explanation="training_args.bin is a pickled TrainingArguments object: unpickling it runs transformers' "
@@ -821,6 +828,65 @@ _TABLE: tuple[Code, ...] = (
         severity=W,
         explanation="a tag with a custom name whose files record no single global_steps (its model states are "
         "missing or unreadable): no step to file it under, so it is not judged, and prune never touches it",
+    ),
+    Code(
+        code="ds-optim-step-mismatch",
+        severity=E,
+        explanation="verify: the optimizer shards of one tag record different optimizer steps (AdamW's step): a "
+        "shard from another save of the same world size; DeepSpeed loads it without a word",
+        corrupts=True,
+    ),
+    Code(
+        code="ds-partition-mismatch",
+        severity=E,
+        explanation="verify: the flat fp32 optimizer partitions do not cover the model states' param_shapes as "
+        "DeepSpeed lays them out (equal per rank; ZeRO 1/2 sum aligned to 2 x dp, ZeRO-3 ceil(numel/dp) each): "
+        "zero_to_fp32 raises and a resume loads the wrong slices",
+        corrupts=True,
+    ),
+    Code(
+        code="ds-replica-mismatch",
+        severity=E,
+        explanation="verify: a tensor every rank writes as a copy of one value (ZeRO-3's non-partitioned tensors, "
+        "parameters the checkpoint names as tensor-parallel replicated) differs between ranks",
+        corrupts=True,
+    ),
+    Code(
+        code="openrlhf-pair-missing",
+        severity=E,
+        explanation="an OpenRLHF tag held by only one of _actor/ and _critic/: resuming it loads the actor and the "
+        "critic from different steps",
+    ),
+    Code(
+        code="openrlhf-latest-differs",
+        severity=E,
+        explanation="OpenRLHF's _actor/latest and _critic/latest name different tags: its resume (load_checkpoint "
+        "with no tag, each) loads the actor and the critic from different steps",
+    ),
+    Code(
+        code="openrlhf-metric-missing",
+        severity=W,
+        explanation="an OpenRLHF tag without the metric.json OpenRLHF writes after DeepSpeed's save: the save was cut "
+        "in between (the tag loads), or an older OpenRLHF; its own rotation deletes such a tag first",
+    ),
+    Code(
+        code="openrlhf-hf-export",
+        severity=INFO,
+        explanation="<tag>_hf/ directories beside OpenRLHF's _actor/: the actor's HF weights it exported, not "
+        "checkpoints a resume loads",
+    ),
+    Code(
+        code="ds-universal",
+        severity=INFO,
+        explanation="a DeepSpeed universal checkpoint (ds_to_universal's zero/ folder): only an engine with "
+        "checkpoint.load_universal loads it, through latest_universal; `latest` never answers it and fix-tracker "
+        "never writes it",
+    ),
+    Code(
+        code="ds-latest-universal-target",
+        severity=INFO,
+        explanation="the tag DeepSpeed's latest_universal names: an engine with checkpoint.load_universal resumes it, "
+        "so prune keeps it as a tracker target",
     ),
     Code(
         code="ds-latest-missing",

@@ -48,6 +48,7 @@ TEXT_NAMES = frozenset(
         "config.yaml",
         "ckpt_contents.json",
         "latest",
+        "latest_universal",
     }
 )
 # HF Trainer's JSON grows with the run (log_history, weight_map): the first TEXT_LIMIT bytes are read, and the HF

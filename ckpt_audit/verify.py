@@ -18,7 +18,17 @@ from typing import Any
 
 from ckpt_audit import scanner
 from ckpt_audit.codes import CODES, finding
-from ckpt_audit.deep import dataloader, dcp_check, hf_check, identity, megatron_check, safe_load, structure, values
+from ckpt_audit.deep import (
+    dataloader,
+    dcp_check,
+    deepspeed_check,
+    hf_check,
+    identity,
+    megatron_check,
+    safe_load,
+    structure,
+    values,
+)
 from ckpt_audit.deep import rules as deep
 from ckpt_audit.models import (
     IN_PROGRESS_WINDOW_S,
@@ -210,8 +220,10 @@ def _component_findings(ckpt: Checkpoint, comp: Component, bad: set[str]) -> lis
     if comp.layout == "verl-megatron-v2":  # each dist_ckpt/ (the directory of a .metadata), as the old one's
         dirs = sorted({f.path.rsplit("/", 1)[0] for f in comp.files if f.kind is FileKind.DCP_METADATA})
         return [f for d in dirs for f in _dist_ckpt(comp, d, bad)[0]]
-    if comp.layout == "hf-trainer":
-        return list(hf_check.check_component(comp, bad))
+    if comp.layout == "hf-trainer":  # and DeepSpeed's tags inside a checkpoint-N, as a bare engine tree's
+        return [*hf_check.check_component(comp, bad), *deepspeed_check.check_component(comp, bad)]
+    if comp.layout == "deepspeed":
+        return list(deepspeed_check.check_component(comp, bad))
     if comp.layout in ("dcp", "torchtitan"):
         return [*dcp_check.check_dir(comp.path), *_item_crcs(comp, comp.path, bad)]
     return []

@@ -212,8 +212,11 @@ SLOW_FIXTURES = frozenset(
         "hf_run",  # test_hf_trainer: a real transformers Trainer run (cached like the trees above)
         "ds_z2",  # test_deepspeed: trees DeepSpeed itself writes (2 gloo ranks), and Trainer with DeepSpeed
         "ds_z3",
+        "ds_z1",
+        "ds_z0",
         "hf_ds",
         "ds_export",  # test_export_zero: ZeRO 1/2/3 trees DeepSpeed writes for the export
+        "openrlhf_tree",  # test_deepspeed_openrlhf: OpenRLHF's save sequence on two real DeepSpeed engines
         "ray_cluster",  # tests/ray_cluster.py: the session's local Ray cluster (tens of seconds to start)
     }
 )

@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
 from conftest import build_cached, writer_key
 
 from ckpt_audit.rules import deepspeed as rules
+from ckpt_audit.verify import verify
 
 WRITER = Path(__file__).with_name("_write_deepspeed.py")
 HF_WRITER = Path(__file__).with_name("_write_hf_deepspeed.py")
@@ -76,6 +78,18 @@ def ds_z3(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ds_z1(tmp_path_factory) -> Path:
+    """ZeRO-1 fp32, global_step6 also converted by DeepSpeed's ds_to_universal (global_step6_universal/,
+    latest_universal), resumed through latest_universal at build time."""
+    return _tree(tmp_path_factory, 1, "universal")
+
+
+@pytest.fixture(scope="session")
+def ds_z0(tmp_path_factory) -> Path:
+    return _tree(tmp_path_factory, 0, "bf16")
+
+
+@pytest.fixture(scope="session")
 def hf_ds(tmp_path_factory) -> Path:
     """A transformers Trainer output directory with DeepSpeed ZeRO-2 on (checkpoint-2, -4), resumed by Trainer."""
     import deepspeed  # noqa: F401
@@ -106,6 +120,35 @@ def test_engine_tree_is_recognised_complete_and_latest_names_its_tag(save_dir, t
     assert {c["world_size"] for c in run["checkpoints"]} == {2}  # dp_world_size as the files record it
     res = invoke("latest", str(save_dir), catalog=tmp_path / "c.db")
     assert res.exit_code == 0 and res.stdout.strip() == str(save_dir / "global_step6")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [0, 1])
+def test_zero_0_and_1_trees_complete_and_a_missing_file_of_their_grid_is_incomplete(request, stage, tmp_path):
+    # ZeRO-0 (bf16): model states alone, the optimizer inside them; ZeRO-1 (fp32): an optimizer shard per dp rank.
+    # Each written tag loads back through load_checkpoint at build time; verify's deep checks pass on both.
+    save_dir = tmp_path / "ds"
+    shutil.copytree(request.getfixturevalue(f"ds_z{stage}"), save_dir)
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"} and doc["exit_code"] == 0
+    names = sorted(p.name for p in (save_dir / "global_step4").iterdir())
+    deep = [f.code for c in verify([save_dir]).runs[0].checkpoints for f in c.all_findings]
+    assert {c for c in deep if c.startswith("ds-")} <= {"ds-universal"}
+    assert statuses(doc) == {2: "complete", 4: "complete", 6: "complete"} and doc["exit_code"] == 0
+    assert names == (
+        ["mp_rank_00_model_states.pt"]
+        if stage == 0
+        else ["mp_rank_00_model_states.pt", *(Z2_OPTIM.format(r) for r in (0, 1))]
+    )
+    if stage == 0:  # the one file of a ZeRO-0 tag, from another step: loads without a word at the wrong step
+        shutil.copy2(save_dir / "global_step2" / names[0], save_dir / "global_step4" / names[0])
+    else:  # rank 1's optimizer shard: its load_checkpoint raises FileNotFoundError
+        (save_dir / "global_step4" / names[-1]).unlink()
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    assert statuses(doc)[4] == ("corrupt" if stage == 0 else "incomplete")
+    assert ("ds-mixed-shards" if stage == 0 else "ds-missing-shard") in codes_of(doc, 4)
 
 
 @pytest.mark.slow
@@ -365,3 +408,90 @@ def test_a_catalog_row_from_before_meta_is_read_again_only_for_deepspeed_files()
     assert pt_from_json(old % '["optimizer_state_dict", "ds_config", "ds_version"]')[1] is False
     pt, whole = pt_from_json(old.replace("}", ', "meta": [["dp_world_size", 2]]}') % "[]")
     assert whole and pt.meta == (("dp_world_size", 2),)
+
+
+@pytest.mark.slow
+def test_trainer_checkpoints_under_deepspeed_as_trainer_resumes_them(hf_ds, tmp_path):
+    """Cut from the real Trainer + ZeRO-2 run: checkpoint-4 as ZeRO-3 without gathered weights leaves it (Trainer's
+    save_model catches the ValueError, removes the empty model.safetensors it wrote, saves DeepSpeed's state:
+    Trainer resumes it, from_pretrained cannot load it); checkpoint-2 as `save_only_model=True` leaves it (weights
+    and trainer_state.json only: under DeepSpeed, Trainer's resume raises "Can't find a valid checkpoint"); and a
+    2-process save whose rank 1 RNG file is missing (transformers writes rng_state_R.pth per process)."""
+    from transformers import GPT2LMHeadModel
+
+    out = tmp_path / "runs" / "out"
+    shutil.copytree(hf_ds, out)
+    (out / "checkpoint-4" / "model.safetensors").unlink()
+    with pytest.raises(OSError):  # what loading the folder as a model does
+        GPT2LMHeadModel.from_pretrained(out / "checkpoint-4")
+    two = out / "checkpoint-2"
+    for p in [two / "latest", two / "scheduler.pt", two / "rng_state.pth", two / "zero_to_fp32.py"]:
+        p.unlink()
+    shutil.rmtree(two / "global_step2")
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    assert statuses(doc) == {2: "complete", 4: "complete"}
+    assert "hf-deepspeed-no-weights" in codes_of(doc, 4) and "hf-model-only" in codes_of(doc, 2)
+    res = invoke("latest", str(out), catalog=tmp_path / "c.db")  # the weights-only one is no resume point
+    assert res.exit_code == 0 and res.stdout.strip() == str(out / "checkpoint-4"), res.output
+    # rank 0's rng_state_0.pth alone, where DeepSpeed's state records 2 processes
+    (out / "checkpoint-4" / "rng_state.pth").rename(out / "checkpoint-4" / "rng_state_0.pth")
+    age(out)
+    doc = scan_json(out, tmp_path / "c.db")
+    [f] = [f for f in findings_of(doc, 4) if f["code"] == "hf-missing-rng-state"]
+    assert f["path"] == str(out / "checkpoint-4" / "rng_state_1.pth") and f["rank"] == 1
+
+
+def test_a_shard_of_another_world_size_is_the_one_blamed():
+    # the real cut (ZeRO-1, rank 0's shard from a 1-rank save in a 2-rank tag): rank 0's load_checkpoint raises
+    # RuntimeError (size of tensor a (106) must match the size of tensor b (212)), rank 1 loads (docs/layouts.md)
+    metas = _z2(2)
+    metas[Z2_OPTIM.format(0)] = {**Z2_META, "partition_count": 1}
+    found = rules.check_tag("/r/global_step6", 6, metas)[1]
+    assert [(f.code, f.rank) for f in found] == [("ds-mixed-shards", 0)]
+
+
+@pytest.mark.slow
+def test_a_universal_checkpoint_is_judged_as_the_universal_load_reads_it(ds_z1, tmp_path):
+    # global_step6_universal: model states plus zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt and
+    # zero/optimizer_state.pt, no optimizer shards; an engine with checkpoint.load_universal reads latest_universal
+    save_dir = tmp_path / "ds"
+    shutil.copytree(ds_z1, save_dir)
+    uni = save_dir / "global_step6_universal"
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    [run] = doc["runs"]
+    got = {Path(c["path"]).name: (c["status"], [f["code"] for f in c["findings"]]) for c in run["checkpoints"]}
+    assert got[uni.name] == ("complete", ["ds-universal", "ds-latest-universal-target"])
+    assert got["global_step6"] == ("complete", []) and not run["findings"]
+    # training went on past the conversion (the run as the scan judged it, `latest` moved on to a later step): the
+    # tag latest_universal names stays a tracker target (it was `not-kept`, deleted), the plain global_step6 does not
+    from dataclasses import replace
+
+    from ckpt_audit.lifecycle.retention import KeepLast, Policy, Reason, plan_prune
+    from ckpt_audit.scanner import scan
+
+    [scanned] = scan([save_dir]).runs
+    plan = plan_prune([replace(scanned, tracker_step=8)], Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
+    kept = {Path(i.path).name: i.reasons for i in plan.keep}
+    assert kept[uni.name] == (Reason.TRACKER_TARGET,) and Reason.TRACKER_TARGET not in kept["global_step6"]
+    # a plain engine's `latest` never names it: fix-tracker points a missing `latest` at global_step6 (the universal
+    # tag sorts after it at the same step)
+    (save_dir / "latest").unlink()
+    res = invoke("fix-tracker", str(save_dir), catalog=tmp_path / "c.db")
+    assert res.exit_code == 1 and "would write global_step6 (" in res.output, res.output
+    # the universal load asserts zero/optimizer_state.pt; a parameter folder short of a file resumes without it
+    (uni / "zero" / "optimizer_state.pt").unlink()
+    (uni / "zero" / "0.bias" / "exp_avg.pt").unlink()
+    (save_dir / "latest_universal").write_text("global_step8_universal")
+    age(save_dir)
+    doc = scan_json(save_dir, tmp_path / "c.db")
+    [run] = doc["runs"]
+    [c] = [c for c in run["checkpoints"] if c["path"] == str(uni)]
+    assert c["status"] == "incomplete"
+    assert {f["path"] for f in c["findings"] if f["code"] == "ds-missing-shard"} == {
+        str(uni / "zero" / "optimizer_state.pt"),
+        str(uni / "zero" / "0.bias" / "exp_avg.pt"),
+    }
+    [f] = [f for f in run["findings"] if f["code"] == "ds-latest-dangling"]
+    assert f["path"] == str(save_dir / "latest_universal") and "global_step8_universal" in f["message"]

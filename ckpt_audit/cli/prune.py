@@ -24,7 +24,10 @@ from ckpt_audit.exitcodes import ExitCode
     "--keep-within", type=DURATION, metavar="DURATION", help="Keep checkpoints newer than this (90m, 36h, 7d, 2w)."
 )
 @click.option(
-    "--keep-best", type=click.IntRange(0), metavar="N", help="Keep the best N by --metric from the run's metrics JSONL."
+    "--keep-best",
+    type=click.IntRange(0),
+    metavar="N",
+    help="Keep the best N by --metric from the run's metrics JSONL (OpenRLHF: each tag's metric.json).",
 )
 @click.option("--metric", default="loss", show_default=True, help="Metric for --keep-best.")
 @click.option(

@@ -11,12 +11,14 @@ node's copy names (prune keeps those)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from ckpt_audit.codes import finding
+from ckpt_audit.layouts import deepspeed
 from ckpt_audit.layouts.tracker import resume_step, tracker_path
 from ckpt_audit.models import Checkpoint, FileFacts, Finding, Run, ScanResult, Severity, Status
+from ckpt_audit.rules import deepspeed as ds_rules
 from ckpt_audit.units import format_age
 
 from .noderoots import NodePartials
@@ -156,12 +158,12 @@ def judge_nodes(
 def _trackers(run: Run, held: Mapping[str, dict[str, FileFacts]]) -> Run:
     """`run` with its tracker's copies that differ between nodes reported: on the run, and on each checkpoint some
     node's copy names (each node's ranks resume from the step their own copy names)."""
-    path = tracker_path(run.path)
+    path, step_of = _tracker_of(run)
     copies = held.get(path, {})
     if not _differs(copies):
         return run
-    named = {n: resume_step(c.text) if c.text is not None else None for n, c in sorted(copies.items())}
-    said = "; ".join(f"node {n}: {'unreadable' if s is None else f'step {s}'}" for n, s in named.items())
+    named = {n: step_of(c.text) if c.text is not None else None for n, c in sorted(copies.items())}
+    said = "; ".join(f"node {n}: {'no step' if s is None else f'step {s}'}" for n, s in named.items())
 
     def told(message: str) -> Finding:
         return finding("replica-differs", path, message)
@@ -173,3 +175,12 @@ def _trackers(run: Run, held: Mapping[str, dict[str, FileFacts]]) -> Run:
         for c in run.checkpoints
     )
     return replace(run, checkpoints=ckpts, findings=(*run.findings, told(f"the tracker differs between nodes: {said}")))
+
+
+def _tracker_of(run: Run) -> tuple[str, Callable[[str], int | None]]:
+    """The run's tracker file and the step a copy of it names: DeepSpeed's `latest` names a tag (each node's local
+    rank 0 writes its own under use_node_local_storage), verl's tracker a step number."""
+    if run.layout == deepspeed.NAME:
+        steps = {c.path.rsplit("/", 1)[-1]: c.step for c in run.checkpoints}
+        return f"{run.path}/{ds_rules.LATEST}", lambda text: steps.get(ds_rules.read_latest(text) or "")
+    return tracker_path(run.path), resume_step

@@ -5,15 +5,18 @@
                  zero_pp_rank_D_mp_rank_MM_model_states.pt      ZeRO-3: one per dp rank too
                  [bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt  ZeRO >= 1: one optimizer partition per dp rank
 <save_dir>/zero_to_fp32.py                          DeepSpeed's converter, copied next to the tags
+<save_dir>/latest_universal, <tag>/zero/            a universal checkpoint (ds_to_universal) and the tag naming it
 
 The save directory is the run; each directory holding DeepSpeed shards is a checkpoint (tag `global_stepN`,
 `best_global_stepN` or any custom name; a custom tag's step is what its model states record). The degrees and the
-rank grid come from what the files record (rules/deepspeed.py); tags newer than `latest` are uncommitted.
+rank grid come from what the files record (rules/deepspeed.py); tags newer than `latest` are uncommitted. OpenRLHF's
+`_actor/` and `_critic/` save directories are also held to each other (openrlhf_findings).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
@@ -94,6 +97,11 @@ class DeepSpeed:
                 )
                 continue
             checkpoints.append(ckpt)
+        pair_run, pair_ckpt = openrlhf_findings(run_dir, tree, facts, checkpoints)
+        found += pair_run
+        checkpoints = [
+            replace(c, findings=c.findings + pair_ckpt[c.path]) if c.path in pair_ckpt else c for c in checkpoints
+        ]
         by_tag = {c.path.rsplit("/", 1)[-1]: c for c in checkpoints}
         committed = by_tag[latest_tag].step if latest_tag in by_tag else None
         judged = sorted(
@@ -101,6 +109,9 @@ class DeepSpeed:
         )
         if not unread:
             found += check_latest(run_dir, latest_fact is not None, latest_fact.text if latest_fact else None, judged)
+        if (universal := facts.get(f"{run_dir}/{rules.LATEST_UNIVERSAL}")) is not None and universal.text is not None:
+            judged, dangling = check_latest_universal(run_dir, universal.text, judged)
+            found += dangling
         return models.Run(
             path=run_dir, layout=NAME, tracker_step=committed, checkpoints=tuple(judged), findings=tuple(found)
         )
@@ -131,7 +142,20 @@ def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, F
     """One tag directory as a Checkpoint with the tag rules' findings (None: no step to file it under)."""
     files, file_findings, metas = tag_files(tag_dir, tree, facts)
     step = rules.tag_step(tag_dir.rsplit("/", 1)[-1])
-    degrees, found = rules.check_tag(tag_dir, step, metas)
+    universal = rules.UNIVERSAL_DIR in tree.subdirs(tag_dir)
+    degrees, found = rules.check_tag(tag_dir, step, metas, universal=universal)
+    if universal:
+        zero = f"{tag_dir}/{rules.UNIVERSAL_DIR}"
+        params = {p: frozenset(tree.file_names(f"{zero}/{p}")) for p in tree.subdirs(zero)}
+        found += tuple(rules.universal_findings(tag_dir, params, frozenset(tree.file_names(zero))))
+        found += (
+            finding(
+                "ds-universal",
+                tag_dir,
+                "a universal checkpoint: only an engine with checkpoint.load_universal loads it (through "
+                "`latest_universal`); never the answer for `latest` or what fix-tracker writes",
+            ),
+        )
     if step is None:  # a custom tag: filed under the step its own files record
         steps = {v for m in metas.values() if m and isinstance(v := m.get("global_steps"), int)}
         step = steps.pop() if len(steps) == 1 else None
@@ -176,10 +200,119 @@ def trainer_state_findings(ckpt_dir: str, tree: Tree, facts: Mapping[str, FileFa
             out.append(
                 finding("hf-deepspeed-latest", path, f"`latest` names {tag!r}, not a tag here ({', '.join(tags)})")
             )
+    worlds = set()
     for t in tags:
         tag_dir = f"{ckpt_dir}/{t}"
-        out += rules.check_tag(tag_dir, rules.tag_step(t), tag_files(tag_dir, tree, facts)[2])[1]
+        degrees, found = rules.check_tag(tag_dir, rules.tag_step(t), tag_files(tag_dir, tree, facts)[2])
+        out += found
+        if degrees:
+            worlds.add(degrees.dp * degrees.mp)
+    names = frozenset(tree.file_names(ckpt_dir))
+    if not names & hf_rules.WEIGHT_FILES and not names & hf_rules.INDEX_FILES:
+        # ZeRO-3 without stage3_gather_16bit_weights_on_model_save: Trainer removes the empty weights it wrote
+        out.append(
+            finding(
+                "hf-deepspeed-no-weights",
+                ckpt_dir,
+                "no HF weights beside DeepSpeed's state (ZeRO-3 saved without "
+                "stage3_gather_16bit_weights_on_model_save): Trainer resumes it, from_pretrained cannot load it; "
+                "the weights are in the ZeRO partitions",
+            )
+        )
+    ranks = hf_rules.rng_ranks(names)[1]
+    if ranks and len(worlds) == 1 and (world := worlds.pop()) > max(ranks) + 1:
+        # one rng_state_R.pth per process: the DeepSpeed state says how many processes saved
+        out += [
+            finding(
+                "hf-missing-rng-state",
+                f"{ckpt_dir}/rng_state_{r}.pth",
+                f"rank {r}'s RNG state is absent: DeepSpeed's state records {world} processes",
+                rank=r,
+            )
+            for r in range(max(ranks) + 1, world)
+        ]
     return tuple(out)
+
+
+def openrlhf_findings(
+    run_dir: str, tree: Tree, facts: Mapping[str, FileFacts], checkpoints: list[Checkpoint]
+) -> tuple[list[Finding], dict[str, tuple[Finding, ...]]]:
+    """(run findings, checkpoint path -> findings) of an OpenRLHF save directory (`_actor`, `_critic`).
+
+    OpenRLHF resumes each of the pair with load_checkpoint(dir) and no tag, so the two `latest` must name one tag,
+    and a tag only one of them holds resumes half of the pair at another step. metric.json is written by OpenRLHF
+    after DeepSpeed's save (and `latest`): a tag without it was cut in between (still loadable), and OpenRLHF's own
+    rotation evicts it first. `<tag>_hf/` beside the pair is the actor's HF export of that tag."""
+    parent, _, name = run_dir.rpartition("/")
+    if name not in rules.OPENRLHF_PAIR:
+        return [], {}
+    run_out: list[Finding] = []
+    ckpt_out: dict[str, list[Finding]] = {}
+    tags = {c.path.rsplit("/", 1)[-1]: c for c in checkpoints}
+    for c in tags.values():
+        if rules.METRIC_JSON not in tree.file_names(c.path):
+            ckpt_out.setdefault(c.path, []).append(
+                finding(
+                    "openrlhf-metric-missing",
+                    f"{c.path}/{rules.METRIC_JSON}",
+                    "no metric.json: OpenRLHF's save was cut after DeepSpeed's (the tag loads), or an older "
+                    "OpenRLHF; its rotation deletes this tag first",
+                )
+            )
+    exports = sorted(
+        d for d in tree.subdirs(parent) if d.endswith(rules.HF_EXPORT_SUFFIX) and d[: -len(rules.HF_EXPORT_SUFFIX)]
+    )
+    if name == "_actor" and exports:
+        run_out.append(
+            finding(
+                "openrlhf-hf-export",
+                parent,
+                f"{', '.join(f'{d}/' for d in exports)}: the actor's HF weights OpenRLHF exported (--ckpt.save_hf); "
+                "exports, not resume points: never judged or pruned as checkpoints",
+            )
+        )
+    other = f"{parent}/{rules.OPENRLHF_PAIR[name]}"  # not walked (a scan of this directory alone): not compared
+    theirs = {s for s in tree.subdirs(other) if is_tag(f"{other}/{s}", tree)} if other in tree.dirs else None
+    for tag, c in tags.items():
+        if theirs is not None and tag not in theirs:
+            ckpt_out.setdefault(c.path, []).append(
+                finding(
+                    "openrlhf-pair-missing",
+                    c.path,
+                    f"{rules.OPENRLHF_PAIR[name].lstrip('_')} has no tag {tag}: resuming here loads one of OpenRLHF's "
+                    "actor/critic pair from another step",
+                )
+            )
+    mine, their = (facts.get(f"{d}/{rules.LATEST}") for d in (run_dir, other))
+    if theirs is not None and mine and their and mine.text is not None and their.text is not None:
+        a, b = rules.read_latest(mine.text), rules.read_latest(their.text)
+        if a != b:
+            run_out.append(
+                finding(
+                    "openrlhf-latest-differs",
+                    f"{run_dir}/{rules.LATEST}",
+                    f"`latest` names {a!r} here, {b!r} in {rules.OPENRLHF_PAIR[name]}: OpenRLHF resumes the actor and "
+                    "the critic from different tags",
+                )
+            )
+    return run_out, {p: tuple(f) for p, f in ckpt_out.items()}
+
+
+def check_latest_universal(
+    run_dir: str, text: str, checkpoints: list[Checkpoint]
+) -> tuple[list[Checkpoint], tuple[Finding, ...]]:
+    """`latest_universal`, which an engine with checkpoint.load_universal reads instead of `latest`: (the checkpoints,
+    the one it names marked as its target so prune keeps it; the run's finding when it names no whole tag here)."""
+    tag = rules.read_latest(text)
+    path = f"{run_dir}/{rules.LATEST_UNIVERSAL}"
+    target = next((c for c in checkpoints if c.path == f"{run_dir}/{tag}"), None)
+    if target is None or target.status not in (Status.COMPLETE, Status.IN_PROGRESS):
+        why = "which is no tag here" if target is None else f"which is {target.status.value}"
+        return checkpoints, (finding("ds-latest-dangling", path, f"`latest_universal` names {tag!r}, {why}"),)
+    named = finding(
+        "ds-latest-universal-target", target.path, "`latest_universal` names it: a universal resume loads it"
+    )
+    return [replace(c, findings=(*c.findings, named)) if c is target else c for c in checkpoints], ()
 
 
 def check_latest(run_dir: str, present: bool, text: str | None, checkpoints: list[Checkpoint]) -> tuple[Finding, ...]:

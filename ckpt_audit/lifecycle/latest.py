@@ -76,8 +76,9 @@ def why_not(ckpt: Checkpoint, run: Run) -> Passed | None:
 
 # complete (the weights are whole, so retention counts them) but a resume from them restarts the optimizer
 MODEL_ONLY = frozenset({"hf-model-only", "torchtitan-model-only"})
-# complete, but the trainer refuses to resume from it as it is (verl >= 0.9.1 and the pre-v2 Megatron layout)
-NOT_AS_IS = MODEL_ONLY | {"megatron-old-layout"}
+# complete, but the trainer refuses to resume from it as it is (verl >= 0.9.1 and the pre-v2 Megatron layout; a
+# DeepSpeed universal checkpoint, which only an engine configured to load universal checkpoints opens)
+NOT_AS_IS = MODEL_ONLY | {"megatron-old-layout", "ds-universal"}
 
 
 def is_model_only(ckpt: Checkpoint) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -26,8 +27,12 @@ from ckpt_audit.continuity.metrics import MetricLog, MetricsError, read_metrics
 from ckpt_audit.lifecycle.latest import resumes_as_is
 from ckpt_audit.lifecycle.links import Links
 from ckpt_audit.models import Checkpoint, Run, Status
+from ckpt_audit.readers import bounded_json
+from ckpt_audit.rules import deepspeed as ds_rules
 from ckpt_audit.rules.tracker import ahead_of_tracker
 from ckpt_audit.units import NS_PER_S, format_duration
+
+METRIC_JSON_LIMIT = 64 * 1024  # OpenRLHF's metric.json is two keys
 
 DEFAULT_STALE_AFTER_NS = 3600 * NS_PER_S  # an uncommitted save older than this is abandoned, not running
 
@@ -436,7 +441,10 @@ def _decide_run(run: Run, policy: Policy, *, now_ns: int, pins: frozenset[str]) 
             reasons.append(Reason.NEWEST_COMPLETE)
         elif c.path == newest_resumable:
             reasons.append(Reason.NEWEST_RESUMABLE)
-        if run.tracker_step is not None and c.step == run.tracker_step:
+        # DeepSpeed's latest_universal is a second tracker, for engines that load universal checkpoints
+        if (run.tracker_step is not None and c.step == run.tracker_step) or any(
+            f.code == "ds-latest-universal-target" for f in c.findings
+        ):
             reasons.append(Reason.TRACKER_TARGET)
         if tracker_unread:
             reasons.append(Reason.TRACKER_UNREAD)
@@ -483,7 +491,37 @@ def read_metric(runs: Sequence[Run], metric: str) -> dict[str, dict[int, float]]
     for run in runs:
         if run.metrics_path and not isinstance(log := _metric_log(run.metrics_path), str):
             out[run.path] = log.series(metric).by_step() if metric in log.metric_names else {}
+        elif not run.metrics_path and (tagged := _tag_metrics(run, metric)) is not None:
+            out[run.path] = tagged
     return out
+
+
+def _tag_metrics(run: Run, metric: str) -> dict[int, float] | None:
+    """OpenRLHF's per-tag metric.json (the value its own keep-best and rotation rank by), where its key is `metric`;
+    None when no checkpoint of the run has one."""
+    found, out = False, {}
+    # a best_ tag's value is its own step's eval; the regular tag of that step records the eval before it
+    for c in sorted(run.checkpoints, key=lambda c: c.path.rsplit("/", 1)[-1].startswith("best")):
+        try:
+            doc = bounded_json.loads(_small_file(f"{c.path}/{ds_rules.METRIC_JSON}"), max_bytes=METRIC_JSON_LIMIT)
+        except (OSError, ValueError):
+            continue
+        found = True
+        key, value = ds_rules.read_metric_json(doc)
+        if key == metric and value is not None and math.isfinite(value):
+            out[c.step] = value
+    return out if found else None
+
+
+def _small_file(path: str) -> bytes:
+    """Up to METRIC_JSON_LIMIT + 1 bytes of a regular file (a FIFO put there must not block prune)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a regular file")
+        return os.read(fd, METRIC_JSON_LIMIT + 1)
+    finally:
+        os.close(fd)
 
 
 def metric_problem(runs: Sequence[Run], metric: str, values: Mapping[str, Mapping[int, float]]) -> str | None:
@@ -497,13 +535,18 @@ def metric_problem(runs: Sequence[Run], metric: str, values: Mapping[str, Mappin
         complete = [c for c in run.checkpoints if c.status is Status.COMPLETE]
         if not complete:
             continue
-        if not run.metrics_path:
-            return f"--keep-best: run {run.path} has no metrics log (metrics.jsonl) to rank its checkpoints by"
         series = values.get(run.path)
-        if series is None:
+        if not run.metrics_path and series is None:
+            return (
+                f"--keep-best: run {run.path} has no metrics log (metrics.jsonl) or metric.json to rank its "
+                "checkpoints by"
+            )
+        if series is None and run.metrics_path:
             log = _metric_log(run.metrics_path)
             return f"--keep-best: {log}" if isinstance(log, str) else f"--keep-best: cannot read {run.metrics_path}"
-        if not series:
+        if not series and not run.metrics_path:
+            return f"--metric {metric!r}: no metric.json of {run.path} records it"
+        if not series and run.metrics_path:
             names = metric_names(run.metrics_path)
             return f"--metric {metric!r}: no record in {run.metrics_path} has it" + (
                 f" (it logs: {', '.join(names)})" if names else ""

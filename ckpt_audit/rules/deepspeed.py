@@ -19,10 +19,21 @@ from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding
 
 LATEST = "latest"  # <save_dir>/latest: the tag load_checkpoint(tag=None) resumes
+# ds_to_universal's output: <save_dir>/<tag>/zero/<param>/{fp32,exp_avg,...}.pt and zero/optimizer_state.pt beside
+# the model states, named by <save_dir>/latest_universal, which an engine with checkpoint.load_universal resumes
+LATEST_UNIVERSAL = "latest_universal"
+UNIVERSAL_DIR = "zero"
+UNIVERSAL_OPTIM = "optimizer_state.pt"
 MODEL_RE = re.compile(r"mp_rank_(\d{2,9})_model_states\.pt")
 ZERO3_MODEL_RE = re.compile(r"zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_model_states\.pt")
 OPTIM_RE = re.compile(r"(bf16_)?zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_optim_states\.pt")
 STEP_TAG_RE = re.compile(r"(?:best_)?global_step(\d{1,19})")  # engine's default tag, and OpenRLHF's best_ tags
+# OpenRLHF (openrlhf/utils/deepspeed/deepspeed.py save_ckpt): PPO saves the actor's and the critic's engines into
+# <ckpt.path>/_actor and <ckpt.path>/_critic under one tag, writes <tag>/metric.json after each DeepSpeed save, and
+# may export the actor's HF weights to <ckpt.path>/<tag>_hf
+OPENRLHF_PAIR = {"_actor": "_critic", "_critic": "_actor"}
+METRIC_JSON = "metric.json"
+HF_EXPORT_SUFFIX = "_hf"
 # what every file of one save records alike (partition_count is checked against dp_world_size below)
 SAME_KEYS = ("ds_version", "zero_stage", "dp_world_size", "mp_world_size", "global_steps", "partition_count")
 
@@ -50,12 +61,13 @@ class Degrees:
 
 
 def check_tag(
-    tag_dir: str, step: int | None, metas: Mapping[str, Mapping[str, int | str] | None]
+    tag_dir: str, step: int | None, metas: Mapping[str, Mapping[str, int | str] | None], *, universal: bool = False
 ) -> tuple[Degrees | None, tuple[Finding, ...]]:
     """(the degrees the tag records, findings) for the DeepSpeed files `metas` in `tag_dir`.
 
     `metas`: file name -> what it records (readers.deepspeed_meta), or None when it could not be read (its own
-    findings say why); `step`: the N of a global_stepN tag, which every model states file's global_steps must equal.
+    findings say why); `step`: the N of a global_stepN tag, which every model states file's global_steps must equal;
+    `universal`: a universal checkpoint (its optimizer state is in zero/, see universal_findings).
     """
     at = lambda n: f"{tag_dir}/{n}"  # noqa: E731
     out: list[Finding] = []
@@ -63,9 +75,12 @@ def check_tag(
     for name, meta in sorted(metas.items()):
         for key, value in (meta or {}).items():
             seen.setdefault(key, {}).setdefault(value, []).append(name)
+    recorded_dp = _one(seen.get("dp_world_size"))
     for key in SAME_KEYS:
         if key == "global_steps" and step is not None:
             continue  # checked against the tag's N below
+        if key == "partition_count" and isinstance(recorded_dp, int):
+            continue  # each held against the model states' dp_world_size below, not against the other shards
         values = seen.get(key, {})
         if len(values) > 1:
             common = max(values, key=lambda v: len(values[v]))
@@ -95,15 +110,17 @@ def check_tag(
     stage, dp, mp = (_one(seen.get(k)) for k in ("zero_stage", "dp_world_size", "mp_world_size"))
     if dp is None:
         dp = _one(seen.get("partition_count"))  # the optimizer's own partition count: the same degree
-    if isinstance(dp, int) and (pc := _one(seen.get("partition_count"))) is not None and pc != dp:
+    if isinstance(recorded_dp, int):
         out += [
             finding(
                 "ds-mixed-shards",
                 at(n),
-                f"partition_count={pc} but the model states record dp_world_size={dp}: another world size",
+                f"partition_count={pc} but the model states record dp_world_size={recorded_dp}: another world size",
                 rank=rank_of(n),
             )
-            for n in seen["partition_count"][pc]
+            for pc, names in seen.get("partition_count", {}).items()
+            if pc != recorded_dp
+            for n in names
         ]
     if (
         not (isinstance(stage, int) and isinstance(dp, int) and isinstance(mp, int))
@@ -122,15 +139,27 @@ def check_tag(
             )
         return None, tuple(out)
     deg = Degrees(stage=stage, dp=dp, mp=mp)
-    out += _grid(tag_dir, deg, frozenset(metas))
+    out += _grid(tag_dir, deg, frozenset(metas), universal)
     return deg, tuple(out)
 
 
-def _grid(tag_dir: str, deg: Degrees, names: frozenset[str]) -> list[Finding]:
+def _grid(tag_dir: str, deg: Degrees, names: frozenset[str], universal: bool = False) -> list[Finding]:
     """Missing files of the grid the degrees require, one optimizer spelling, and leftovers beyond the grid."""
     at = lambda n: f"{tag_dir}/{n}"  # noqa: E731
     out: list[Finding] = []
     mps = [f"{m:02d}" for m in range(deg.mp)]
+    if universal:  # the engine opens data-parallel rank 0's model states (ZeRO-3) and reads optimizer state in zero/
+        prefix = "zero_pp_rank_0_" if deg.stage == 3 else ""
+        need = {f"{prefix}mp_rank_{m}_model_states.pt" for m in mps}
+        return [
+            finding(
+                "ds-missing-shard",
+                at(n),
+                "missing: the universal checkpoint's model states; load_checkpoint raises FileNotFoundError",
+                rank=rank_of(n),
+            )
+            for n in sorted(need - names, key=_natural)
+        ]
     if deg.stage == 3:
         need = {f"zero_pp_rank_{d}_mp_rank_{m}_model_states.pt" for d in range(deg.dp) for m in mps}
     else:
@@ -197,3 +226,46 @@ def read_latest(text: str | None) -> str | None:
         return None
     tag = text.strip()
     return tag or None
+
+
+def read_metric_json(doc: object) -> tuple[str | None, float | None]:
+    """(metric_key, metric_value) of an OpenRLHF metric.json as its own rotation reads it (a value that float()
+    refuses, or none, is no metric)."""
+    if not isinstance(doc, dict):
+        return None, None
+    key, value = doc.get("metric_key"), doc.get("metric_value")
+    try:
+        number = float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    return (key if isinstance(key, str) else None), number
+
+
+def universal_findings(tag_dir: str, params: Mapping[str, frozenset[str]], names: frozenset[str]) -> list[Finding]:
+    """A universal checkpoint's zero/ (`names`: its files, `params`: each parameter folder's files), as the engine's
+    universal load reads it: zero/optimizer_state.pt (it asserts the file is there), and in each parameter folder
+    every `<key>.pt` it finds (fp32.pt the master weights, the optimizer's moments, step): a folder lacking a file
+    the others hold resumes that parameter without it."""
+    zero = f"{tag_dir}/{UNIVERSAL_DIR}"
+    out = []
+    if UNIVERSAL_OPTIM not in names:
+        out.append(
+            finding(
+                "ds-missing-shard",
+                f"{zero}/{UNIVERSAL_OPTIM}",
+                "missing: the universal load asserts the optimizer's global state is there",
+            )
+        )
+    held = frozenset().union(*params.values()) if params else frozenset()
+    if "fp32.pt" not in held:
+        out.append(finding("ds-missing-shard", zero, "no parameter folder holds fp32.pt: no master weights to load"))
+    for p, files in sorted(params.items()):
+        out += [
+            finding(
+                "ds-missing-shard",
+                f"{zero}/{p}/{f}",
+                "missing: the other parameter folders hold it; the universal load resumes this parameter without it",
+            )
+            for f in sorted(held - files)
+        ]
+    return out
