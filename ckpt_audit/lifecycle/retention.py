@@ -536,17 +536,17 @@ def metric_problem(runs: Sequence[Run], metric: str, values: Mapping[str, Mappin
         if not complete:
             continue
         series = values.get(run.path)
-        if not run.metrics_path and series is None:
-            return (
-                f"--keep-best: run {run.path} has no metrics log (metrics.jsonl) or metric.json to rank its "
-                "checkpoints by"
-            )
-        if series is None and run.metrics_path:
+        if series is None:  # neither a metrics log nor any metric.json gave this run a series
+            if not run.metrics_path:
+                return (
+                    f"--keep-best: run {run.path} has no metrics log (metrics.jsonl) or metric.json to rank its "
+                    "checkpoints by"
+                )
             log = _metric_log(run.metrics_path)
             return f"--keep-best: {log}" if isinstance(log, str) else f"--keep-best: cannot read {run.metrics_path}"
-        if not series and not run.metrics_path:
-            return f"--metric {metric!r}: no metric.json of {run.path} records it"
-        if not series and run.metrics_path:
+        if not series:
+            if not run.metrics_path:
+                return f"--metric {metric!r}: no metric.json of {run.path} records it"
             names = metric_names(run.metrics_path)
             return f"--metric {metric!r}: no record in {run.metrics_path} has it" + (
                 f" (it logs: {', '.join(names)})" if names else ""
