@@ -11,6 +11,7 @@ this).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import struct
@@ -733,3 +734,19 @@ def _replace(t: TensorInfo, **changes: Any) -> TensorInfo:
 
 def _dotted(path: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in path)
+
+
+def read_zip_structure(fd: int, path: str, archive: PtArchive, *, base: int = 0) -> PtStructure:
+    """read_pt_structure of a zip already opened at `fd` (`archive`), one that starts `base` bytes into the file (a
+    `.distcp` item: `read_archive(fd, length, base=base)`); the result's entries carry absolute offsets."""
+    if base:
+        shifted = tuple(dataclasses.replace(e, header_offset=e.header_offset + base) for e in archive.entries)
+        archive = PtArchive(
+            file_size=archive.file_size,
+            cd_offset=archive.cd_offset,
+            cd_size=archive.cd_size,
+            entries=shifted,
+            prefix=archive.prefix,
+            problems=archive.problems,
+        )
+    return _read_structure(fd, path, archive)
