@@ -253,3 +253,21 @@ def test_bridge_weights_are_checked_against_the_dist_ckpt(mgx, exported, tmp_pat
     proc = _cli(step, "--to", tmp_path / "bad", catalog=tmp_path / "c.db")
     assert proc.returncode == 1 and "model.layers.0.mlp.up_proj.weight: values differ" in proc.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_pre_v2_layout_exports_the_same_model(mgx, exported, tmp_path):
+    """verl <= 0.8's layout: dist_ckpt/ and huggingface/ (with its config) directly under the role. The same chunks
+    give the same file, byte for byte; the old FSDP-only message is gone."""
+    run = tmp_path / "run"
+    shutil.copytree(_step(mgx, "qwen2-tied").parent, run)
+    actor = run / f"global_step_{W.STEP}" / "actor"
+    (actor / "model" / "dist_ckpt").rename(actor / "dist_ckpt")
+    for d in ("model", "extra"):
+        shutil.rmtree(actor / d)
+    (actor / "ckpt_contents.json").unlink()
+    (actor / "huggingface").mkdir()
+    shutil.copy(mgx / "qwen2-tied" / "base_model" / "config.json", actor / "huggingface" / "config.json")
+    proc = _cli(actor.parent, "--to", tmp_path / "hf", "--max-load-size", "0", catalog=tmp_path / "c.db")
+    assert proc.returncode == 0, proc.stderr
+    new, old = (d / "model.safetensors" for d in (exported["qwen2-tied"], tmp_path / "hf"))
+    assert new.read_bytes() == old.read_bytes()

@@ -225,7 +225,7 @@ def export_checkpoint(
     kind = source_kind(role_dir, hf_dir)
     if kind == MEGATRON and not (cfg_dir / "config.json").is_file():  # the names and the split need it
         raise ExportError(NEEDS_CONFIG.format(hf_dir=cfg_dir))
-    if kind == MEGATRON and engine == "torch":
+    if kind == MEGATRON and engine == "torch" and not _hf_weights(hf_dir):
         raise ExportError(f"{role_dir}: the torch engine does not read a Megatron dist_ckpt (use --engine stream)")
     if not allow_unverified and (no_config := source_config_problem(cfg_dir)) is not None:
         raise ExportRefused(_MODEL_REFUSAL.format(head=no_config), about="model")
@@ -530,9 +530,16 @@ def plan_source(role_dir: Path, hf_dir: Path, config: dict):
         return es.plan_shards(files, world, role_dir)
     if kind == MEGATRON:
         from ckpt_audit.lifecycle.export_megatron import plan_dist_ckpt
+        from ckpt_audit.lifecycle.megatron_names import NameMapError, arch_of
 
         if not config:
             raise ExportError(NEEDS_CONFIG.format(hf_dir=hf_dir))
+        try:
+            arch_of(config)
+        except NameMapError as exc:
+            if bridge := _hf_weights(hf_dir):  # an architecture the planner does not map: the bridge's weights as is
+                why = f"exported from {hf_dir} as saved, not checked against the dist_ckpt: {exc}"
+                return replace(es.plan_hf(bridge), warnings=(why,))
         return plan_dist_ckpt(_megatron_dist(role_dir), config)  # type: ignore[arg-type]  # not None: kind
     return es.plan_hf(_hf_weights(hf_dir))
 

@@ -28,6 +28,7 @@ from ckpt_audit.readers.pt_structure import TensorInfo, read_zip_structure
 KIND = "megatron-dist-ckpt"
 _NOT_MODEL = ("optimizer.", "rng_state")  # the old layout keeps optimizer and RNG state in the same dist_ckpt/
 _WRITER_RE = re.compile(r"__(\d+)_\d+\.distcp")
+_OPEN_FILES = 64
 
 
 def plan_dist_ckpt(dist: Path, config: dict) -> Plan:
@@ -54,7 +55,7 @@ def plan_dist_ckpt(dist: Path, config: dict) -> Plan:
                 wanted = targets(key, tuple(size), arch)
             except NameMapError as exc:
                 raise StreamError(f"{dist}: {exc}") from None
-            out.extend(_planned(t, meta, chunks) for t in wanted)
+            out.extend(_planned(t, meta, chunks) for t in wanted)  # wanted: all of one key, in a row
     finally:
         chunks.close()
     writers = {int(m[1]) for f, _o, _n in meta.storage.values() if (m := _WRITER_RE.fullmatch(f))}
@@ -106,8 +107,12 @@ class _Chunks:
     def __init__(self, dist: Path, meta: DcpMetadata) -> None:
         self.dist, self.meta = dist, meta
         self.fds: dict[str, int] = {}
+        self.last: tuple[str, list[_Chunk]] | None = None
 
     def of(self, key: str) -> list[_Chunk]:
+        """Every chunk of `key`, located once: the HF tensors of one megatron tensor are planned one after another."""
+        if self.last is not None and self.last[0] == key:
+            return self.last[1]
         size, chunks, dtype = self.meta.tensors[key]
         out = []
         for c in chunks:
@@ -115,17 +120,21 @@ class _Chunks:
             if where is None:
                 raise StreamError(f"{self.dist}/.metadata: chunk {list(c.offsets)} of {key} has no storage entry")
             out.append(self._locate(key, c.offsets, c.sizes, where, dtype))
+        self.last = (key, out)
         return out
 
     def _locate(self, key, offsets, sizes, where, dtype) -> _Chunk:
         rel, off, length = where
         path = str(self.dist / rel)
-        fd = self.fds.get(path)
+        fd = self.fds.pop(path, None)
         if fd is None:
+            if len(self.fds) >= _OPEN_FILES:  # thousands of ranks' files: never run out of descriptors
+                os.close(self.fds.pop(next(iter(self.fds))))
             try:
-                fd = self.fds[path] = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY)
             except OSError as exc:
                 raise StreamError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        self.fds[path] = fd  # most recently used last
         what = f"{path}: the item of {key} at byte {off}"
         try:
             if off < 0 or length <= 0 or off + length > os.fstat(fd).st_size:
