@@ -264,7 +264,9 @@ def export_checkpoint(
                 crc = refused is None
                 result = _export_streamed(role_dir, src, tmp, out, dtype=dtype, check_crc=crc, **args)
             except StreamUnsupported as why:
-                if engine == "stream" or kind == MEGATRON or not _torch_available():
+                if kind == MEGATRON:
+                    raise ExportError(f"{why}: not supported (the torch engine reads no dist_ckpt either)") from None
+                if engine == "stream" or not _torch_available():
                     raise ExportError(f"{why}: this checkpoint needs the torch engine ({TORCH_EXTRA})") from None
                 fallback = f"exported with torch: {why}"
                 _remove(tmp)
