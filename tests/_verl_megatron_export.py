@@ -6,10 +6,11 @@ with what the trainer held: the reference an export is compared against.
 RoPE), take two Adam steps on fixed gradients (so norms and biases are not their initial constants) and save through
 verl's manager (`save_contents=[model, extra]`, `use_dist_checkpointing=True`, no bridge: verl then writes no HF
 config, as in a real run) to `<root>/<model>/exp/global_step_1/actor`. The parallel layout differs per model: TP=2
-(dense), TP=2 with expert parallelism 2 and expert TP 1 (MoE). Beside it, `<root>/<model>/base_model/config.json`
-is the HF config the run was started from (what `export --hf-config` is given, as verl's merger's `--hf_model_path`).
+(dense), TP=2 with expert parallelism 2 and expert TP 1 (MoE), pipeline parallelism 2 (dense, a layer a stage).
+Beside it, `<root>/<model>/base_model/config.json` is the HF config the run was started from (what
+`export --hf-config` is given, as verl's merger's `--hf_model_path`).
 
-What the trainer held: each rank's `model.state_dict()` (its TP / EP pieces, megatron-core's own names) goes to
+What the trainer held: each rank's `model.state_dict()` (its TP / EP / PP pieces, megatron-core's own names) goes to
 `<root>/<model>/trainer/rank<R>.pt`, and the logits of megatron-core's own forward on TOKENS (TP forward, dense
 models only) to `<root>/<model>/trainer/logits.pt`. The test converts the pieces to HF names independently of
 ckpt-audit.
@@ -39,6 +40,7 @@ MODELS = {
     "qwen2-tied": dict(arch="qwen2", tied=True, tp=2, ep=1, experts=0),
     "llama-untied": dict(arch="llama", tied=False, tp=2, ep=1, experts=0),
     "qwen3moe": dict(arch="qwen3_moe", tied=False, tp=2, ep=2, experts=4),
+    "llama-pp2": dict(arch="llama", tied=False, tp=1, ep=1, experts=0, pp=2),
 }
 HIDDEN, FFN, MOE_FFN, HEADS, GROUPS, HEAD_DIM, LAYERS = 32, 64, 24, 4, 2, 8, 2
 
@@ -81,6 +83,7 @@ def hf_config(name: str) -> dict:
 def _build(name: str):
     import torch
     import torch.nn.functional as F
+    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
@@ -115,6 +118,8 @@ def _build(name: str):
         add_qkv_bias=m["arch"] == "qwen2",
         qk_layernorm=m["arch"] == "qwen3_moe",
         tensor_model_parallel_size=m["tp"],
+        pipeline_model_parallel_size=m.get("pp", 1),
+        pipeline_dtype=torch.float32,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         bias_dropout_fusion=False,
@@ -136,6 +141,8 @@ def _build(name: str):
         position_embedding_type="rope",
         rotary_base=10000,
         share_embeddings_and_output_weights=m["tied"],
+        pre_process=ps.is_pipeline_first_stage(),  # pipeline parallelism: each stage builds its own layers
+        post_process=ps.is_pipeline_last_stage(),
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for seed in (1, 2):  # the same gradients on every rank: TP-replicated parameters stay replicas
@@ -190,7 +197,10 @@ def _rank(rank: int, world: int, root: str, port: int) -> None:
     for name, m in MODELS.items():
         ps.destroy_model_parallel()
         ps.initialize_model_parallel(
-            tensor_model_parallel_size=m["tp"], expert_model_parallel_size=m["ep"], expert_tensor_parallel_size=1
+            tensor_model_parallel_size=m["tp"],
+            pipeline_model_parallel_size=m.get("pp", 1),
+            expert_model_parallel_size=m["ep"],
+            expert_tensor_parallel_size=1,
         )
         model = _build(name)
         out = Path(root) / name
@@ -205,11 +215,16 @@ def _rank(rank: int, world: int, root: str, port: int) -> None:
         dist.barrier()
         sd = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
         sd = {k: v for k, v in sd.items() if "_extra_state" not in k}
+        ranks = {
+            "tp_rank": ps.get_tensor_model_parallel_rank(),
+            "ep_rank": ps.get_expert_model_parallel_rank(),
+            "pp_rank": ps.get_pipeline_model_parallel_rank(),
+        }
         torch.save(
-            {"tp_rank": ps.get_tensor_model_parallel_rank(), "ep_rank": ps.get_expert_model_parallel_rank(), "sd": sd},
+            {**ranks, "sd": sd},
             trainer / f"rank{rank}.pt",
         )
-        if not m["experts"]:
+        if not m["experts"] and m.get("pp", 1) == 1:  # a pipeline forward needs megatron's schedules
             model.eval()
             tokens = torch.tensor(TOKENS)
             pos = torch.arange(tokens.shape[1]).unsqueeze(0)

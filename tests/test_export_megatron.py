@@ -1,7 +1,8 @@
 """Export of Megatron dist_ckpt to HF safetensors, and `export --check`, on trees verl 0.9.1's own
 MegatronCheckpointManager wrote (tests/_verl_megatron_export.py: one cached subprocess run, two gloo CPU processes).
 
-Each exported model is compared with what the trainer held: every rank's `model.state_dict()` (megatron-core's own
+Layouts: TP=2 (Qwen2 tied, Llama untied), TP=2 with EP=2 (Qwen3-MoE), PP=2 (Llama). Each exported model is compared
+with what the trainer held: every rank's `model.state_dict()` (megatron-core's own
 names, its TP / EP pieces), converted to HF names here, independently of ckpt-audit (`reference`). The export must
 equal it tensor by tensor, load in transformers with the same logits as a model loaded from the reference, and (dense
 models) agree with megatron-core's own TP forward on the same tokens.
@@ -60,12 +61,17 @@ def _cli(*args, catalog: Path) -> subprocess.CompletedProcess:
 def reference(mgx: Path, name: str) -> dict[str, torch.Tensor]:
     """The trainer's weights in HF names: TP pieces joined on the dim each layer splits (column-parallel rows,
     row-parallel columns), each rank's [gate; up] halves and per-group [q, k, v] rows split as megatron-core lays them
-    out in one rank's parameter, local experts numbered by their expert-parallel rank."""
+    out in one rank's parameter, local experts numbered by their expert-parallel rank, pipeline stages' layers
+    numbered after the stages before them."""
     cfg = W.hf_config(name)
     ranks = [torch.load(mgx / name / "trainer" / f"rank{r}.pt") for r in range(W.WORLD)]
-    by_tp = {}
-    for d in ranks:
-        by_tp.setdefault(d["tp_rank"], d["sd"])
+    stages = W.MODELS[name].get("pp", 1)
+    by_tp: dict[int, dict] = {}
+    for d in ranks:  # a pipeline stage numbers its layers from 0: shift them by the layers before it
+        off = d["pp_rank"] * cfg["num_hidden_layers"] // stages
+        d["sd"] = {_shift(k, off): v for k, v in d["sd"].items()}
+        for k, v in d["sd"].items():
+            by_tp.setdefault(d["tp_rank"], {}).setdefault(k, v)
     tps = [by_tp[r] for r in sorted(by_tp)]
     groups, hd, heads = cfg["num_key_value_heads"], cfg["head_dim"], cfg["num_attention_heads"]
 
@@ -113,6 +119,11 @@ def reference(mgx: Path, name: str) -> dict[str, torch.Tensor]:
             out[h + "mlp.up_proj.weight"] = torch.cat([u for _g, u in halves])
             out[h + "mlp.down_proj.weight"] = cat(p + "mlp.linear_fc2.weight", 1)
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def _shift(key: str, off: int) -> str:
+    m = re.match(r"decoder\.layers\.(\d+)\.", key)
+    return f"decoder.layers.{int(m[1]) + off}.{key[m.end() :]}" if m else key
 
 
 def _logits(model_dir: Path) -> torch.Tensor:
