@@ -282,3 +282,18 @@ def test_pre_v2_layout_exports_the_same_model(mgx, exported, tmp_path):
     assert proc.returncode == 0, proc.stderr
     new, old = (d / "model.safetensors" for d in (exported["qwen2-tied"], tmp_path / "hf"))
     assert new.read_bytes() == old.read_bytes()
+
+
+def test_bridge_weights_of_an_unmapped_architecture_export_as_saved_with_a_warning(mgx, exported, tmp_path):
+    """A model_type the planner does not map (here phi3, by its config) keeps what export did before: the bridge's
+    HF weights, now with a warning that they were not checked against the dist_ckpt."""
+    from ckpt_audit.lifecycle.export import export_checkpoint
+
+    run = tmp_path / "run"
+    shutil.copytree(_step(mgx, "qwen2-tied").parent, run)
+    hf = run / f"global_step_{W.STEP}" / "actor" / "model" / "huggingface"
+    shutil.copy(exported["qwen2-tied"] / "model.safetensors", hf / "model.safetensors")
+    (hf / "config.json").write_text(json.dumps(W.hf_config("qwen2-tied") | {"model_type": "phi3"}))
+    result = export_checkpoint(run / f"global_step_{W.STEP}", tmp_path / "hf", allow_unverified=True, max_load_size=0)
+    assert result.source_kind == "hf-weights"
+    assert any("not checked against the dist_ckpt: model_type 'phi3'" in w for w in result.warnings)

@@ -16,10 +16,18 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ckpt_audit.lifecycle.export_stream import ITEMSIZE, Piece, Plan, Planned, StreamError, StreamUnsupported
+from ckpt_audit.lifecycle.export_stream import (
+    ITEMSIZE,
+    Piece,
+    Plan,
+    Planned,
+    StreamError,
+    StreamUnsupported,
+    c_strides,
+)
 from ckpt_audit.lifecycle.megatron_names import Arch, NameMapError, Target, arch_of, targets
 from ckpt_audit.readers import ptzip
 from ckpt_audit.readers.dcp_metadata import DcpMetadata, read_metadata
@@ -169,8 +177,6 @@ class _Chunks:
 
 
 def _absolute(e: ptzip.ZipEntry, base: int) -> ptzip.ZipEntry:
-    from dataclasses import replace
-
     return replace(e, header_offset=e.header_offset + base)
 
 
@@ -229,15 +235,7 @@ def _piece(c: _Chunk, index: tuple[int, ...], lead: int, row: int, nrows: int) -
     n = 1
     for s in shape:
         n *= s
-    whole = c.entry is not None and elem == 0 and n * item == c.entry.size and strides == _c_strides(shape)
+    whole = c.entry is not None and elem == 0 and n * item == c.entry.size and strides == c_strides(shape)
     return Piece(
         path=c.path, offset=c.payload + elem * item, shape=shape, strides=strides, entry=c.entry if whole else None
     )
-
-
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return tuple(reversed(out))

@@ -232,7 +232,7 @@ def plan_hf(paths: list[Path]) -> Plan:
                 raise StreamUnsupported(f"{p}: {key} has dtype {v['dtype']}")
             shape = tuple(v["shape"])
             start = v["data_offsets"][0]
-            piece = Piece(path=str(p), offset=8 + header.length + start, shape=shape, strides=_c_strides(shape))
+            piece = Piece(path=str(p), offset=8 + header.length + start, shape=shape, strides=c_strides(shape))
             out.append(Planned(name=key, shape=shape, dtype=dtype, pieces=(piece,)))
     return Plan(kind="hf-weights", world_size=None, tensors=tuple(out))
 
@@ -792,7 +792,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     out, acc = [], 1
     for s in reversed(shape):
         out.append(acc)
