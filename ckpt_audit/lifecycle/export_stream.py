@@ -13,6 +13,9 @@ In the same pass: every storage entry copied whole is checked against the CRC-32
 bytes exported are the bytes the source check read), each output file is hashed as written (xxh3-128, what the
 marker and catalog record) and each tensor gets an xxh3-64 that the read-back compares.
 
+A Plan can come from elsewhere: export_megatron plans a Megatron dist_ckpt's chunks the same way (pieces of stored
+zip entries inside `.distcp` items), and export_check compares an HF directory with a plan through `tensor_bytes`.
+
 torch stays the oracle (export.py, engine "torch"): tests export every trainer tree both ways and compare the files
 byte for byte. What this module cannot do exactly (legacy containers, big-endian files, float8 or float64 casts to
 half types, tensor kinds the reader does not inspect) raises StreamUnsupported before anything is written, and the
