@@ -293,11 +293,11 @@ def test_megatron_checkpoint_exports_from_its_hf_weights(tmp_path):
     assert all(torch.equal(got[k], weights[k].to(torch.float16)) for k in weights)
 
 
-def test_megatron_without_hf_weights_is_refused(tmp_path):
+def test_megatron_without_weights_names_every_layout_it_looked_for(tmp_path):
     actor = tmp_path / "run" / "global_step_5" / "actor"
-    (actor / "dist_ckpt").mkdir(parents=True)
+    (actor / "dist_ckpt").mkdir(parents=True)  # no .metadata: no dist_ckpt to read
     _hf_config(actor / "huggingface")
-    with pytest.raises(ExportError, match="Megatron dist_ckpt without HF weights"):
+    with pytest.raises(ExportError, match=r"no FSDP shards .* no Megatron dist_ckpt .* no HF weights"):
         export_checkpoint(actor.parent, tmp_path / "hf")
 
 
@@ -343,3 +343,30 @@ def test_critic_role_and_sft_layout_export(verl_run_critic, verl_run_sft, tmp_pa
     assert result.role_dir == str(sft.resolve())
     got = exported_state_dict(Path(result.out_dir))
     assert set(got) <= set(full) and all(torch.equal(got[k], full[k]) for k in got)
+
+
+def test_check_compares_an_hf_dir_with_fsdp_shards_bit_for_bit_or_as_cast(verl_run, tmp_path):
+    """`export --check` on an FSDP source: the export passes (fp32 as is, bf16 as exactly the documented cast); one
+    ulp off, a tensor dropped or one added is named."""
+    from ckpt_audit.lifecycle.export import check_export
+
+    step = latest_step(verl_run)
+    for dtype in (None, "bf16"):
+        out = tmp_path / f"hf-{dtype}"
+        export_checkpoint(step, out, dtype=dtype)
+        report = check_export(step, out)
+        assert report.same and report.tensors > 0, report.differences
+    out = tmp_path / "hf-None"
+    sd = exported_state_dict(out)
+    name = sorted(k for k in sd if sd[k].dtype == torch.float32 and sd[k].numel() > 1)[0]
+    sd[name].view(torch.int32).view(-1)[0] += 1
+    dropped = sorted(sd)[-1]
+    sd.pop(dropped)
+    sd["model.extra.weight"] = torch.zeros(2)
+    for f in out.glob("*.safetensors"):
+        f.unlink()
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    diffs = check_export(step, out).differences
+    assert f"{name}: values differ from the checkpoint's" in diffs
+    assert any(d.startswith(f"{dropped}: missing") for d in diffs) or dropped == "lm_head.weight"
+    assert "model.extra.weight: extra (in" in " ".join(diffs)

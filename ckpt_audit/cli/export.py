@@ -16,10 +16,22 @@ from ckpt_audit.exitcodes import ExitCode
 @click.option(
     "--to",
     "to",
-    required=True,
     type=click.Path(path_type=Path),
     help="Output directory: new, or (with --force) an earlier export or an empty directory; never in a "
     "checkpoint, run or scanned root.",
+)
+@click.option(
+    "--check",
+    "check_dir",
+    type=click.Path(path_type=Path),
+    help="Write nothing: compare the HF directory CHECK with the checkpoint (keys, tied lm_head and expert count "
+    "against the config, shapes, dtypes, every tensor bit for bit); exit 1 naming the first differences.",
+)
+@click.option(
+    "--hf-config",
+    type=click.Path(path_type=Path),
+    help="The HF model directory the run started from (verl's model.path): its config.json and tokenizer, for a "
+    "checkpoint that holds none (verl's Megatron saves without a bridge).",
 )
 @click.option(
     "--dtype",
@@ -95,16 +107,25 @@ def export_command(
     max_load_size,
     engine,
     weights,
+    check_dir,
+    hf_config,
     as_json,
     catalog,
 ) -> None:
-    """Merge a checkpoint's FSDP shards into a HuggingFace model directory.
+    """Merge a checkpoint's FSDP shards or Megatron dist_ckpt into a HuggingFace model directory.
 
     Handles Shard(0)/Shard(1) DTensors, uneven and empty shards, HSDP (one replica is read), world size 1
     plain tensors and tied embeddings; copies config, generation config and tokenizer from huggingface/.
-    LoRA adapters go to lora_adapter/ beside the model, NOT fused. Megatron checkpoints export from the HF
-    weights in huggingface/. DeepSpeed ZeRO 1/2/3 checkpoints (a global_stepN tag dir, or a save dir or HF Trainer
-    checkpoint whose `latest` names one) export what zero_to_fp32 rebuilds, without torch or DeepSpeed (--weights).
+    LoRA adapters go to lora_adapter/ beside the model, NOT fused. A Megatron dist_ckpt (verl's model/dist_ckpt,
+    or the pre-v2 dist_ckpt/) is merged by its chunks' global offsets (any TP/PP/EP layout), its fused QKV and
+    gate/up split and its experts renamed for the architecture config.json names (Llama, Mistral, Qwen2, Qwen3,
+    Qwen2-MoE, Qwen3-MoE, Mixtral); lm_head is kept or dropped as config.json ties the embeddings, and a
+    checkpoint that disagrees is refused. HF weights verl's bridge saved beside it must equal it. DeepSpeed ZeRO
+    1/2/3 checkpoints (a global_stepN tag dir, or a save dir or HF Trainer checkpoint whose `latest` names one)
+    export what zero_to_fp32 rebuilds, without torch or DeepSpeed (--weights).
+
+    --check HF_DIR writes nothing: the HF directory is compared with the checkpoint (what `export` would write)
+    and the command exits 0 when they are the same model, 1 naming the first differences.
 
     Before writing anything: --to must not be, contain or sit inside a checkpoint, run or scanned root (the
     source's, the catalog's, or one found inside an existing --to). Copies tensor bytes from the shards in
@@ -138,6 +159,14 @@ def export_command(
     from ckpt_audit.lifecycle.export import ExportError, ExportRefused
     from ckpt_audit.units import parse_size
 
+    if check_dir is not None:
+        if to is not None:
+            raise click.UsageError("--check compares an existing directory; it takes no --to")
+        _check(ctx, step_dir, check_dir, role=role, hf_config=hf_config, weights=weights, as_json=as_json)
+        return
+    if to is None:
+        raise click.UsageError("Missing option '--to' (or --check HF_DIR)")
+
     try:
         shard_bytes = parse_size(max_shard_size)
     except ValueError as exc:
@@ -163,6 +192,7 @@ def export_command(
                 progress=bar.update,
                 engine=engine,
                 weights=weights,
+                hf_config=hf_config,
             )
     except ExportRefused as exc:
         bar.close()
@@ -187,6 +217,27 @@ def export_command(
         for f in result.files:
             click.echo(f"  {f.hash}  {format_size(f.size_bytes):>10}  {f.path}")
     ctx.exit(int(ExitCode.OK))
+
+
+def _check(ctx, step_dir, hf_dir, *, role, hf_config, weights, as_json) -> None:
+    """`export --check`: reads only, so no catalog lock."""
+    from ckpt_audit.lifecycle.export import ExportError, check_export
+
+    try:
+        report = check_export(step_dir, hf_dir, role=role, hf_config=hf_config, weights=weights)
+    except ExportError as exc:
+        raise CommandError(str(exc)) from None
+    if as_json:
+        emit_json({"command": "export-check", **report.to_dict()})
+    elif report.same:
+        click.echo(f"{report.hf_dir} is the model in {report.source}: {report.tensors} tensors equal bit for bit")
+    else:
+        click.echo(f"{report.hf_dir} differs from the model in {report.source}:")
+        for line in report.differences[:20]:
+            click.echo(f"  {line}")
+        if len(report.differences) > 20:
+            click.echo(f"  ... and {len(report.differences) - 20} more")
+    ctx.exit(int(ExitCode.OK if report.same else ExitCode.FINDINGS))
 
 
 def _checked(result) -> str:

@@ -100,7 +100,7 @@ class ExportResult:
     source: str  # the step (or role) directory asked for
     role_dir: str  # where the weights came from
     out_dir: str
-    source_kind: str  # "fsdp-shards" | "hf-weights"
+    source_kind: str  # "fsdp-shards" | "megatron-dist-ckpt" | "hf-weights"
     world_size: int | None
     dtype: str  # torch dtype name of floating tensors in the export, e.g. "float32"
     tensors: int
@@ -163,14 +163,13 @@ class ExportResult:
         }
 
 
-# what a Megatron dist_ckpt export needs (docs/megatron.md#export): its weights are megatron-core names, TP-split and
-# fused (QKV, gate/up), which only an architecture bridge maps back to HF names
-MEGATRON_NEEDS = (
-    "{role_dir}: Megatron dist_ckpt without HF weights in huggingface/ is not supported: the weights are in"
-    " megatron-core's names and tensor-parallel pieces; export needs HF safetensors in huggingface/ (verl writes"
-    " them with the default use_mbridge, or with checkpoint.save_contents including hf_model), or convert first"
-    " with verl's merger: python -m verl.model_merger merge --backend megatron --local_dir {role_dir}"
-    " --target_dir DIR"
+NO_WEIGHTS = (
+    "{role_dir}: no model weights: no FSDP shards (model_world_size_W_rank_R.pt), no Megatron dist_ckpt"
+    " (model/dist_ckpt/.metadata, or dist_ckpt/.metadata in the pre-v2 layout) and no HF weights in {hf_dir}"
+)
+# a Megatron dist_ckpt saved without the HF config (verl without a bridge): the config is the model verl started from
+NEEDS_CONFIG = (
+    "{hf_dir} has no config.json: name the HF model the run started from (verl's model.path) with --hf-config DIR"
 )
 
 
@@ -191,6 +190,7 @@ def export_checkpoint(
     progress: Callable[[int, int, str], None] | None = None,
     engine: str = "auto",
     weights: str | None = None,
+    hf_config: str | Path | None = None,
 ) -> ExportResult:
     """Merge `step_dir`'s `role` into a HuggingFace directory at `to`. Raises ExportError with a one-line reason,
     ExportRefused (nothing touched) when `to` or the source fails a safety check.
@@ -207,7 +207,9 @@ def export_checkpoint(
     verified, and the findings are in the result and its marker.
 
     `engine`: "stream" copies tensor bytes without torch (export_stream); "torch" loads the shards with torch (the
-    oracle); "auto" streams and falls back to torch only for what streaming cannot do exactly.
+    oracle); "auto" streams and falls back to torch only for what streaming cannot do exactly. A Megatron dist_ckpt
+    is streamed only (export_megatron). `hf_config`: the HF model directory whose config.json (and tokenizer) the
+    export takes when the checkpoint holds none (verl's Megatron saves without a bridge).
 
     `weights` ("fp32" | "module"): a DeepSpeed ZeRO checkpoint (a tag dir, or a dir whose `latest` names one) exports
     its fp32 master weights (the default) or the module's own weights (export_zero); an HF Trainer checkpoint with
@@ -227,17 +229,22 @@ def export_checkpoint(
         role_dir, hf_dir = zero.tag_dir, zero.tag_dir.parent
     else:
         role_dir = _role_dir(src, role)
-        # an HF Trainer checkpoint-N holds its HF weights directly: passed through (copied, checked, read back)
-        hf_dir = role_dir if _hf_trainer_dir(role_dir) else role_dir / "huggingface"
+        hf_dir = _hf_dir_of(role_dir)
+    cfg_dir = _config_dir(hf_dir, hf_config)
     ckpt, run = step_and_run(str(src))
     places = [("checkpoint", ckpt), ("run", run), *(("scanned root", r) for r in protected_roots)]
     if catalog is not None:
         places += catalog.known_places()
     dest = check_destination(to, protected=places, force=force)
-    if not allow_unverified and (no_config := source_config_problem(hf_dir)) is not None:
+    kind = DEEPSPEED if zero is not None else source_kind(role_dir, hf_dir)
+    if kind == MEGATRON and not (cfg_dir / "config.json").is_file():  # the names and the split need it
+        raise ExportError(NEEDS_CONFIG.format(hf_dir=cfg_dir))
+    if kind == MEGATRON and engine == "torch" and not _hf_weights(hf_dir):
+        raise ExportError(f"{role_dir}: the torch engine does not read a Megatron dist_ckpt (use --engine stream)")
+    if not allow_unverified and (no_config := source_config_problem(cfg_dir)) is not None:
         raise ExportRefused(_MODEL_REFUSAL.format(head=no_config), about="model")
     status, manifest, status_findings = catalog.export_source(str(src)) if catalog is not None else (None, {}, ())
-    reading = _files_to_read(role_dir, hf_dir) if zero is None else _zero_files_to_read(zero, weights, hf_dir)
+    reading = _files_to_read(role_dir, hf_dir, cfg_dir) if zero is None else _zero_files_to_read(zero, weights, hf_dir)
     source = dict(manifest=manifest, status=status, status_findings=status_findings)
     background = None
     refused = None
@@ -262,12 +269,8 @@ def export_checkpoint(
         _reclaim_leftovers(out)
         tmp = out.parent / f".{out.name}.ckpt-audit-tmp-{os.getpid()}-{os.urandom(4).hex()}"
         tmp.mkdir()
-        if zero is None and not _model_shards(role_dir) and not _hf_weights(hf_dir):
-            if (role_dir / "dist_ckpt").is_dir():
-                raise ExportError(MEGATRON_NEEDS.format(role_dir=role_dir))
-            raise ExportError(f"{role_dir}: no model shards (model_world_size_W_rank_R.pt) and no HF weights")
         args: dict[str, Any] = dict(
-            max_shard_size=max_shard_size, verify=verify, progress=progress, hf_dir=hf_dir, ops=ops
+            max_shard_size=max_shard_size, verify=verify, progress=progress, hf_dir=cfg_dir, ops=ops
         )
         fallback = ""
         result = None
@@ -281,6 +284,8 @@ def export_checkpoint(
                 crc = refused is None
                 result = _export_streamed(role_dir, src, tmp, out, dtype=dtype, check_crc=crc, **args)
             except StreamUnsupported as why:
+                if kind == MEGATRON:
+                    raise ExportError(f"{why}: not supported (the torch engine reads no dist_ckpt either)") from None
                 if engine == "stream" or not _torch_available():
                     raise ExportError(f"{why}: this checkpoint needs the torch engine ({TORCH_EXTRA})") from None
                 fallback = f"exported with torch: {why}"
@@ -381,7 +386,7 @@ def _export_torch(role_dir: Path, src: Path, tmp: Path, out: Path, *, dtype: str
         import torch  # lazy: see module docstring
     except ImportError:
         raise ExportError(f"the torch engine needs torch ({TORCH_EXTRA})") from None
-    source = _ShardSource(role_dir) if _model_shards(role_dir) else _HfSource(args["hf_dir"])
+    source = _ShardSource(role_dir) if _model_shards(role_dir) else _HfSource(_hf_dir_of(role_dir))
     target = getattr(torch, DTYPES[dtype]) if dtype else None
     return _export(source, src, tmp, out, target=target, torch=torch, **args)
 
@@ -407,23 +412,10 @@ def _export_streamed(
     from ckpt_audit.readers.hashing import digest_file
 
     try:
-        if weights is not None:
-            from ckpt_audit.lifecycle.export_zero import plan_zero
-
-            try:
-                plan = plan_zero(role_dir, weights)
-            except es.StreamUnsupported as why:  # no torch engine to fall back to
-                raise es.StreamError(str(why)) from None
-        elif by_w := _model_shards(role_dir):
-            world = _world_size(role_dir, by_w)
-            files = by_w[world]
-            if missing := sorted(set(range(world)) - set(files)):
-                raise ExportError(
-                    f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} of {world}"
-                )
-            plan = es.plan_shards(files, world, role_dir)
-        else:
-            plan = es.plan_hf(_hf_weights(hf_dir))
+        config = _read_config(hf_dir)
+        plan = plan_source(role_dir, _hf_dir_of(role_dir), config, weights=weights)
+        if plan.kind == MEGATRON and (bridge := _hf_weights(_hf_dir_of(role_dir))):
+            _check_bridge_weights(plan, bridge[0].parent, config, role_dir)
         total = len(plan.tensors)  # minus a dropped tied head, corrected as the ticks come
         counter = [0]
 
@@ -439,7 +431,7 @@ def _export_streamed(
             target=DTYPES[dtype] if dtype else None,
             max_shard_size=max_shard_size,
             verify=verify,
-            tie=bool(_read_config(hf_dir).get("tie_word_embeddings")),
+            tie=bool(config.get("tie_word_embeddings")) and plan.kind != MEGATRON,  # the planner already decided
             check_crc=check_crc,
             tick=tick,
             read_tick=ops.tick,  # one tensor read back
@@ -448,7 +440,7 @@ def _export_streamed(
         raise ExportError(str(exc)) from None
     lora_dir = None
     if outcome.lora:
-        adapter_cfg = hf_dir.parent / "lora_adapter" / "adapter_config.json"  # verl writes it beside actor/
+        adapter_cfg = _hf_dir_of(role_dir).parent / "lora_adapter" / "adapter_config.json"  # beside actor/
         if adapter_cfg.is_file():
             shutil.copy2(adapter_cfg, tmp / "lora_adapter" / "adapter_config.json")
         lora_dir = str(out / "lora_adapter")
@@ -480,15 +472,19 @@ def _digest(digest_file, p: Path) -> tuple[int, str]:
     return d.size_bytes, d.hash
 
 
-def _files_to_read(role_dir: Path, hf_dir: Path) -> list[tuple[str, bool]]:
+def _files_to_read(role_dir: Path, hf_dir: Path, cfg_dir: Path) -> list[tuple[str, bool]]:
     """(path, holds weights) for every file the export reads or copies: what check_source re-reads first."""
     out: list[tuple[str, bool]] = []
     if by_w := _model_shards(role_dir):
         out += [(str(p), True) for _r, p in sorted(by_w[_world_size(role_dir, by_w)].items())]
+    elif dist := _megatron_dist(role_dir):
+        names = sorted(os.listdir(dist))
+        out += [(str(dist / n), n.endswith(".distcp")) for n in names if (dist / n).is_file()]
+        out += [(str(p), True) for p in _hf_weights(hf_dir)]  # bridge mode: checked against the dist_ckpt too
     else:
         out += [(str(p), True) for p in _hf_weights(hf_dir)]
-    if hf_dir.is_dir():
-        out += [(str(p), False) for p in sorted(hf_dir.iterdir()) if p.is_file() and _model_file(p.name)]
+    if cfg_dir.is_dir():
+        out += [(str(p), False) for p in sorted(cfg_dir.iterdir()) if p.is_file() and _model_file(p.name)]
     if (adapter := hf_dir.parent / "lora_adapter" / "adapter_config.json").is_file():
         out.append((str(adapter), False))
     return out
@@ -571,6 +567,129 @@ def _zero_files_to_read(zero, weights: str | None, hf_dir: Path) -> list[tuple[s
     except OSError as exc:
         raise ExportError(f"{hf_dir}: cannot list ({exc.strerror or exc})") from None
     return out + [(str(p), False) for p in beside if p.is_file() and _model_file(p.name)]
+
+
+MEGATRON = "megatron-dist-ckpt"
+DEEPSPEED = "deepspeed-zero"  # a tag dir export_zero plans (found by _zero_source, before source_kind)
+
+
+def source_kind(role_dir: Path, hf_dir: Path) -> str:
+    """Where the model's weights are: "fsdp-shards", MEGATRON (also when verl's bridge saved HF weights beside it:
+    those are then checked against it) or "hf-weights". Raises ExportError when there are none."""
+    if _model_shards(role_dir):
+        return "fsdp-shards"
+    if _megatron_dist(role_dir) is not None:
+        return MEGATRON
+    if _hf_weights(hf_dir):
+        return "hf-weights"
+    raise ExportError(NO_WEIGHTS.format(role_dir=role_dir, hf_dir=hf_dir))
+
+
+def plan_source(role_dir: Path, hf_dir: Path, config: dict, *, weights: str | None = None):
+    """The seam between a source and the stream engine: an export_stream.Plan of the model's tensors, whatever the
+    trainer's layout. `weights`: `role_dir` is a DeepSpeed tag, planned by export_zero. Raises ExportError, or
+    export_stream.StreamError / StreamUnsupported."""
+    from ckpt_audit.lifecycle import export_stream as es
+
+    if weights is not None:
+        from ckpt_audit.lifecycle.export_zero import plan_zero
+
+        try:
+            return plan_zero(role_dir, weights)
+        except es.StreamUnsupported as exc:  # no torch engine to fall back to
+            raise es.StreamError(str(exc)) from None
+    kind = source_kind(role_dir, hf_dir)
+    if kind == "fsdp-shards":
+        by_w = _model_shards(role_dir)
+        world = _world_size(role_dir, by_w)
+        files = by_w[world]
+        if missing := sorted(set(range(world)) - set(files)):
+            raise ExportError(f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} of {world}")
+        return es.plan_shards(files, world, role_dir)
+    if kind == MEGATRON:
+        from ckpt_audit.lifecycle.export_megatron import plan_dist_ckpt
+        from ckpt_audit.lifecycle.megatron_names import NameMapError, arch_of
+
+        if not config:
+            raise ExportError(NEEDS_CONFIG.format(hf_dir=hf_dir))
+        try:
+            arch_of(config)
+        except NameMapError as exc:
+            if bridge := _hf_weights(hf_dir):  # an architecture the planner does not map: the bridge's weights as is
+                why = f"exported from {hf_dir} as saved, not checked against the dist_ckpt: {exc}"
+                return replace(es.plan_hf(bridge), warnings=(why,))
+        return plan_dist_ckpt(_megatron_dist(role_dir), config)  # type: ignore[arg-type]  # not None: kind
+    return es.plan_hf(_hf_weights(hf_dir))
+
+
+def _megatron_dist(role_dir: Path) -> Path | None:
+    """The model's dist_checkpointing directory: model/dist_ckpt (verl's layout v2), else dist_ckpt/ (pre-v2)."""
+    for d in (role_dir / "model" / "dist_ckpt", role_dir / "dist_ckpt"):
+        if (d / ".metadata").is_file():
+            return d
+    return None
+
+
+def _hf_dir_of(role_dir: Path) -> Path:
+    """Where HF files sit: the role dir itself (HF Trainer's checkpoint-N), model/huggingface (verl's Megatron v2),
+    else huggingface/."""
+    if _hf_trainer_dir(role_dir):
+        return role_dir
+    if (role_dir / "model" / "huggingface").is_dir() or (role_dir / "model" / "dist_ckpt").is_dir():
+        return role_dir / "model" / "huggingface"
+    return role_dir / "huggingface"
+
+
+def _config_dir(hf_dir: Path, hf_config: str | Path | None) -> Path:
+    """The directory whose config.json describes the model: the checkpoint's, else --hf-config (a dir or its file)."""
+    if (hf_dir / "config.json").is_file() or hf_config is None:
+        return hf_dir
+    p = Path(hf_config).resolve()
+    return p.parent if p.name == "config.json" else p
+
+
+def _check_bridge_weights(plan, bridge: Path, config: dict, role_dir: Path) -> None:
+    """verl's bridge mode saves HF weights beside the dist_ckpt: they must be the same model, or the export (made
+    from the dist_ckpt, the state verl resumes from) would hide that what users load from huggingface/ differs."""
+    from ckpt_audit.lifecycle.export_check import CheckError, compare
+
+    try:
+        report = compare(plan, bridge, config, source=str(role_dir))
+    except CheckError as exc:
+        raise ExportRefused(f"{bridge}: {exc}", about="source") from None
+    if not report.same:
+        more = f" (+{len(report.differences) - 1} more)" if len(report.differences) > 1 else ""
+        raise ExportRefused(
+            f"{bridge} is not the model in {_megatron_dist(role_dir)}: {report.differences[0]}{more}", about="source"
+        )
+
+
+def check_export(
+    step_dir: str | Path,
+    hf: str | Path,
+    *,
+    role: str = "actor",
+    hf_config: str | Path | None = None,
+    weights: str | None = None,
+):
+    """`export --check`: is `hf` this checkpoint's model (export_check.compare)? Reads only. Raises ExportError."""
+    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.lifecycle.export_check import CheckError, compare
+
+    src = Path(step_dir).resolve()
+    zero = _zero_source(src, weights, "auto")
+    if zero is not None:
+        role_dir, hf_dir, weights = zero.tag_dir, zero.tag_dir.parent, weights or "fp32"
+    else:
+        role_dir = _role_dir(src, role)
+        hf_dir = _hf_dir_of(role_dir)
+    out = Path(hf).resolve()
+    config = _read_config(_config_dir(hf_dir, hf_config)) or _read_config(out)
+    try:
+        plan = plan_source(role_dir, hf_dir, config, weights=weights)
+        return compare(plan, out, config, source=str(role_dir))
+    except (es.StreamError, es.StreamUnsupported, CheckError) as exc:
+        raise ExportError(str(exc)) from None
 
 
 def _hf_trainer_dir(d: Path) -> bool:

@@ -47,7 +47,7 @@ def main(out: Path) -> dict:
     for what in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
         if got := sorted(map(str, info.get(what) or ())):
             problems.append(f"{what.replace('_', ' ')}: {', '.join(got[:3])}" + (" ..." if len(got) > 3 else ""))
-    state = model.state_dict()
+    state = _checkpoint_format(model, model.state_dict())
     count = 0
     for path in sorted(out.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as fh:
@@ -65,6 +65,16 @@ def main(out: Path) -> dict:
                 ):
                     problems.append(f"{key} as loaded differs from the exported tensor")
     return {**done, "tensors": count, "problems": problems}
+
+
+def _checkpoint_format(model, state: dict) -> dict:
+    """The loaded state in the checkpoint's names, as save_pretrained writes it: transformers >= 5 fuses some
+    weights as it loads (MoE experts into one tensor per projection) and reverts that on save."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: loads names as they are
+        return state
+    return dict(revert_weight_conversion(model, dict(state)))
 
 
 def _bits(t, torch):

@@ -13,6 +13,9 @@ In the same pass: every storage entry copied whole is checked against the CRC-32
 bytes exported are the bytes the source check read), each output file is hashed as written (xxh3-128, what the
 marker and catalog record) and each tensor gets an xxh3-64 that the read-back compares.
 
+A Plan can come from elsewhere: export_megatron plans a Megatron dist_ckpt's chunks the same way (pieces of stored
+zip entries inside `.distcp` items), and export_check compares an HF directory with a plan through `tensor_bytes`.
+
 torch stays the oracle (export.py, engine "torch"): tests export every trainer tree both ways and compare the files
 byte for byte. What this module cannot do exactly (legacy containers, big-endian files, float8 or float64 casts to
 half types, tensor kinds the reader does not inspect) raises StreamUnsupported before anything is written, and the
@@ -42,7 +45,7 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
     from zlib import crc32 as _crc32
 
 BLOCK = 8 * 1024 * 1024  # source bytes per block: the memory budget is a few of these, never a tensor
-_MARGIN = 256 * 1024  # dropped around each block as well (see _Maps.release)
+_MARGIN = 256 * 1024  # dropped around each block as well (see Maps.release)
 FLOATS = frozenset({"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 ITEMSIZE = {
     "float64": 8,
@@ -89,7 +92,7 @@ _NUMPY = {
     "float8_e5m2": "u1",
 }
 # casts numpy does bit-exactly as torch does (via float32, which holds every half value exactly)
-_EXACT_CASTS = {(a, b) for a in ("float32", "float16", "bfloat16") for b in ("float32", "float16", "bfloat16")} | {
+EXACT_CASTS = {(a, b) for a in ("float32", "float16", "bfloat16") for b in ("float32", "float16", "bfloat16")} | {
     ("float64", "float32")
 }
 
@@ -235,7 +238,7 @@ def plan_hf(paths: list[Path]) -> Plan:
                 raise StreamUnsupported(f"{p}: {key} has dtype {v['dtype']}")
             shape = tuple(v["shape"])
             start = v["data_offsets"][0]
-            piece = Piece(path=str(p), offset=8 + header.length + start, shape=shape, strides=_c_strides(shape))
+            piece = Piece(path=str(p), offset=8 + header.length + start, shape=shape, strides=c_strides(shape))
             out.append(Planned(name=key, shape=shape, dtype=dtype, pieces=(piece,)))
     return Plan(kind="hf-weights", world_size=None, tensors=tuple(out))
 
@@ -344,11 +347,11 @@ def export_tensors(
 ) -> Outcome:
     """Write the plan's tensors under `tmp` (model*.safetensors, lora_adapter/adapter_model.safetensors)."""
     for t in plan.tensors:
-        if (dst := t.out_dtype(target)) != t.dtype and (t.dtype, dst) not in _EXACT_CASTS:
+        if (dst := t.out_dtype(target)) != t.dtype and (t.dtype, dst) not in EXACT_CASTS:
             raise StreamUnsupported(f"{t.name}: a {t.dtype} to {dst} cast")
     warnings = list(plan.warnings)
     tensors = list(plan.tensors)
-    with _Maps() as maps:
+    with Maps() as maps:
         names = {t.name for t in tensors}
         if tie and set(TIED_EMBEDDINGS) <= names:
             lm, emb = (next(t for t in tensors if t.name == n) for n in TIED_EMBEDDINGS)
@@ -427,7 +430,7 @@ class _Written:
     lengths: tuple[int, ...]  # each tensor's bytes
 
 
-def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, check_crc: bool) -> _Written:
+def _write_file(path: Path, tensors: list[Planned], target, maps: Maps, tick, check_crc: bool) -> _Written:
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for t in tensors:
@@ -457,25 +460,8 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, c
                 whole.update(mv)
                 th.update(mv)
 
-            if _plain_bytes(t, dst):  # the output is the pieces' bytes in order: no numpy (its import is ~0.2 s)
-                for i, p in enumerate(t.pieces):
-                    for start, mv in maps.spans(p, _numel(p.shape) * ITEMSIZE[t.dtype]):
-                        if i in crcs:
-                            crcs[i] = _crc32(mv, crcs[i])
-                        out(mv)
-                        n = len(mv)
-                        mv.release()
-                        maps.drop(p.path, start, n)
-            else:
-                np = _numpy()
-                with np.errstate(over="ignore", invalid="ignore"):
-                    for block, sources in _blocks(t, maps):
-                        for i, src in sources:
-                            if i in crcs:
-                                crcs[i] = _crc32(_bytes(src), crcs[i])
-                        out(_bytes(np.ascontiguousarray(_cast(block, t.dtype, dst))))
-                        for i, src in sources:
-                            maps.release(t.pieces[i], src)
+            for mv in tensor_bytes(t, dst, maps, crcs):
+                out(mv)
             for i, crc in crcs.items():
                 p = t.pieces[i]
                 if p.entry is not None and maps.crc_recorded(p.path) and (crc & 0xFFFFFFFF) != p.entry.crc:
@@ -492,6 +478,31 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: _Maps, tick, c
         tensor_hashes=tuple(sums),
         lengths=tuple(t.nbytes(target) for t in tensors),
     )
+
+
+def tensor_bytes(t: Planned, dst: str, maps: Maps, crcs: dict[int, int] | None = None) -> Iterator[memoryview]:
+    """The bytes of tensor `t` as written in dtype `dst`, a block at a time; each block is valid until the next is
+    asked for. `crcs` (piece index -> running CRC-32): the pieces whose storage CRC is computed on the way."""
+    crcs = {} if crcs is None else crcs
+    if _plain_bytes(t, dst):  # the output is the pieces' bytes in order: no numpy (its import is ~0.2 s)
+        for i, p in enumerate(t.pieces):
+            for start, mv in maps.spans(p, _numel(p.shape) * ITEMSIZE[t.dtype]):
+                if i in crcs:
+                    crcs[i] = _crc32(mv, crcs[i])
+                yield mv
+                n = len(mv)
+                mv.release()
+                maps.drop(p.path, start, n)
+        return
+    np = _numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        for block, sources in _blocks(t, maps):
+            for i, src in sources:
+                if i in crcs:
+                    crcs[i] = _crc32(_bytes(src), crcs[i])
+            yield _bytes(np.ascontiguousarray(_cast(block, t.dtype, dst)))
+            for i, src in sources:
+                maps.release(t.pieces[i], src)
 
 
 class _Writeback:
@@ -591,7 +602,7 @@ def _read_back(path: Path, tensors: list[Planned], w: _Written, read_tick) -> st
 # ---------------------------------------------------------------------------------------------------- blocks
 
 
-class _Maps:
+class Maps:
     """Read-only maps of the source files, opened once each; pages dropped after each block."""
 
     def __init__(self) -> None:
@@ -599,7 +610,7 @@ class _Maps:
         self.addresses: dict[str, int] = {}
         self.crc_off: dict[str, bool] = {}
 
-    def __enter__(self) -> _Maps:
+    def __enter__(self) -> Maps:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -630,7 +641,10 @@ class _Maps:
             whole.release()
 
     def crc_recorded(self, path: str) -> bool:
-        """False when torch saved this file with CRCs disabled (every entry's CRC is 0)."""
+        """False when torch saved this file with CRCs disabled (every entry's CRC is 0). A `.distcp` is many zips:
+        its planner (export_megatron) gives a piece its entry only when that piece's own zip records CRCs."""
+        if path.endswith(".distcp"):
+            return True
         if path not in self.crc_off:
             from ckpt_audit.readers.ptzip import open_archive
 
@@ -692,7 +706,7 @@ def _rows(v, budget: int = BLOCK):
         yield v[r : r + step]
 
 
-def _blocks(t: Planned, maps: _Maps) -> Iterator[tuple[object, list[tuple[int, object]]]]:
+def _blocks(t: Planned, maps: Maps) -> Iterator[tuple[object, list[tuple[int, object]]]]:
     """(block in the source dtype, [(piece index, the source view it came from)]) in output byte order."""
     np = _numpy()
 
@@ -743,12 +757,12 @@ def _cast(a, src: str, dst: str):
     return b
 
 
-def _same_bytes(a: Piece, b: Piece, dtype: str, maps: _Maps | None = None) -> bool:
+def _same_bytes(a: Piece, b: Piece, dtype: str, maps: Maps | None = None) -> bool:
     """Bit for bit (NaN equals itself, -0.0 differs from 0.0), a block at a time."""
     np = _numpy()
 
     if maps is None:
-        with _Maps() as own:
+        with Maps() as own:
             return _same_bytes(a, b, dtype, own)
     va, vb = maps.view(a, dtype), maps.view(b, dtype)
     if va.shape != vb.shape:
@@ -762,7 +776,7 @@ def _same_bytes(a: Piece, b: Piece, dtype: str, maps: _Maps | None = None) -> bo
     return True
 
 
-def _same_tensor(a: Planned, b: Planned, maps: _Maps) -> bool:
+def _same_tensor(a: Planned, b: Planned, maps: Maps) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype or a.dim != b.dim or len(a.pieces) != len(b.pieces):
         return False
     return all(_same_bytes(pa, pb, a.dtype, maps) for pa, pb in zip(a.pieces, b.pieces))
@@ -783,7 +797,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     out, acc = [], 1
     for s in reversed(shape):
         out.append(acc)

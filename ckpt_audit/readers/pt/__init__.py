@@ -11,7 +11,7 @@ this).
 `read` holds the three containers, `walk` the tensor records, `structure` what is reported.
 """
 
-from ckpt_audit.readers.pt.read import read_pt_structure
+from ckpt_audit.readers.pt.read import read_pt_structure, read_zip_structure
 from ckpt_audit.readers.pt.structure import PtStructure, StorageRef, TensorInfo
 
-__all__ = ["PtStructure", "StorageRef", "TensorInfo", "read_pt_structure"]
+__all__ = ["PtStructure", "StorageRef", "TensorInfo", "read_pt_structure", "read_zip_structure"]

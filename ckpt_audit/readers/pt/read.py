@@ -5,6 +5,7 @@ unpickler; its tensors are walked (`walk`) and its storages checked against the 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import struct
@@ -318,3 +319,12 @@ def _check_storages(
 
 def _natural(key: str) -> tuple[int, str]:
     return (int(key), "") if key.isdigit() else (1 << 62, key)
+
+
+def read_zip_structure(fd: int, path: str, archive: PtArchive, *, base: int = 0) -> PtStructure:
+    """read_pt_structure of a zip already opened at `fd` (`archive`), one that starts `base` bytes into the file (a
+    `.distcp` item: `read_archive(fd, length, base=base)`); the result's entries carry absolute offsets."""
+    if base:
+        shifted = tuple(dataclasses.replace(e, header_offset=e.header_offset + base) for e in archive.entries)
+        archive = dataclasses.replace(archive, entries=shifted)
+    return _read_structure(fd, path, archive)
