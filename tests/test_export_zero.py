@@ -189,3 +189,25 @@ def test_weights_on_a_source_that_is_not_deepspeed_is_refused_in_one_line(tmp_pa
     res = invoke("export", str(step), "--to", str(tmp_path / "hf"), "--weights", "module", catalog=tmp_path / "c.db")
     assert res.exit_code == 3, res.output
     assert "--weights applies to DeepSpeed checkpoints" in res.output and not (tmp_path / "hf").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["z2", "z3"])
+def test_check_accepts_the_export_and_names_a_one_ulp_change(ds_export, case, tmp_path):
+    """`export --check` plans a DeepSpeed source as the export does (export_zero), then compares bit for bit."""
+    import torch
+    from safetensors.torch import save_file
+
+    to = tmp_path / "hf"
+    assert export(ds_export / case, to, "--allow-unverified").returncode == 0
+    argv = ["export", str(ds_export / case), "--check", str(to)]
+    same = subprocess.run([sys.executable, "-c", BLOCK, *argv], capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0 and "equal bit for bit" in same.stdout, same.stdout + same.stderr
+    sd = exported(to)
+    name = "up.weight"
+    flat = sd[name].view(-1).view(torch.int32)
+    flat[0] += 1  # one ulp of the first fp32 value
+    save_file(sd, str(to / "model.safetensors"))
+    diff = subprocess.run([sys.executable, "-c", BLOCK, *argv], capture_output=True, text=True, timeout=300)
+    assert diff.returncode == 1, diff.stdout + diff.stderr
+    assert any(ln.strip().startswith(f"{name}: values differ") for ln in diff.stdout.splitlines()), diff.stdout

@@ -326,5 +326,12 @@ def read_zip_structure(fd: int, path: str, archive: PtArchive, *, base: int = 0)
     `.distcp` item: `read_archive(fd, length, base=base)`); the result's entries carry absolute offsets."""
     if base:
         shifted = tuple(dataclasses.replace(e, header_offset=e.header_offset + base) for e in archive.entries)
-        archive = dataclasses.replace(archive, entries=shifted)
+        archive = PtArchive(  # built anew, not dataclasses.replace: that would copy its name index of the old entries
+            file_size=archive.file_size,
+            cd_offset=archive.cd_offset,
+            cd_size=archive.cd_size,
+            entries=shifted,
+            prefix=archive.prefix,
+            problems=archive.problems,
+        )
     return _read_structure(fd, path, archive)
