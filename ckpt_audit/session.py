@@ -28,8 +28,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ckpt_audit import lock, scanner
+from ckpt_audit import lock
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
+from ckpt_audit.scan import Reader, ScanError, check_root
+from ckpt_audit.scan import scan as scan_roots
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -41,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
     from ckpt_audit.models import FileFacts, Run, ScanResult  # made on first use, after the scan's reads
     from ckpt_audit.rules.deep_verdict import DeepVerdict
-    from ckpt_audit.scrub import ScrubPolicy
+    from ckpt_audit.scan.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
 Locked = lock.Locked
@@ -99,31 +101,38 @@ class Session:
         scrub: ScrubPolicy | None = None,
         now_ns: int | None = None,
         record: bool = True,
-        reader: scanner.Reader | None = None,
+        reader: Reader | None = None,
         cached_verdicts: bool = False,
     ) -> Recorded:
         """Scan `roots` (default: the session's) reusing the catalogued hashes; record it unless `record` is False
-        (prune records its scan only once it deletes). `reader`: who reads the files (scanner.Reader; default this
+        (prune records its scan only once it deletes). `reader`: who reads the files (Reader; default this
         process; scan --ray's shared placement spreads them over the cluster's nodes). `cached_verdicts`: reuse
-        the catalog's run verdicts where nothing they read moved (ckpt_audit.verdict_cache; the cron scan's)."""
-        verdicts = None
+        the catalog's run verdicts where nothing they read moved (scan.verdicts; the cron scan's)."""
+        verdicts, previous = None, self.previous
         if cached_verdicts and self.catalog_path is not None and record:
+            from ckpt_audit.catalog.manifest import LazyManifest
             from ckpt_audit.catalog.verdicts import CatalogVerdicts
 
+            # one read-only connection for everything the scan reads of the catalog
             verdicts = CatalogVerdicts(self.catalog_path)
-        result = scanner.scan(
-            list(self.roots if roots is None else roots),
-            workers=workers,
-            rehash=rehash,
-            verdicts=verdicts,
-            previous=self.previous,
-            progress=progress,
-            in_progress_window_s=in_progress_window_s,
-            scrub=scrub,
-            now_ns=now_ns,
-            reader=reader,
-            deep=self.kept_deep(),
-        )
+            previous = LazyManifest(self.catalog_path, connect=verdicts.connection)
+        try:
+            result = scan_roots(
+                list(self.roots if roots is None else roots),
+                workers=workers,
+                rehash=rehash,
+                verdicts=verdicts,
+                previous=previous,
+                progress=progress,
+                in_progress_window_s=in_progress_window_s,
+                scrub=scrub,
+                now_ns=now_ns,
+                reader=reader,
+                deep=self.kept_deep(),
+            )
+        finally:
+            if verdicts is not None:
+                verdicts.close()  # the kept runs' rows (LaterRows) reopen it if a report asks for them
         from ckpt_audit.answers import Recorded  # after the reads: off the scan's start-up (issue 16)
 
         return Recorded(result=result, scan_id=self.record(result, rehash=rehash) if record else None)
@@ -321,8 +330,8 @@ def open_session(catalog_path: Path | None, *, roots: Sequence[str | Path] = ())
     from ckpt_audit.catalog.manifest import CatalogError, probe
 
     try:
-        real = [scanner.check_root(r) for r in roots]
-    except scanner.ScanError as exc:
+        real = [check_root(r) for r in roots]
+    except ScanError as exc:
         raise SessionError(str(exc)) from None
     if catalog_path is None:
         yield Session(None, real)
@@ -335,7 +344,7 @@ def open_session(catalog_path: Path | None, *, roots: Sequence[str | Path] = ())
                 yield session
             finally:
                 session._close()
-    except (CatalogError, scanner.ScanError) as exc:
+    except (CatalogError, ScanError) as exc:
         raise SessionError(str(exc)) from None
 
 
@@ -349,7 +358,7 @@ def browse(
     if deep:
         result = _verify(roots, previous=previous, progress=progress, rehash=True)
     else:
-        result = scanner.scan(list(roots), previous=previous, progress=progress, deep=_kept_deep(catalog_path))
+        result = scan_roots(list(roots), previous=previous, progress=progress, deep=_kept_deep(catalog_path))
     return result, record_if_free(result, catalog_path)
 
 
@@ -390,9 +399,9 @@ def latest(
     deep = _kept_deep_or_empty(catalog_path)
     started = time.time_ns()  # a file read by content from here on was read "now"
     try:
-        real = scanner.check_root(run)
-        result = scanner.scan([real], previous=previous, in_progress_window_s=in_progress_window_s, deep=deep)
-    except scanner.ScanError as exc:
+        real = check_root(run)
+        result = scan_roots([real], previous=previous, in_progress_window_s=in_progress_window_s, deep=deep)
+    except ScanError as exc:
         raise SessionError(str(exc)) from None
     the_run = run_named(result, run)
     scans = [result]
@@ -415,7 +424,7 @@ def latest(
         if g.reread is None:
             break
         # read the candidate by content now; what that read finds (hash drift, a bad CRC) is its verdict
-        focused = scanner.scan(
+        focused = scan_roots(
             [g.reread.path], previous=previous, in_progress_window_s=in_progress_window_s, rehash=True, deep=deep
         )
         scans.append(focused)

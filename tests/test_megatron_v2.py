@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import build_cached, writer_key
 
-from ckpt_audit import scanner
+from ckpt_audit import scan
 from ckpt_audit.lifecycle.latest import gate
 from ckpt_audit.verify import verify
 
@@ -82,7 +82,7 @@ def _run(v2: Path, case: str) -> Path:
 def test_verl_load_and_ckpt_audit_agree(v2, case, load, steps, latest):
     verdict = json.loads((v2 / "verdicts.json").read_text())[case]
     assert verdict.startswith(load), verdict
-    run = scanner.scan([_run(v2, case)], in_progress_window_s=0).runs[0]
+    run = scan.scan([_run(v2, case)], in_progress_window_s=0).runs[0]
     by_step = {c.step: c for c in run.checkpoints}
     for step, (status, codes) in steps.items():
         ckpt = by_step[step]
@@ -105,8 +105,8 @@ def test_verify_clean_and_migrated_find_nothing_more(v2):
 def test_migrated_hardlinks_counted_once(v2):
     """verl's migration script hardlinks dist_ckpt/ into model/, optimizer/ and extra/: the step's size is the old
     tree's, not four times it."""
-    old = scanner.scan([_run(v2, "old-layout")], in_progress_window_s=0).runs[0].checkpoints[-1]
-    new = scanner.scan([_run(v2, "migrated")], in_progress_window_s=0).runs[0].checkpoints[-1]
+    old = scan.scan([_run(v2, "old-layout")], in_progress_window_s=0).runs[0].checkpoints[-1]
+    new = scan.scan([_run(v2, "migrated")], in_progress_window_s=0).runs[0].checkpoints[-1]
     assert new.step == old.step == 8
     assert os.stat(next(f.path for f in new.all_files if f.path.endswith("common.pt"))).st_nlink == 4
     assert sum(f.size_bytes for f in new.all_files) == 4 * old.size_bytes
@@ -153,7 +153,7 @@ def test_manifest_problems(clean_copy, edit, code):
         doc["contents"]["hf_model"] = {"path": "model/huggingface", "format": "huggingface"}
         (path.parent / "model" / "huggingface" / "config.json").write_text("{}")
     path.write_text("{" if edit == "not-json" else json.dumps(doc))
-    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    run = scan.scan([clean_copy], in_progress_window_s=0).runs[0]
     step4 = run.checkpoints[-1]
     assert code in {f.code for f in step4.all_findings} and step4.status.value == "incomplete"
     assert gate(run).chosen.step == 2
@@ -165,7 +165,7 @@ def test_young_step_without_manifest_is_in_progress(clean_copy):
     (clean_copy / "latest_checkpointed_iteration.txt").write_text("2")
     now = time.time()
     os.utime(clean_copy / "global_step_4" / "actor" / "model" / "dist_ckpt" / "metadata.json", (now, now))
-    run = scanner.scan([clean_copy], in_progress_window_s=600).runs[0]
+    run = scan.scan([clean_copy], in_progress_window_s=600).runs[0]
     assert [c.status.value for c in run.checkpoints] == ["complete", "in-progress"]
 
 
@@ -187,7 +187,7 @@ def test_cli_latest_passes_over_the_old_layout(v2, tmp_path):
 
 
 def _findings(v2: Path, case: str):
-    return scanner.scan([_run(v2, case)], in_progress_window_s=0).all_findings
+    return scan.scan([_run(v2, case)], in_progress_window_s=0).all_findings
 
 
 def test_copied_step_and_missing_manifest_are_named(v2):
@@ -219,10 +219,10 @@ def test_tracker_target_needs_a_manifest_in_every_role(clean_copy):
     shutil.copytree(actor, critic)
     doc = json.loads((critic / "ckpt_contents.json").read_text())
     (critic / "ckpt_contents.json").write_text(json.dumps({**doc, "role": "critic"}))
-    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    run = scan.scan([clean_copy], in_progress_window_s=0).runs[0]
     assert run.checkpoints[-1].status.value == "complete"
     (critic / "ckpt_contents.json").unlink()
-    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    run = scan.scan([clean_copy], in_progress_window_s=0).runs[0]
     [f] = [f for f in run.checkpoints[-1].all_findings if f.code == "megatron-v2-manifest-missing"]
     assert f.path == str(critic / "ckpt_contents.json") and run.checkpoints[-1].status.value == "incomplete"
     assert gate(run).chosen.step == 2

@@ -208,7 +208,7 @@ def test_a_distcp_is_read_as_its_chain_of_zips_and_no_zip_rule_judges_it(dcp_tre
     from ckpt_audit.models import FileKind, Status
     from ckpt_audit.readers.hashing import digest_file
     from ckpt_audit.rules import files as file_rules
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     run = tmp_path / "megatron" / "exp"
     shutil.copytree(dcp_trees["megatron"], run)
@@ -233,7 +233,7 @@ def test_a_cached_distcp_row_with_zip_findings_is_read_again(dcp_trees, tmp_path
 
     from ckpt_audit.codes import finding
     from ckpt_audit.models import Status
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     run = tmp_path / "megatron" / "exp"
     shutil.copytree(dcp_trees["megatron"], run)

@@ -1,8 +1,8 @@
-"""The run verdict cache (ckpt_audit/verdict_cache.py, catalog/verdicts.py, migration m007).
+"""The run verdict cache (ckpt_audit/verdicts.py, catalog/verdicts.py, migration m007).
 
 A re-scan may take a run's stored verdict only when the judgement would read the same inputs again. Each test below
 scans through the real session (catalog, lock, record) and compares the cached result with a fresh judgement of the
-same tree from the same catalog rows (scanner.scan without the cache), field by field: the two must be equal, and
+same tree from the same catalog rows (scan.scan without the cache), field by field: the two must be equal, and
 every change the judgement could see must make the run judged afresh.
 """
 
@@ -21,11 +21,11 @@ from scan_trees import flip_payload_byte, shard, steps_of, write_torch_tree
 from test_hf_trainer import hf_run  # noqa: F401 - the session fixture: a real Trainer run, cached
 from test_torchtitan import titan_dump  # noqa: F401 - the session fixture: torchtitan's checkpointer, cached
 
-from ckpt_audit import scanner, verdict_cache
 from ckpt_audit.catalog.manifest import read_previous
 from ckpt_audit.catalog.verdicts import run_from_json, run_to_json
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, Severity, ShardFile, Status
-from ckpt_audit.scrub import ScrubPolicy
+from ckpt_audit.scan import scan, verdicts, walk
+from ckpt_audit.scan.scrub import ScrubPolicy
 from ckpt_audit.session import open_session
 
 VOLATILE = {"scan_id", "started_ns", "finished_ns", "files_hashed", "files_reused", "runs_reused", "bytes_hashed"}
@@ -40,7 +40,7 @@ def cached_scan(root: Path, db: Path, **options):
 
 def fresh_scan(root: Path, db: Path, **options):
     """The same scan without the cache: every run judged from the catalog's rows (reused by stat), not recorded."""
-    return scanner.scan([root], previous=read_previous(db), **options)
+    return scan([root], previous=read_previous(db), **options)
 
 
 def verdict_rows(db: Path) -> dict[str, str]:
@@ -349,9 +349,9 @@ def test_real_trees_judged_the_same_from_the_cache(name, request, tmp_path):
 
 
 def test_nested_directories_are_found_by_their_ancestors():
-    assert verdict_cache.nested(["/a/b", "/a/b/c", "/x", "/a/bc"]) == {"/a/b", "/a/b/c"}
-    assert verdict_cache.nested(["/", "/x"]) == {"/", "/x"}
-    assert verdict_cache.nested(["/a", "/ab", "/b/a"]) == set()
+    assert verdicts.nested(["/a/b", "/a/b/c", "/x", "/a/bc"]) == {"/a/b", "/a/b/c"}
+    assert verdicts.nested(["/", "/x"]) == {"/", "/x"}
+    assert verdicts.nested(["/a", "/ab", "/b/a"]) == set()
 
 
 def test_a_finding_inside_a_run_keeps_it_uncached_whatever_sorts_between(tmp_path):
@@ -361,16 +361,14 @@ def test_a_finding_inside_a_run_keeps_it_uncached_whatever_sorts_between(tmp_pat
         (root / run / "global_step_1").mkdir(parents=True)
         (root / run / "global_step_1" / "data.pt").write_bytes(b"x")
         (root / run / "gone.pt").symlink_to(root / "missing")  # a broken link: a walk finding inside the run
-    tree, stats, found = scanner.walk(str(root))
+    tree, stats, found = walk(str(root))
     assert {f.path for f in found} == {str(root / r / "gone.pt") for r in ("exp", "exp-2")}
     runs = {str(root / r): sorted(tree.files_below(str(root / r))) for r in ("exp", "exp-2")}
     later = time.time_ns() + 10**9  # everything is older than that: only the findings keep a run from the cache
-    assert set(verdict_cache.settled_runs(runs, tree, stats, [], now_ns=later, window_ns=0)) == set(runs)
-    assert verdict_cache.settled_runs(runs, tree, stats, found, now_ns=later, window_ns=0) == {}
+    assert set(verdicts.settled_runs(runs, tree, stats, [], now_ns=later, window_ns=0)) == set(runs)
+    assert verdicts.settled_runs(runs, tree, stats, found, now_ns=later, window_ns=0) == {}
     only_exp = [f for f in found if "/exp/" in f.path]
-    assert set(verdict_cache.settled_runs(runs, tree, stats, only_exp, now_ns=later, window_ns=0)) == {
-        str(root / "exp-2")
-    }
+    assert set(verdicts.settled_runs(runs, tree, stats, only_exp, now_ns=later, window_ns=0)) == {str(root / "exp-2")}
 
 
 def test_nested_roots_judge_afresh(tree, tmp_path):

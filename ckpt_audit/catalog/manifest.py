@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, fields, replace
 from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import CODES
-from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, from_slots, many_objects
+from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, from_slots
 from ckpt_audit.readers import RULES
 from ckpt_audit.tree import FileFacts, PtFacts
 
@@ -51,12 +51,8 @@ def probe(path: str | os.PathLike[str]) -> None:
 
 def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> dict[str, FileFacts]:
     """path -> FileFacts of every present file the catalog knows, for reuse by (size, mtime_ns, inode): hash, CRC
-    verdict, structure (PtFacts), every finding the readers made, and when the content was last verified."""
-    with many_objects():  # several objects a file, none in a cycle (a third of this read's CPU at 100k files)
-        return _read_previous(conn_or_path)
-
-
-def _read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> dict[str, FileFacts]:
+    verdict, structure (PtFacts), every finding the readers made, and when the content was last verified. Several
+    objects a file: a scan reads it with the cyclic GC paused (scan.pipeline.scan)."""
     own = not isinstance(conn_or_path, sqlite3.Connection)
     if own:
         path = os.fspath(conn_or_path)  # type: ignore[arg-type]
@@ -81,15 +77,19 @@ def _read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) ->
 
 
 class LazyManifest(Mapping):
-    """read_previous, made on first use: a re-scan whose every run kept its cached verdict never needs it."""
+    """read_previous, made on first use: a re-scan whose every run kept its cached verdict never needs it.
+    `connect`: where to read it (a scan's one read-only connection: CatalogVerdicts.connection); default `path`."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = path
+    def __init__(
+        self, path: str | os.PathLike[str], connect: Callable[[], sqlite3.Connection | None] | None = None
+    ) -> None:
+        self.path, self.connect = path, connect
         self._facts: dict[str, FileFacts] | None = None
 
     def _all(self) -> dict[str, FileFacts]:
         if self._facts is None:
-            self._facts = read_previous(self.path)
+            conn = self.connect() if self.connect is not None else None
+            self._facts = read_previous(conn if conn is not None else self.path)
         return self._facts
 
     def __getitem__(self, path: str) -> FileFacts:
