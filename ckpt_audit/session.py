@@ -128,7 +128,7 @@ class Session:
                 scrub=scrub,
                 now_ns=now_ns,
                 reader=reader,
-                deep=self.kept_deep(),
+                deep=_kept_deep(self.catalog_path, conn=verdicts.connection() if verdicts is not None else None),
             )
         finally:
             if verdicts is not None:
@@ -489,10 +489,10 @@ def _previous(catalog_path: Path | None) -> dict | None:
     return read_previous(catalog_path)
 
 
-def _kept_deep(catalog_path: Path | None) -> dict[str, DeepVerdict]:
+def _kept_deep(catalog_path: Path | None, *, conn: sqlite3.Connection | None = None) -> dict[str, DeepVerdict]:
     from ckpt_audit.catalog.deep_verdicts import read_deep_verdicts
 
-    return read_deep_verdicts(catalog_path)
+    return read_deep_verdicts(catalog_path, conn=conn)
 
 
 def _kept_deep_or_empty(catalog_path: Path | None) -> dict[str, DeepVerdict]:

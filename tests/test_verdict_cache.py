@@ -378,3 +378,59 @@ def test_nested_roots_judge_afresh(tree, tmp_path):
         result = s.scan(cached_verdicts=True).result
     assert result.runs_reused == frozenset()
     assert result.runs == fresh_scan(tree, db).runs
+
+
+CHILD_COUNTING_CONNECTIONS = r"""
+import sys
+catalog = sys.argv[1]
+opened = []
+def hook(event, args):
+    if event == "sqlite3.connect" and str(args[0]).startswith(f"file:{catalog}?mode=ro"):
+        opened.append(args[0])
+sys.addaudithook(hook)
+from ckpt_audit.cli import cli
+try:
+    cli.main(["scan", "-q", "--catalog", catalog, sys.argv[2]], standalone_mode=False)
+except SystemExit:
+    pass
+print(len(opened))
+"""
+
+
+def test_a_cron_rescan_reads_the_catalog_over_one_connection(tmp_path):
+    """The kept verdicts, the rows they need and the kept deep verdicts: one read-only connection per scan (and
+    the lock's probe before it), not one per query or per run."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    runs = {str(write_torch_tree(root / name)) for name in ("a", "b", "c")}
+    age(root)
+    db = tmp_path / "c.db"
+    cached_scan(root, db)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD_COUNTING_CONNECTIONS, str(db), str(root)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) == 2  # probe, then the scan's own
+    assert cached_scan(root, db).runs_reused == runs
+
+
+def test_a_damaged_verdict_of_one_run_leaves_the_other_runs_kept(tmp_path):
+    """The kept runs' models come in one query: a row that cannot be read back makes its run judged afresh alone."""
+    root = tmp_path / "root"
+    a = write_torch_tree(root / "a")
+    b = write_torch_tree(root / "b")
+    age(root)
+    db = tmp_path / "c.db"
+    cached_scan(root, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE run_verdicts SET run_doc = '[1, 2]' WHERE run_path = ?", [str(b)])
+    again = cached_scan(root, db)
+    assert again.runs_reused == {str(a)}
+    assert again.runs == fresh_scan(root, db).runs

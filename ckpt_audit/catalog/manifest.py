@@ -106,15 +106,27 @@ class LazyManifest(Mapping):
         return self._facts is not None
 
 
-def query_read_only(path: str | os.PathLike[str], sql: str, params: Iterable = ()) -> list[tuple]:
-    """Rows of `sql` from the catalog at `path`, opened read-only with bare sqlite3 (a WAL read beside a running
-    writer); [] when the catalog or the table does not exist yet. Raises CatalogError for an unusable file."""
+def connect_read_only(path: str | os.PathLike[str]) -> sqlite3.Connection | None:
+    """The catalog at `path` opened read-only with bare sqlite3 (a WAL read beside a running writer); None when it
+    does not exist yet. Raises CatalogError when it cannot be opened."""
     if not os.path.exists(path):
-        return []
+        return None
     try:
-        conn = sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
+        return sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
     except sqlite3.Error as exc:
         raise CatalogError(f"catalog {path}: {exc}") from None
+
+
+def query_read_only(
+    path: str | os.PathLike[str], sql: str, params: Iterable = (), *, conn: sqlite3.Connection | None = None
+) -> list[tuple]:
+    """Rows of `sql` from the catalog at `path`, opened read-only (connect_read_only), or over `conn`, a scan's one
+    read-only connection to it (left open); [] when the catalog or the table does not exist yet. Raises
+    CatalogError for an unusable file."""
+    own = conn is None
+    conn = connect_read_only(path) if own else conn
+    if conn is None:
+        return []
     try:
         return conn.execute(sql, list(params)).fetchall()
     except sqlite3.OperationalError:
@@ -122,7 +134,8 @@ def query_read_only(path: str | os.PathLike[str], sql: str, params: Iterable = (
     except sqlite3.DatabaseError as exc:
         raise CatalogError(f"catalog {path} is not a usable SQLite database: {exc}") from None
     finally:
-        conn.close()
+        if own:
+            conn.close()
 
 
 # a row's last content read, counted only if it was read under today's readers (readers.RULES): a row read under

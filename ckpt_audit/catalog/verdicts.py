@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.catalog.manifest import VERIFIED_UNDER_TODAYS_RULES as VERIFIED
-from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows
+from ckpt_audit.catalog.manifest import CatalogError, connect_read_only, fact_columns, facts_of_rows, query_read_only
 from ckpt_audit.models import FileKind, Finding, Severity, Status, from_slots, many_from_slots
 from ckpt_audit.scan.verdicts import Row
 from ckpt_audit.tree import FileFacts
@@ -127,23 +127,13 @@ class CatalogVerdicts:
 
     def connection(self) -> sqlite3.Connection | None:
         """The scan's read-only connection (None: no catalog yet); reopened if asked for after close()."""
-        if self._conn is None and os.path.exists(self.path):
-            try:
-                self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
-            except sqlite3.Error as exc:
-                raise CatalogError(f"catalog {self.path}: {exc}") from None
+        if self._conn is None:
+            self._conn = connect_read_only(self.path)
         return self._conn
 
     def _query(self, sql: str, params: Iterable = ()) -> list[tuple]:
         conn = self.connection()
-        if conn is None:
-            return []
-        try:
-            return conn.execute(sql, list(params)).fetchall()
-        except sqlite3.OperationalError:
-            return []  # no such table (or column) yet: nothing kept
-        except sqlite3.DatabaseError as exc:
-            raise CatalogError(f"catalog {self.path} is not a usable SQLite database: {exc}") from None
+        return [] if conn is None else query_read_only(self.path, sql, params, conn=conn)  # no table yet: nothing
 
     def stored(self) -> Mapping[str, str]:
         return dict(self._query("SELECT run_path, key FROM run_verdicts"))
