@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import text_files
@@ -43,7 +43,7 @@ def reading(reader: Reader, stats, previous, kinds, *, workers: int, now_ns: int
     return read
 
 
-def vouched(prev: FileFacts | ShardFile | None, st: os.stat_result, kind: FileKind) -> bool:
+def vouched(prev: FileFacts | ShardFile | None, st: os.stat_result, kind: FileKind) -> TypeGuard[FileFacts]:
     """The catalog vouches for this file: same stat, its content was read cleanly once (a row written before
     verified_ns existed lacks the structure facts the rules read), and it was recorded under today's rules."""
     return (

@@ -139,7 +139,7 @@ class ReuseStage:
                 deep=self.caches.deep_stamps.get(run, ""),
             )
             # a scrubbed file that read back different: the verdict was judged from other bytes
-            steady = all(vc.same_content(facts[p], self.prior[p]) for p in files if p in scrubbed and p in kept.rowed)
+            steady = all(_same(facts[p], self.prior.get(p)) for p in files if p in scrubbed and p in kept.rowed)
             if key == kept.stored[run] and steady:
                 standing[run] = key
         models = kept.source.runs(standing) if standing and kept.source is not None else {}
@@ -194,6 +194,10 @@ class ReuseStage:
                 "period",
             )
         ]
+
+
+def _same(read: FileFacts, prior: FileFacts | None) -> bool:
+    return prior is not None and vc.same_content(read, prior)  # a row gone since: judged afresh
 
 
 class _Chain(Mapping):
