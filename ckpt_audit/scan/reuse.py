@@ -10,8 +10,8 @@ holds of it. Three caches behind one interface:
 Everything else is read. The stage runs in two steps around the reads: `first()` names what must be read before
 the kept runs can be decided (every file no cache vouches for, the kept runs' files without a row, the scrub's
 share); `settle()` decides the kept runs from what those reads found and names what is left to read (the files of a
-run that turned out to be judged afresh, when their rows cannot vouch). `reused` is the explicit marker of what was
-reused (`reused_paths`, `runs`, `kept_rows`), which reduce and the record step take as it is.
+run that turned out to be judged afresh, when their rows cannot vouch). What was reused is the stage's explicit
+marker (`reused_paths()`, `runs`, `kept_rows()`), which reduce and the record step take as it is.
 """
 
 from __future__ import annotations
