@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import ckpt_audit.scan.verdicts as vc
@@ -87,7 +88,7 @@ class ReuseStage:
     def first(self, paths: Sequence[str]) -> tuple[list[str], list[Finding]]:
         """(what to read first, findings: the scrub's overdue files). Everything else is reused by stat now."""
         kept, previous, rehash = self.kept, self.caches.previous, self.caches.rehash
-        todo: list[str] = list(kept.unrowed)
+        todo: list[str] = sorted(kept.unrowed)
         for p in todo:
             self.kind(p)
         cached: dict[str, FileFacts] = {}
@@ -229,7 +230,7 @@ class _Kept:
     # files with a clean catalog row: not read unless scrubbed. Their stat is not compared here: the key holds it,
     # and a row changed since the verdict was stored would have deleted it (m007), so a matching key vouches
     rowed: frozenset[str] = frozenset()
-    unrowed: tuple[str, ...] = ()  # the rest (the tracker, run-level files, anything new): read now
+    unrowed: frozenset[str] = frozenset()  # the rest (the tracker, run-level files, anything new): read now
     source: vc.Source | None = None
 
     @classmethod
@@ -241,8 +242,9 @@ class _Kept:
         if not runs:
             return cls()
         verified = source.verified(root)
-        rowed = frozenset(p for files in runs.values() for p in files if p in verified)
-        unrowed = tuple(p for files in runs.values() for p in files if p not in rowed)
+        every = frozenset(chain.from_iterable(runs.values()))  # set operations in C: a million files at 1M
+        rowed = every.intersection(verified)
+        unrowed = every - rowed
         return cls(runs=runs, stored=stored, verified=verified, rowed=rowed, unrowed=unrowed, source=source)
 
     def full_facts(self, paths: Sequence[str]) -> dict[str, FileFacts]:
