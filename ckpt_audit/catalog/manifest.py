@@ -108,11 +108,12 @@ class LazyManifest(Mapping):
 
 def connect_read_only(path: str | os.PathLike[str]) -> sqlite3.Connection | None:
     """The catalog at `path` opened read-only with bare sqlite3 (a WAL read beside a running writer); None when it
-    does not exist yet. Raises CatalogError when it cannot be opened."""
+    does not exist yet. Raises CatalogError when it cannot be opened. Usable from any thread (SQLite serialises):
+    a scan's lazy manifest may load on a reader thread."""
     if not os.path.exists(path):
         return None
     try:
-        return sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
+        return sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True, check_same_thread=False)
     except sqlite3.Error as exc:
         raise CatalogError(f"catalog {path}: {exc}") from None
 
