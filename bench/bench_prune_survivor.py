@@ -64,7 +64,7 @@ def main() -> None:
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
     from ckpt_audit.lifecycle.survivors import verify_plan
     from ckpt_audit.models import format_size
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"

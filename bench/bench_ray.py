@@ -6,7 +6,7 @@
    node and to a plain local scan (no Ray) in the same run, and each node's share (files, bytes). On a small VM every
    simulated node shares the same cores and page cache, so the ratio is bounded by the machine, not by the store.
 2. The driver's side per 100k files, synthetic FileFacts copied from the real tree's (8 ranks per step dir):
-   node-local: merging the partials (scanner.merge_partials) and their pickled size; shared: unpickling the nodes'
+   node-local: merging the partials (scan.merge_partials) and their pickled size; shared: unpickling the nodes'
    answers (as Ray hands them over) and their size in memory (tracemalloc), and the reduce that judges every run
    (layouts + rules), which a local scan of the same files also pays.
 
@@ -25,7 +25,7 @@ import time
 import tracemalloc
 from dataclasses import replace
 
-from ckpt_audit import scanner
+from ckpt_audit import scan
 from ckpt_audit.cluster.shared import RayReader, ShareAnswer
 from ckpt_audit.layouts import ScanContext, load_layouts
 from ckpt_audit.tree import FileFacts, Partial, Tree
@@ -52,8 +52,8 @@ def write_tree(root: str, *, steps: int, ranks: int, shard_mib: int) -> int:
 
 
 def time_local(root: str, *, workers: int, repeat: int) -> float:
-    scanner.scan([root], workers=workers)  # warm the page cache
-    return statistics.median(_timed(lambda: scanner.scan([root], workers=workers)) for _ in range(repeat))
+    scan.scan([root], workers=workers)  # warm the page cache
+    return statistics.median(_timed(lambda: scan.scan([root], workers=workers)) for _ in range(repeat))
 
 
 def _timed(fn) -> float:
@@ -72,11 +72,11 @@ def time_shared(root: str, k: int, *, workers: int, repeat: int) -> tuple[float,
     ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
     try:
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
-        scanner.scan([root], workers=workers, reader=RayReader(nodes=nodes))  # warm-up: workers start, import
+        scan.scan([root], workers=workers, reader=RayReader(nodes=nodes))  # warm-up: workers start, import
         times, tally = [], {}
         for _ in range(repeat):
             reader = RayReader(nodes=nodes)
-            times.append(_timed(lambda r=reader: scanner.scan([root], workers=workers, reader=r)))
+            times.append(_timed(lambda r=reader: scan.scan([root], workers=workers, reader=r)))
             assert reader.read_here == 0, "a node handed files back: not one shared root"
             tally = {n: (t.files, t.bytes) for n, t in reader.tally.items()}
         return statistics.median(times), tally
@@ -114,7 +114,7 @@ def driver_costs(templates: dict[str, FileFacts], files: int, nodes: int) -> dic
     parts = synthetic(templates, files, nodes)
     wire = [pickle.dumps(p) for p in parts]
     t0 = time.perf_counter()
-    scanner.merge_partials(parts)
+    scan.merge_partials(parts)
     merge_s = time.perf_counter() - t0
     answers = [pickle.dumps(ShareAnswer(node_id=str(i), facts=dict(p.facts))) for i, p in enumerate(parts)]
     t0 = time.perf_counter()
@@ -127,11 +127,11 @@ def driver_costs(templates: dict[str, FileFacts], files: int, nodes: int) -> dic
     tracemalloc.stop()
     del held
     whole = Partial(
-        root="/ckpts", tree=scanner.merge_partials(parts)[0], facts={k: v for p in parts for k, v in p.facts.items()}
+        root="/ckpts", tree=scan.merge_partials(parts)[0], facts={k: v for p in parts for k, v in p.facts.items()}
     )
     ctx = ScanContext(now_ns=time.time_ns(), in_progress_window_ns=0)
     t0 = time.perf_counter()
-    result = scanner.reduce([whole], ctx=ctx, layouts=load_layouts())
+    result = scan.reduce([whole], ctx=ctx, layouts=load_layouts())
     reduce_s = time.perf_counter() - t0
     assert sum(len(c.components) for r in result.runs for c in r.checkpoints) > 0
     per = 100_000 / files
@@ -173,7 +173,7 @@ def main() -> None:
                 f"shared, {k} node(s): {t:.2f} s, {total / t / 1e6:.0f} MB/s, x{one / t:.2f} vs 1 node, "
                 f"x{local / t:.2f} vs local | {split}"
             )
-        res = scanner.scan([root], workers=a.workers)
+        res = scan.scan([root], workers=a.workers)
         templates = {os.path.basename(p).split("_world")[0]: f for p, f in res.file_facts.items() if "_rank_0." in p}
         costs = driver_costs(templates, a.files, a.nodes)
         print(

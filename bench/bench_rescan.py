@@ -36,6 +36,12 @@ import zlib
 from pathlib import Path
 
 PER_STEP = 3 * 8 + 2  # W=8: model/optim/extra_state per rank + fsdp_config + data.pt
+
+
+def per_step(world: int) -> int:
+    return 3 * world + 2
+
+
 _SID = b"0" * 16  # placeholder serialization id, replaced per file so that no two files hash alike
 
 
@@ -68,10 +74,11 @@ def write_zip(path: Path, template: tuple[bytes, int, tuple[int, ...]]) -> None:
         f.write(b)
 
 
-def build(root: Path, n_files: int, runs: int = 1) -> list[Path]:
-    """`runs` verl runs of n_files/runs files each under root/proj (one run keeps the old path, proj/exp)."""
-    steps = max(1, n_files // runs // PER_STEP)
-    stems = [f"{kind}_world_size_8_rank_{r}" for r in range(8) for kind in ("model", "optim", "extra_state")]
+def build(root: Path, n_files: int, runs: int = 1, world: int = 8) -> list[Path]:
+    """`runs` verl runs of n_files/runs files each under root/proj (one run keeps the old path, proj/exp), each
+    step `world` ranks' shards (3 files a rank) plus fsdp_config.json and data.pt."""
+    steps = max(1, n_files // runs // per_step(world))
+    stems = [f"{kind}_world_size_{world}_rank_{r}" for r in range(world) for kind in ("model", "optim", "extra_state")]
     templates = {s: zip_template(s) for s in [*stems, "data"]}
     out = []
     for k in range(runs):
@@ -81,7 +88,7 @@ def build(root: Path, n_files: int, runs: int = 1) -> list[Path]:
             actor.mkdir(parents=True)
             for stem in stems:
                 write_zip(actor / f"{stem}.pt", templates[stem])
-            (actor / "fsdp_config.json").write_text('{\n    "FSDP_version": 2,\n    "world_size": 8\n}')
+            (actor / "fsdp_config.json").write_text(f'{{\n    "FSDP_version": 2,\n    "world_size": {world}\n}}')
             write_zip(run / f"global_step_{s}" / "data.pt", templates["data"])
         (run / "latest_checkpointed_iteration.txt").write_text(str(steps))
         out.append(run)
@@ -131,11 +138,11 @@ def timed_scan(db: Path, root: Path, env: dict[str, str], extra: tuple[str, ...]
     return {"wall": wall, "cpu": cpu, "rss_mib": int(rss) / 1024 if rss.isdigit() else float("nan")}
 
 
-def prepare(work: Path, n_files: int, runs: int) -> dict:
+def prepare(work: Path, n_files: int, runs: int, world: int = 8) -> dict:
     """Build the tree and first-scan it whole-process into work/first.db; the figures go to work/first_scan.json."""
     root = work / "root"
     t, c = time.perf_counter(), time.process_time()
-    build(root, n_files, runs)
+    build(root, n_files, runs, world)
     built = {"build_wall": time.perf_counter() - t, "build_cpu": time.process_time() - c}
     warm = work / "warmup"  # one small untimed scan writes the bytecode, so the first scan is not timed compiling
     build(warm / "root", PER_STEP)
@@ -163,6 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=1, help="spread the files over this many runs under one root")
+    ap.add_argument("--world", type=int, default=8, help="ranks per step (3 files a rank, 2 more a step)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None, help="keep the tree and first catalog here (built when absent)")
     ap.add_argument("--prepare", action="store_true", help="with --dir: only build and first-scan (run it niced)")
@@ -177,7 +185,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     try:
         if not (work / "first_scan.json").exists():
-            info = prepare(work, args.files, args.runs)
+            info = prepare(work, args.files, args.runs, args.world)
         else:
             info = json.loads((work / "first_scan.json").read_text())
         print(
@@ -195,7 +203,7 @@ def main() -> None:
 
 def measure(work: Path, args: argparse.Namespace) -> None:
     from ckpt_audit.catalog import open_catalog, read_previous
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     try:  # the cron scan's path since the per-run verdict cache: the manifest loads lazily, verdicts are reused
         from ckpt_audit.catalog.manifest import LazyManifest

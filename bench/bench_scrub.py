@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ckpt_audit.models import format_size  # noqa: E402
-from ckpt_audit.scrub import DAY_NS, ScrubPolicy  # noqa: E402
+from ckpt_audit.scan.scrub import DAY_NS, ScrubPolicy  # noqa: E402
 
 WORLD = 8
 CHUNK = 8 * 1024 * 1024
@@ -76,7 +76,7 @@ def drop_caches() -> None:
 def rescan(root: Path, base_db: Path, work_db: Path, *, now_ns: int, scrub: ScrubPolicy | None, cold: bool):
     """One cron re-scan from a copy of the first scan's catalog: (seconds, result)."""
     from ckpt_audit.catalog import open_catalog, read_previous
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     for suffix in ("", "-wal", "-shm"):
         Path(f"{work_db}{suffix}").unlink(missing_ok=True)
@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="drop the page cache before each measurement (root)")
     args = ap.parse_args()
     from ckpt_audit.catalog import open_catalog
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
         root = Path(tmp) / "root"

@@ -2,7 +2,7 @@
 
 Writes a verl FSDP2-named step (W ranks of real DTensor model / AdamW optimizer / extra_state shards from a gloo
 group, --gib in total), then in this one run times (warm page cache, median of --repeat):
-  hash    scanner.scan with no previous manifest: every byte read, xxh3-128 + CRC-32   (the baseline)
+  hash    scan.scan with no previous manifest: every byte read, xxh3-128 + CRC-32   (the baseline)
   deep    verify.deepen on that scan result: every shard torch.load-ed (weights_only, mmap) and compared
   verify  verify() with the catalog's manifest reused by stat, as `ckpt-audit verify` runs after a scan
 
@@ -104,15 +104,15 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="write the tree here and keep it")
     args = ap.parse_args()
 
-    from ckpt_audit import scanner, verify
+    from ckpt_audit import scan, verify
     from ckpt_audit.tree import FileFacts
 
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-verify-"))
     try:
         run = write_tree(root, gib=args.gib, world=args.world)
         size = sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
-        scanner.scan([run])  # warm the page cache once, as a nightly re-read would find it
-        t_hash, result = timed(lambda: scanner.scan([run]), args.repeat)
+        scan.scan([run])  # warm the page cache once, as a nightly re-read would find it
+        t_hash, result = timed(lambda: scan.scan([run]), args.repeat)
         t_deep, deep = timed(lambda: verify.deepen(result), args.repeat)
         bad = [f for f in deep.all_findings if f.severity > 0]
         assert not bad, bad

@@ -28,9 +28,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ckpt_audit import lock, scanner
+from ckpt_audit import lock
 from ckpt_audit.answers import LatestAnswer, Pruned, PrunePreview, Recorded, TrackerPlan, TrackerWrite
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
+from ckpt_audit.scan import Reader, ScanError, check_root
+from ckpt_audit.scan import scan as scan_roots
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -41,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
     from ckpt_audit.models import FileFacts, Run, ScanResult
     from ckpt_audit.rules.deep_verdict import DeepVerdict
-    from ckpt_audit.scrub import ScrubPolicy
+    from ckpt_audit.scan.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
 StrPath = str | os.PathLike[str]  # a catalog path as the front ends hold it (the CLI: str; the TUI: Path)
@@ -100,31 +102,38 @@ class Session:
         scrub: ScrubPolicy | None = None,
         now_ns: int | None = None,
         record: bool = True,
-        reader: scanner.Reader | None = None,
+        reader: Reader | None = None,
         cached_verdicts: bool = False,
     ) -> Recorded:
         """Scan `roots` (default: the session's) reusing the catalogued hashes; record it unless `record` is False
-        (prune records its scan only once it deletes). `reader`: who reads the files (scanner.Reader; default this
+        (prune records its scan only once it deletes). `reader`: who reads the files (Reader; default this
         process; scan --ray's shared placement spreads them over the cluster's nodes). `cached_verdicts`: reuse
-        the catalog's run verdicts where nothing they read moved (ckpt_audit.verdict_cache; the cron scan's)."""
-        verdicts = None
+        the catalog's run verdicts where nothing they read moved (scan.verdicts; the cron scan's)."""
+        verdicts, previous = None, self.previous
         if cached_verdicts and self.catalog_path is not None and record:
+            from ckpt_audit.catalog.manifest import LazyManifest
             from ckpt_audit.catalog.verdicts import CatalogVerdicts
 
+            # one read-only connection for everything the scan reads of the catalog
             verdicts = CatalogVerdicts(self.catalog_path)
-        result = scan_any(
-            list(self.roots if roots is None else roots),
-            workers=workers,
-            rehash=rehash,
-            verdicts=verdicts,
-            previous=self.previous,
-            progress=progress,
-            in_progress_window_s=in_progress_window_s,
-            scrub=scrub,
-            now_ns=now_ns,
-            reader=reader,
-            deep=self.kept_deep(),
-        )
+            previous = LazyManifest(self.catalog_path, connect=verdicts.connection)
+        try:
+            result = scan_any(
+                list(self.roots if roots is None else roots),
+                workers=workers,
+                rehash=rehash,
+                verdicts=verdicts,
+                previous=previous,
+                progress=progress,
+                in_progress_window_s=in_progress_window_s,
+                scrub=scrub,
+                now_ns=now_ns,
+                reader=reader,
+                deep=_kept_deep(self.catalog_path, conn=verdicts.connection() if verdicts is not None else None),
+            )
+        finally:
+            if verdicts is not None:
+                verdicts.close()  # the kept runs' rows (LaterRows) reopen it if a report asks for them
 
         return Recorded(result=result, scan_id=self.record(result, rehash=rehash) if record else None)
 
@@ -315,8 +324,8 @@ def open_session(catalog_path: StrPath | None, *, roots: Sequence[str | Path] = 
     from ckpt_audit.catalog.manifest import CatalogError, probe
 
     try:
-        real = [scanner.check_root(r) for r in roots]
-    except scanner.ScanError as exc:
+        real = [check_root(r) for r in roots]
+    except ScanError as exc:
         raise SessionError(str(exc)) from None
     if catalog_path is None:
         yield Session(None, real)
@@ -329,7 +338,7 @@ def open_session(catalog_path: StrPath | None, *, roots: Sequence[str | Path] = 
                 yield session
             finally:
                 session._close()
-    except (CatalogError, scanner.ScanError) as exc:
+    except (CatalogError, ScanError) as exc:
         raise SessionError(str(exc)) from None
 
 
@@ -343,7 +352,7 @@ def browse(
     if deep:
         result = _verify(roots, previous=previous, progress=progress, rehash=True)
     else:
-        result = scanner.scan(list(roots), previous=previous, progress=progress, deep=_kept_deep(catalog_path))
+        result = scan_roots(list(roots), previous=previous, progress=progress, deep=_kept_deep(catalog_path))
     return result, record_if_free(result, catalog_path)
 
 
@@ -383,9 +392,9 @@ def latest(
     deep = _kept_deep_or_empty(catalog_path)
     started = time.time_ns()  # a file read by content from here on was read "now"
     try:
-        real = scanner.check_root(run)
+        real = check_root(run)
         result = scan_any([real], previous=previous, in_progress_window_s=in_progress_window_s, deep=deep)
-    except scanner.ScanError as exc:
+    except ScanError as exc:
         raise SessionError(str(exc)) from None
     the_run = run_named(result, run)
     scans = [result]
@@ -432,12 +441,12 @@ def latest(
 
 
 def scan_any(roots: Sequence[str | Path], **options) -> ScanResult:
-    """scanner.scan, or for s3:// roots the remote scan (ckpt_audit.remote.scan: listing and stored checksums,
-    the same layouts and verdicts); a remote root's trouble is a scanner.ScanError like a local one's."""
+    """scan.scan, or for s3:// roots the remote scan (ckpt_audit.remote.scan: listing and stored checksums,
+    the same layouts and verdicts); a remote root's trouble is a ScanError like a local one's."""
     from ckpt_audit.remote import RemoteError, is_remote
 
     if not any(is_remote(r) for r in roots):
-        return scanner.scan(roots, **options)
+        return scan_roots(roots, **options)
     from ckpt_audit.remote.scan import scan_remote
 
     keep = ("previous", "now_ns", "rehash")
@@ -448,7 +457,7 @@ def scan_any(roots: Sequence[str | Path], **options) -> ScanResult:
             **{k: v for k, v in options.items() if k in keep},
         )
     except RemoteError as exc:
-        raise scanner.ScanError(str(exc)) from None
+        raise ScanError(str(exc)) from None
 
 
 def run_named(result: ScanResult, run: str | Path) -> Run:
@@ -495,10 +504,10 @@ def _previous(catalog_path: StrPath | None) -> dict | None:
     return read_previous(catalog_path)
 
 
-def _kept_deep(catalog_path: StrPath | None) -> dict[str, DeepVerdict]:
+def _kept_deep(catalog_path: StrPath | None, *, conn: sqlite3.Connection | None = None) -> dict[str, DeepVerdict]:
     from ckpt_audit.catalog.deep_verdicts import read_deep_verdicts
 
-    return read_deep_verdicts(catalog_path)
+    return read_deep_verdicts(catalog_path, conn=conn)
 
 
 def _kept_deep_or_empty(catalog_path: StrPath | None) -> dict[str, DeepVerdict]:

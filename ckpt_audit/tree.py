@@ -3,7 +3,7 @@
 The walker fills a `Tree` (directory -> child dirs and file names) from stat calls alone; the readers then turn
 each file into `FileFacts` (stat, hash, CRC verdict, structure, per-file findings). A `Partial` bundles both for one
 root or subtree. Partials are plain, serialisable data, so one node can scan its local disk and another can merge:
-completeness across a run is judged only after merging (`scanner.reduce`).
+completeness across a run is judged only after merging (`scan.reduce`).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Partial:
     reused_paths: frozenset[str] = frozenset()
     files_scrubbed: int = 0  # reusable files re-read by content on purpose (scrub); counted in files_hashed too
     bytes_scrubbed: int = 0
-    # the verdict cache (ckpt_audit.verdict_cache): the settled runs' stat digests, and the runs whose cached
+    # the verdict cache (ckpt_audit.scan.verdicts): the settled runs' stat digests, and the runs whose cached
     # verdict stood (their files are not in `facts` unless read now)
     run_digests: Mapping[str, str] = field(default_factory=dict)
     reused_runs: Mapping[str, tuple[str, Run]] = field(default_factory=dict)  # run -> (key, model)

@@ -1,6 +1,6 @@
 """verify(): scan, then deep checks that need the files' contents: cross-rank consistency, DCP byte ranges.
 
-`verify(paths)` = `scanner.scan(...)` + `deepen(result)`. `deepen` loads every rank's shards through `safe_load`
+`verify(paths)` = `scan.scan(...)` + `deepen(result)`. `deepen` loads every rank's shards through `safe_load`
 (weights_only, mmap: per-file cost, no tensor bytes read except the few scalars the checks compare), boils them
 down to the plain views of `deep.rules`, and attaches the findings to the component or checkpoint they concern;
 statuses are re-derived. This is the one place that knows both the scan and the deep checks (the scanner never calls
@@ -16,7 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ckpt_audit import scanner
 from ckpt_audit.codes import CODES, finding
 from ckpt_audit.deep import (
     dataloader,
@@ -43,7 +42,8 @@ from ckpt_audit.models import (
 from ckpt_audit.readers import bounded_json
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.rules import status as status_rules
-from ckpt_audit.scrub import ScrubPolicy
+from ckpt_audit.scan import scan
+from ckpt_audit.scan.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
 # codes the scan reports per file and verify again per tensor: both are kept (the scan's finding has no tensor)
@@ -60,8 +60,8 @@ def verify(
     in_progress_window_s: float = IN_PROGRESS_WINDOW_S,
     scrub: ScrubPolicy | None = None,
 ) -> ScanResult:
-    """Scan `paths` (step directories, runs or roots) and add the deep findings. Raises scanner.ScanError."""
-    result = scanner.scan(
+    """Scan `paths` (step directories, runs or roots) and add the deep findings. Raises scan.ScanError."""
+    result = scan(
         paths,
         workers=workers,
         rehash=rehash,

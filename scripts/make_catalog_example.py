@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 def make(out: Path, *, demo_dir: Path | None = None) -> Path:
     """Write the example catalog to `out`; `demo_dir` reuses a demo tree already built there (`ckpt-audit demo`)."""
     from ckpt_audit.catalog import open_catalog
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
     from harness.commands.demo import build_demo_tree
 
     with tempfile.TemporaryDirectory() as tmp:

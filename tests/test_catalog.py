@@ -11,7 +11,7 @@ from scan_trees import base_run, run_copy, shard, steps_of  # noqa: F401
 from ckpt_audit.catalog import CatalogError, open_catalog, probe, read_previous
 from ckpt_audit.catalog.migrations import MIGRATIONS
 from ckpt_audit.models import Checkpoint, Status
-from ckpt_audit.scanner import scan
+from ckpt_audit.scan import scan
 
 TABLES = {"scans", "runs", "checkpoints", "files", "hash_history", "findings"}
 VIEWS = {"latest_complete_checkpoint", "checkpoint_status"}

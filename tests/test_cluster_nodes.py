@@ -25,8 +25,8 @@ from ckpt_audit.cli import cli
 from ckpt_audit.cluster import ray_scan
 from ckpt_audit.cluster.noderoots import ENV
 from ckpt_audit.lifecycle.retention import KeepLast, Policy, Reason, plan_prune
-from ckpt_audit.scanner import focus_of
-from ckpt_audit.scrub import ScrubPolicy
+from ckpt_audit.scan import focus_of
+from ckpt_audit.scan.scrub import ScrubPolicy
 from ckpt_audit.session import open_session
 from tui.app import AuditApp
 from tui.screens.details import DetailsScreen

@@ -469,7 +469,7 @@ def test_a_universal_checkpoint_is_judged_as_the_universal_load_reads_it(ds_z1, 
     from dataclasses import replace
 
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, Reason, plan_prune
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     [scanned] = scan([save_dir]).runs
     plan = plan_prune([replace(scanned, tracker_step=8)], Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())

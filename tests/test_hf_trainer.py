@@ -189,16 +189,16 @@ def test_trainer_state_of_another_step_and_a_fresh_uncommitted_save(out, tmp_pat
 
 @pytest.mark.slow
 def test_a_long_trainer_state_is_judged_from_its_first_64_kib(out, tmp_path):
-    from ckpt_audit import scanner
+    from ckpt_audit.layouts import text_files
 
-    assert rules.TEXT_LIMIT == scanner.TEXT_LIMIT  # the layout knows how much of a file the scan read
+    assert text_files()["trainer_state.json"] == (rules.TEXT_LIMIT, True)  # the scan reads a prefix of this much
     for step, written in ((4, 4), (6, 5)):
         path = out / f"checkpoint-{step}" / "trainer_state.json"
         doc = json.loads(path.read_text())
         doc["log_history"] *= 2000  # a long run's log: megabytes, as Trainer dumps it (indent 2, sorted keys)
         doc["global_step"] = written
         path.write_text(json.dumps(doc, indent=2, sort_keys=True))
-        assert path.stat().st_size > 4 * scanner.TEXT_LIMIT
+        assert path.stat().st_size > 4 * rules.TEXT_LIMIT
     age(out)
     doc = scan_json(out, tmp_path / "c.db")
     assert statuses(doc) == {2: "complete", 4: "complete", 6: "incomplete"}
@@ -328,7 +328,7 @@ def test_training_args_pickle_is_reported_as_what_it_is_and_a_foreign_global_sta
 def test_a_deepspeed_checkpoint_is_one_hf_run_not_a_verl_run_too():
     """Trainer under DeepSpeed keeps model and optimizer states in checkpoint-N/global_stepK/: that name reads like a
     misnamed verl step, so without care the verl layout would take checkpoint-N for a run of its own."""
-    from ckpt_audit.scanner import reduce
+    from ckpt_audit.scan import reduce
     from ckpt_audit.tree import FileFacts, Partial, Tree
 
     ck, ds = "/o/checkpoint-6", "/o/checkpoint-6/global_step6"

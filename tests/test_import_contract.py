@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckpt_audit.readers",),
     ("ckpt_audit.rules", "ckpt_audit.continuity"),
     ("ckpt_audit.layouts",),
-    ("ckpt_audit.scanner", "ckpt_audit.scrub", "ckpt_audit.verdict_cache"),
+    ("ckpt_audit.scan",),
     ("ckpt_audit.deep", "ckpt_audit.lifecycle"),
     ("ckpt_audit.verify",),
     ("ckpt_audit.catalog", "ckpt_audit.report", "ckpt_audit.metrics_textfile"),  # metrics: a rendering of a scan
@@ -129,5 +129,5 @@ def test_no_import_circle():
 
 def test_contract_sees_a_real_upward_arrow():
     """The checker itself can fail: a scanner importing the CLI is caught."""
-    assert layer("ckpt_audit.scanner") < layer("ckpt_audit.cli.scan")
+    assert layer("ckpt_audit.scan.pipeline") < layer("ckpt_audit.cli.scan")
     assert layer("ckpt_audit.deep.rules") > layer("ckpt_audit.rules.status")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from ckpt_audit import scanner, session, verify
+from ckpt_audit import scan, session, verify
 from ckpt_audit.cli import COMMANDS
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 from ckpt_audit.rules.status import ScanContext
@@ -31,7 +31,7 @@ def test_every_command_option_defaults_to_the_one_window():
 
 def test_every_core_default_is_the_one_window():
     functions = [
-        scanner.scan,
+        scan.scan,
         verify.verify,
         session.Session.scan,
         session.Session.verify,
@@ -40,5 +40,5 @@ def test_every_core_default_is_the_one_window():
     ]
     for f in functions:
         assert inspect.signature(f).parameters["in_progress_window_s"].default == IN_PROGRESS_WINDOW_S, f.__qualname__
-    assert inspect.signature(scanner.scan_partial).parameters["window_ns"].default == int(IN_PROGRESS_WINDOW_S * 1e9)
+    assert inspect.signature(scan.scan_partial).parameters["window_ns"].default == int(IN_PROGRESS_WINDOW_S * 1e9)
     assert ScanContext(now_ns=0).in_progress_window_ns == int(IN_PROGRESS_WINDOW_S * 1e9)

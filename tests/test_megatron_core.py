@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import build_cached, writer_key
 
-from ckpt_audit import scanner
+from ckpt_audit import scan
 from ckpt_audit.lifecycle.export import ExportError, export_checkpoint
 from ckpt_audit.models import Severity
 from ckpt_audit.verify import verify
@@ -96,7 +96,7 @@ def test_megatron_core_load_and_ckpt_audit_agree(mcore, case, loads, scan_status
     verdict = json.loads((mcore / "verdicts.json").read_text())[case]
     assert verdict.startswith(loads), verdict
     run = _run(mcore, case)
-    scanned = scanner.scan([run], in_progress_window_s=0)
+    scanned = scan.scan([run], in_progress_window_s=0)
     verified = verify([run], in_progress_window_s=0)
     assert [c.status.value for c in scanned.runs[0].checkpoints] == [scan_status]
     assert [c.status.value for c in verified.runs[0].checkpoints] == [verify_status]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import build_cached, writer_key
 
-from ckpt_audit import scanner
+from ckpt_audit import scan
 from ckpt_audit.lifecycle.latest import gate
 from ckpt_audit.verify import verify
 
@@ -103,7 +103,7 @@ def _run(v2: Path, case: str) -> Path:
 def test_verl_load_and_ckpt_audit_agree(v2, case, load, steps, latest):
     verdict = json.loads((v2 / "verdicts.json").read_text())[case]
     assert verdict.startswith(load), verdict
-    run = scanner.scan([_run(v2, case)], in_progress_window_s=0).runs[0]
+    run = scan.scan([_run(v2, case)], in_progress_window_s=0).runs[0]
     by_step = {c.step: c for c in run.checkpoints}
     for step, (status, codes) in steps.items():
         ckpt = by_step[step]
@@ -126,8 +126,8 @@ def test_verify_clean_and_migrated_find_nothing_more(v2):
 def test_migrated_hardlinks_counted_once(v2):
     """verl's migration script hardlinks dist_ckpt/ into model/, optimizer/ and extra/: the step's size is the old
     tree's, not four times it."""
-    old = scanner.scan([_run(v2, "old-layout")], in_progress_window_s=0).runs[0].checkpoints[-1]
-    new = scanner.scan([_run(v2, "migrated")], in_progress_window_s=0).runs[0].checkpoints[-1]
+    old = scan.scan([_run(v2, "old-layout")], in_progress_window_s=0).runs[0].checkpoints[-1]
+    new = scan.scan([_run(v2, "migrated")], in_progress_window_s=0).runs[0].checkpoints[-1]
     assert new.step == old.step == 8
     assert os.stat(next(f.path for f in new.all_files if f.path.endswith("common.pt"))).st_nlink == 4
     assert sum(f.size_bytes for f in new.all_files) == 4 * old.size_bytes
@@ -174,7 +174,7 @@ def test_manifest_problems(clean_copy, edit, code):
         doc["contents"]["hf_model"] = {"path": "model/huggingface", "format": "huggingface"}
         (path.parent / "model" / "huggingface" / "config.json").write_text("{}")
     path.write_text("{" if edit == "not-json" else json.dumps(doc))
-    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    run = scan.scan([clean_copy], in_progress_window_s=0).runs[0]
     step4 = run.checkpoints[-1]
     assert code in {f.code for f in step4.all_findings} and step4.status.value == "incomplete"
     assert gate(run).chosen.step == 2
@@ -185,11 +185,11 @@ def test_only_links_where_verl_loads_count(clean_copy):
     stays whole; the same link as a content (model/dist_ckpt) makes it incomplete."""
     model = clean_copy / "global_step_4" / "actor" / "model"
     (model / "notes").symlink_to("/nonexistent/notes")
-    step4 = scanner.scan([clean_copy], in_progress_window_s=0).runs[0].checkpoints[-1]
+    step4 = scan.scan([clean_copy], in_progress_window_s=0).runs[0].checkpoints[-1]
     assert step4.status.value == "complete" and not {f.code for f in step4.all_findings}
     shutil.rmtree(model / "dist_ckpt")
     (model / "dist_ckpt").symlink_to("/nonexistent/dist_ckpt")
-    step4 = scanner.scan([clean_copy], in_progress_window_s=0).runs[0].checkpoints[-1]
+    step4 = scan.scan([clean_copy], in_progress_window_s=0).runs[0].checkpoints[-1]
     assert step4.status.value == "incomplete"
     assert {f.code for f in step4.all_findings} == {"megatron-link-dangling"}
 
@@ -200,7 +200,7 @@ def test_young_step_without_manifest_is_in_progress(clean_copy):
     (clean_copy / "latest_checkpointed_iteration.txt").write_text("2")
     now = time.time()
     os.utime(clean_copy / "global_step_4" / "actor" / "model" / "dist_ckpt" / "metadata.json", (now, now))
-    run = scanner.scan([clean_copy], in_progress_window_s=600).runs[0]
+    run = scan.scan([clean_copy], in_progress_window_s=600).runs[0]
     assert [c.status.value for c in run.checkpoints] == ["complete", "in-progress"]
 
 
@@ -234,7 +234,7 @@ def test_prune_keeps_the_newest_step_verl_loads_beside_an_old_layout_one(v2, tmp
 
 
 def _findings(v2: Path, case: str):
-    return scanner.scan([_run(v2, case)], in_progress_window_s=0).all_findings
+    return scan.scan([_run(v2, case)], in_progress_window_s=0).all_findings
 
 
 def test_copied_step_and_missing_manifest_are_named(v2):
@@ -266,10 +266,10 @@ def test_tracker_target_needs_a_manifest_in_every_role(clean_copy):
     shutil.copytree(actor, critic)
     doc = json.loads((critic / "ckpt_contents.json").read_text())
     (critic / "ckpt_contents.json").write_text(json.dumps({**doc, "role": "critic"}))
-    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    run = scan.scan([clean_copy], in_progress_window_s=0).runs[0]
     assert run.checkpoints[-1].status.value == "complete"
     (critic / "ckpt_contents.json").unlink()
-    run = scanner.scan([clean_copy], in_progress_window_s=0).runs[0]
+    run = scan.scan([clean_copy], in_progress_window_s=0).runs[0]
     [f] = [f for f in run.checkpoints[-1].all_findings if f.code == "megatron-v2-manifest-missing"]
     assert f.path == str(critic / "ckpt_contents.json") and run.checkpoints[-1].status.value == "incomplete"
     assert gate(run).chosen.step == 2
@@ -284,7 +284,7 @@ def test_symlink_migration_in_place(v2, tmp_path):
     subprocess.run(["cp", "-a", str(_run(v2, "old-layout")), str(run)], check=True)
     _migrate("--checkpoint", str(run / "global_step_8" / "actor"), "--mode", "symlink")
     (run / "latest_checkpointed_iteration.txt").write_text("8")
-    scanned = scanner.scan([run], in_progress_window_s=0).runs[0]
+    scanned = scan.scan([run], in_progress_window_s=0).runs[0]
     step8 = scanned.checkpoints[-1]
     codes = sorted(f.code for f in step8.all_findings)
     assert step8.status.value == "complete" and codes == ["megatron-link-absolute"] * 3 + ["megatron-migrated"]
@@ -292,7 +292,7 @@ def test_symlink_migration_in_place(v2, tmp_path):
     # moved: the links now lead to a directory that is gone, as verl's load finds (case symlink-moved)
     moved = tmp_path / "moved"
     run.rename(moved)
-    scanned = scanner.scan([moved], in_progress_window_s=0).runs[0]
+    scanned = scan.scan([moved], in_progress_window_s=0).runs[0]
     step8 = scanned.checkpoints[-1]
     assert step8.status.value == "incomplete" and gate(scanned).chosen.step == 4
     assert {f.path for f in step8.all_findings if f.code == "megatron-link-dangling"} == {
@@ -337,7 +337,7 @@ def test_reclaimed_trash_of_a_migrated_step_counts_each_file_once(v2, tmp_path):
     step's own bytes, not its four hardlinked names' sum."""
     run = tmp_path / "exp"
     subprocess.run(["cp", "-a", str(_run(v2, "migrated")), str(run)], check=True)  # cp -a keeps the hardlinks
-    step8 = scanner.scan([run], in_progress_window_s=0).runs[0].checkpoints[-1]
+    step8 = scan.scan([run], in_progress_window_s=0).runs[0].checkpoints[-1]
     trash = run / ".ckpt-audit-trash-global_step_7-0123456789ab"
     subprocess.run(["cp", "-a", str(run / "global_step_8"), str(trash)], check=True)
     env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
@@ -356,7 +356,7 @@ def test_fsdp_role_damaged_by_the_migration_script(verl_run, tmp_path):
     run = tmp_path / "exp"
     shutil.copytree(verl_run, run)
     _migrate("--checkpoint-root", str(run), "--all-steps")
-    scanned = scanner.scan([run], in_progress_window_s=0).runs[0]
+    scanned = scan.scan([run], in_progress_window_s=0).runs[0]
     for ckpt in scanned.checkpoints:
         [f] = [f for f in ckpt.all_findings if f.code == "fsdp-huggingface-moved"]
         assert ckpt.status.value == "complete" and f.path == f"{ckpt.path}/actor/model/huggingface"
@@ -370,5 +370,5 @@ def test_fsdp_role_damaged_by_the_migration_script(verl_run, tmp_path):
     # the finding's own way out puts it back
     (actor / "model" / "huggingface").rename(actor / "huggingface")
     (actor / "model").rmdir()
-    again = scanner.scan([run], in_progress_window_s=0).runs[0].checkpoints[-1]
+    again = scan.scan([run], in_progress_window_s=0).runs[0].checkpoints[-1]
     assert "fsdp-huggingface-moved" not in {f.code for f in again.all_findings}

@@ -20,7 +20,7 @@ from ckpt_audit.cli import cli
 from ckpt_audit.continuity.metrics import read_metrics
 from ckpt_audit.lifecycle.retention import read_metric
 from ckpt_audit.models import Run
-from ckpt_audit.scanner import scan
+from ckpt_audit.scan import scan
 
 METRIC = "critic/score/mean"  # verl's name: slashes are part of it, not a path to walk
 FIRST = [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4), (5, 0.5), (6, 0.9), (7, 0.7)]

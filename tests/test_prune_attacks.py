@@ -160,7 +160,7 @@ EXECUTE = (
 @pytest.mark.parametrize("mode", [0o555, 0o000], ids=["read-only-dir", "unreadable-dir"])
 def test_execution_never_half_deletes_a_tree_it_cannot_remove(run, tmp_path, mode):
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     plan = plan_prune(scan([str(run)]).runs, Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
     assert [i.step for i in plan.delete] == [2, 4]

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from node_dirs import split_by_rank
 
-from ckpt_audit import scanner
+from ckpt_audit import scan
 from ckpt_audit.cli import cli
 from ckpt_audit.cli import ray as ray_cli
 from ckpt_audit.cluster import ray_scan
@@ -42,7 +42,7 @@ def test_ranks_split_over_three_nodes_judged_as_one_disk(ray_cluster, verl_run, 
     got = ray_scan.reduce_nodes(answers, now_ns=now, in_progress_window_ns=60 * 10**9)
     whole = tmp_path / "whole"
     shutil.copytree(verl_run.parent.parent, whole, ignore=shutil.ignore_patterns(".fixture*"))
-    want = scanner.scan([str(whole)], now_ns=now, in_progress_window_s=60)
+    want = scan.scan([str(whole)], now_ns=now, in_progress_window_s=60)
     assert summary(got, LOGICAL) == summary(want, str(whole))
     assert len([c for r in got.runs for c in r.checkpoints]) == 3
 

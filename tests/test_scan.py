@@ -15,7 +15,7 @@ from scan_trees import base_run, flip_payload_byte, rewrite_zip, run_copy, shard
 from ckpt_audit.catalog import open_catalog, read_previous
 from ckpt_audit.codes import CODES
 from ckpt_audit.models import Severity, Status
-from ckpt_audit.scanner import ScanError, scan
+from ckpt_audit.scan import ScanError, scan
 
 
 def do_scan(root, **kw):
@@ -312,7 +312,7 @@ def test_unreadable_file_becomes_a_finding(run_copy):
     victim = shard(steps_of(run_copy)[0], "model", 0)
     victim.chmod(0)
     code = (
-        "import json, sys; from ckpt_audit.scanner import scan; r = scan([sys.argv[1]], in_progress_window_s=0);"
+        "import json, sys; from ckpt_audit.scan import scan; r = scan([sys.argv[1]], in_progress_window_s=0);"
         "print(json.dumps(sorted({(f.code, f.path) for f in r.all_findings})))"
     )
     out = subprocess.run(

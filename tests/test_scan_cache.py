@@ -27,8 +27,8 @@ from scan_trees import flip_payload_byte, rewrite_zip, shard, steps_of, write_to
 from ckpt_audit.catalog import open_catalog, read_previous
 from ckpt_audit.cli import cli
 from ckpt_audit.readers import RULES
-from ckpt_audit.scanner import scan
-from ckpt_audit.scrub import DAY_NS, Cached, ScrubPlan, ScrubPolicy, plan_scrub
+from ckpt_audit.scan import scan
+from ckpt_audit.scan.scrub import DAY_NS, Cached, ScrubPlan, ScrubPolicy, plan_scrub
 
 # -- the trees ------------------------------------------------------------------------------------------------
 

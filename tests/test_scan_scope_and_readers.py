@@ -208,7 +208,7 @@ def test_a_distcp_is_read_as_its_chain_of_zips_and_no_zip_rule_judges_it(dcp_tre
     from ckpt_audit.models import FileKind, Status
     from ckpt_audit.readers.hashing import digest_file
     from ckpt_audit.rules import files as file_rules
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     run = tmp_path / "megatron" / "exp"
     shutil.copytree(dcp_trees["megatron"], run)
@@ -233,7 +233,7 @@ def test_a_cached_distcp_row_with_zip_findings_is_read_again(dcp_trees, tmp_path
 
     from ckpt_audit.codes import finding
     from ckpt_audit.models import Status
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     run = tmp_path / "megatron" / "exp"
     shutil.copytree(dcp_trees["megatron"], run)
@@ -244,3 +244,14 @@ def test_a_cached_distcp_row_with_zip_findings_is_read_again(dcp_trees, tmp_path
     assert target not in again.reused_paths and len(again.reused_paths) == len(first.file_facts) - 1
     assert again.file_facts[target].findings == ()
     assert again.runs[0].checkpoints[0].status is Status.COMPLETE
+
+
+def test_each_layout_names_its_own_step_directories():
+    """A path inside a checkpoint scans it alone: which directories are checkpoints is each layout's fact
+    (Layout.is_step_dir), asked of them all."""
+    from ckpt_audit.layouts import enclosing_step_dir
+
+    for step in ("global_step_3", "global_steps_3", "checkpoint-5", "step-10", "global_step7", "best_global_step7"):
+        assert enclosing_step_dir(f"/r/run/{step}/actor/model.pt") == f"/r/run/{step}", step
+    assert enclosing_step_dir("/r/run/actor") is None
+    assert enclosing_step_dir("/r/run/my-tag/mp_rank_00_model_states.pt") is None  # a custom tag says nothing

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from ckpt_audit import scanner
+from ckpt_audit import scan
 from ckpt_audit.cluster.shared import (
     FILE_COST_BYTES,
     NETWORK_FS,
@@ -92,7 +92,7 @@ def test_this_machines_tmp_is_not_a_network_fs(tmp_path):
 
 
 def _jobs(root):
-    tree, stats, _ = scanner.walk(str(root))
+    tree, stats, _ = scan.walk(str(root))
     layouts = load_layouts()
     paths = sorted(p for d in tree.files for p in (f"{d}/{n}" for n in tree.files[d]))
     jobs = [ReadJob(path=p, st=stats[p], prev=None, kind=file_kind(p, layouts)) for p in paths]
@@ -107,7 +107,7 @@ def test_a_nodes_share_is_what_the_local_read_gives_and_other_files_are_handed_b
     now = 10**18
     answer = read_share(jobs, "n1", workers=2, now_ns=now)
     assert answer.unseen == ()
-    want = {j.path: scanner.read_file(j.path, stats[j.path], None, kind=j.kind, now_ns=now) for j in jobs}
+    want = {j.path: scan.read_file(j.path, stats[j.path], None, kind=j.kind, now_ns=now) for j in jobs}
     assert answer.facts == want
     # this node's copy of the root is another directory: same names, other inodes: nothing is the driver's file
     copy = tmp_path / "copy"
@@ -140,10 +140,10 @@ def test_with_no_alive_node_the_driver_reads_every_file(tmp_path):
 
     (tmp_path / "a.pt").write_bytes(b"x" * 10)
     (tmp_path / "b.json").write_bytes(b"{}")
-    _, stats, _ = scanner.walk(str(tmp_path))
+    _, stats, _ = scan.walk(str(tmp_path))
     paths = sorted(stats)
     kinds = {p: file_kind(p, load_layouts()) for p in paths}
     reader = RayReader(nodes=[])
     got = dict(reader(paths, stats, {}, kinds, workers=1, now_ns=7))
-    assert got == dict(scanner.read_all(paths, stats, {}, kinds, workers=1, now_ns=7))
+    assert got == dict(scan.read_all(paths, stats, {}, kinds, workers=1, now_ns=7))
     assert sorted(got) == paths and reader.read_here == 2

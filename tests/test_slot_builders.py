@@ -23,7 +23,7 @@ from ckpt_audit.models import (
     from_slots,
 )
 from ckpt_audit.models import Run as RunModel
-from ckpt_audit.verdict_cache import light_facts
+from ckpt_audit.scan.verdicts import light_facts
 
 # what the positional builders are written against: change one only with every builder named in the message
 PINNED = {
@@ -44,7 +44,7 @@ def test_the_field_order_the_row_builders_rely_on(cls: type) -> None:
     names = tuple(f.name for f in dataclasses.fields(cls))
     assert names == PINNED[cls], (
         f"{cls.__name__}'s fields moved: update the positional builders (layouts.shard_file, "
-        "catalog.manifest.facts_of_rows, catalog.verdicts, verdict_cache.light_facts), then PINNED"
+        "catalog.manifest.facts_of_rows, catalog.verdicts, scan.verdicts.light_facts), then PINNED"
     )
     assert cls.__slots__ == names  # from_slots fills slots in this order
 

@@ -21,7 +21,7 @@ from conftest import build_cached, writer_key
 
 from ckpt_audit.layouts import load_layouts
 from ckpt_audit.readers import dcp_metadata
-from ckpt_audit.scanner import read_file
+from ckpt_audit.scan import read_file
 
 WRITER = Path(__file__).with_name("_write_torchtitan.py")
 pytestmark = pytest.mark.slow  # a 2-process torchtitan run on a cold cache

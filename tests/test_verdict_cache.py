@@ -1,8 +1,8 @@
-"""The run verdict cache (ckpt_audit/verdict_cache.py, catalog/verdicts.py, migration m007).
+"""The run verdict cache (ckpt_audit/verdicts.py, catalog/verdicts.py, migration m007).
 
 A re-scan may take a run's stored verdict only when the judgement would read the same inputs again. Each test below
 scans through the real session (catalog, lock, record) and compares the cached result with a fresh judgement of the
-same tree from the same catalog rows (scanner.scan without the cache), field by field: the two must be equal, and
+same tree from the same catalog rows (scan.scan without the cache), field by field: the two must be equal, and
 every change the judgement could see must make the run judged afresh.
 """
 
@@ -21,11 +21,11 @@ from scan_trees import flip_payload_byte, shard, steps_of, write_torch_tree
 from test_hf_trainer import hf_run  # noqa: F401 - the session fixture: a real Trainer run, cached
 from test_torchtitan import titan_dump  # noqa: F401 - the session fixture: torchtitan's checkpointer, cached
 
-from ckpt_audit import scanner, verdict_cache
 from ckpt_audit.catalog.manifest import read_previous
 from ckpt_audit.catalog.verdicts import run_from_json, run_to_json
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, Severity, ShardFile, Status
-from ckpt_audit.scrub import ScrubPolicy
+from ckpt_audit.scan import scan, verdicts, walk
+from ckpt_audit.scan.scrub import ScrubPolicy
 from ckpt_audit.session import open_session
 
 VOLATILE = {"scan_id", "started_ns", "finished_ns", "files_hashed", "files_reused", "runs_reused", "bytes_hashed"}
@@ -40,7 +40,7 @@ def cached_scan(root: Path, db: Path, **options):
 
 def fresh_scan(root: Path, db: Path, **options):
     """The same scan without the cache: every run judged from the catalog's rows (reused by stat), not recorded."""
-    return scanner.scan([root], previous=read_previous(db), **options)
+    return scan([root], previous=read_previous(db), **options)
 
 
 def verdict_rows(db: Path) -> dict[str, str]:
@@ -349,9 +349,9 @@ def test_real_trees_judged_the_same_from_the_cache(name, request, tmp_path):
 
 
 def test_nested_directories_are_found_by_their_ancestors():
-    assert verdict_cache.nested(["/a/b", "/a/b/c", "/x", "/a/bc"]) == {"/a/b", "/a/b/c"}
-    assert verdict_cache.nested(["/", "/x"]) == {"/", "/x"}
-    assert verdict_cache.nested(["/a", "/ab", "/b/a"]) == set()
+    assert verdicts.nested(["/a/b", "/a/b/c", "/x", "/a/bc"]) == {"/a/b", "/a/b/c"}
+    assert verdicts.nested(["/", "/x"]) == {"/", "/x"}
+    assert verdicts.nested(["/a", "/ab", "/b/a"]) == set()
 
 
 def test_a_finding_inside_a_run_keeps_it_uncached_whatever_sorts_between(tmp_path):
@@ -361,16 +361,14 @@ def test_a_finding_inside_a_run_keeps_it_uncached_whatever_sorts_between(tmp_pat
         (root / run / "global_step_1").mkdir(parents=True)
         (root / run / "global_step_1" / "data.pt").write_bytes(b"x")
         (root / run / "gone.pt").symlink_to(root / "missing")  # a broken link: a walk finding inside the run
-    tree, stats, found = scanner.walk(str(root))
+    tree, stats, found = walk(str(root))
     assert {f.path for f in found} == {str(root / r / "gone.pt") for r in ("exp", "exp-2")}
     runs = {str(root / r): sorted(tree.files_below(str(root / r))) for r in ("exp", "exp-2")}
     later = time.time_ns() + 10**9  # everything is older than that: only the findings keep a run from the cache
-    assert set(verdict_cache.settled_runs(runs, tree, stats, [], now_ns=later, window_ns=0)) == set(runs)
-    assert verdict_cache.settled_runs(runs, tree, stats, found, now_ns=later, window_ns=0) == {}
+    assert set(verdicts.settled_runs(runs, tree, stats, [], now_ns=later, window_ns=0)) == set(runs)
+    assert verdicts.settled_runs(runs, tree, stats, found, now_ns=later, window_ns=0) == {}
     only_exp = [f for f in found if "/exp/" in f.path]
-    assert set(verdict_cache.settled_runs(runs, tree, stats, only_exp, now_ns=later, window_ns=0)) == {
-        str(root / "exp-2")
-    }
+    assert set(verdicts.settled_runs(runs, tree, stats, only_exp, now_ns=later, window_ns=0)) == {str(root / "exp-2")}
 
 
 def test_nested_roots_judge_afresh(tree, tmp_path):
@@ -380,3 +378,59 @@ def test_nested_roots_judge_afresh(tree, tmp_path):
         result = s.scan(cached_verdicts=True).result
     assert result.runs_reused == frozenset()
     assert result.runs == fresh_scan(tree, db).runs
+
+
+CHILD_COUNTING_CONNECTIONS = r"""
+import sys
+catalog = sys.argv[1]
+opened = []
+def hook(event, args):
+    if event == "sqlite3.connect" and str(args[0]).startswith(f"file:{catalog}?mode=ro"):
+        opened.append(args[0])
+sys.addaudithook(hook)
+from ckpt_audit.cli import cli
+try:
+    cli.main(["scan", "-q", "--catalog", catalog, sys.argv[2]], standalone_mode=False)
+except SystemExit:
+    pass
+print(len(opened))
+"""
+
+
+def test_a_cron_rescan_reads_the_catalog_over_one_connection(tmp_path):
+    """The kept verdicts, the rows they need and the kept deep verdicts: one read-only connection per scan (and
+    the lock's probe before it), not one per query or per run."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    runs = {str(write_torch_tree(root / name)) for name in ("a", "b", "c")}
+    age(root)
+    db = tmp_path / "c.db"
+    cached_scan(root, db)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD_COUNTING_CONNECTIONS, str(db), str(root)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) == 2  # probe, then the scan's own
+    assert cached_scan(root, db).runs_reused == runs
+
+
+def test_a_damaged_verdict_of_one_run_leaves_the_other_runs_kept(tmp_path):
+    """The kept runs' models come in one query: a row that cannot be read back makes its run judged afresh alone."""
+    root = tmp_path / "root"
+    a = write_torch_tree(root / "a")
+    b = write_torch_tree(root / "b")
+    age(root)
+    db = tmp_path / "c.db"
+    cached_scan(root, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE run_verdicts SET run_doc = '[1, 2]' WHERE run_path = ?", [str(b)])
+    again = cached_scan(root, db)
+    assert again.runs_reused == {str(a)}
+    assert again.runs == fresh_scan(root, db).runs

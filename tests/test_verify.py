@@ -364,7 +364,7 @@ def dist_ckpt(m: Path) -> Path:
 
 
 def test_megatron_recognised_by_scan(megatron):
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     result = scan([megatron], in_progress_window_s=0)
     comp = result.runs[0].checkpoints[0].components[0]

@@ -20,11 +20,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.rules.deep_verdict import DeepVerdict
 
 
-def read_deep_verdicts(path: str | os.PathLike[str] | None) -> dict[str, DeepVerdict]:
-    """checkpoint path -> its kept deep verdict; {} without a catalog (or one older than m008). Raises CatalogError."""
+def read_deep_verdicts(
+    path: str | os.PathLike[str] | None, *, conn: sqlite3.Connection | None = None
+) -> dict[str, DeepVerdict]:
+    """checkpoint path -> its kept deep verdict; {} without a catalog (or one older than m008). Raises CatalogError.
+    `conn`: a scan's one read-only connection to the catalog (manifest.query_read_only)."""
     if path is None:
         return {}
-    rows = query_read_only(path, "SELECT checkpoint_path, run_path, judged_ns, findings, files FROM deep_verdicts")
+    sql = "SELECT checkpoint_path, run_path, judged_ns, findings, files FROM deep_verdicts"
+    rows = query_read_only(path, sql, conn=conn)
     if not rows:  # no catalog, or no such table yet: nothing kept
         return {}
     from ckpt_audit.rules.deep_verdict import DeepVerdict  # defined only when some verdict is kept

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, fields, replace
 from typing import Any
 
 from ckpt_audit import models
 from ckpt_audit.codes import CODES
-from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, ShardFile, from_slots, many_objects
+from ckpt_audit.models import DcpFacts, FileKind, Finding, Severity, ShardFile, from_slots
 from ckpt_audit.readers import RULES
 from ckpt_audit.tree import FileFacts, PtFacts
 
@@ -48,12 +48,8 @@ def probe(path: str | os.PathLike[str]) -> None:
 
 def read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> dict[str, FileFacts]:
     """path -> FileFacts of every present file the catalog knows, for reuse by (size, mtime_ns, inode): hash, CRC
-    verdict, structure (PtFacts), every finding the readers made, and when the content was last verified."""
-    with many_objects():  # several objects a file, none in a cycle (a third of this read's CPU at 100k files)
-        return _read_previous(conn_or_path)
-
-
-def _read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) -> dict[str, FileFacts]:
+    verdict, structure (PtFacts), every finding the readers made, and when the content was last verified. Several
+    objects a file: a scan reads it with the cyclic GC paused (scan.pipeline.scan)."""
     own = not isinstance(conn_or_path, sqlite3.Connection)
     if isinstance(conn_or_path, sqlite3.Connection):
         conn = conn_or_path
@@ -78,15 +74,19 @@ def _read_previous(conn_or_path: sqlite3.Connection | str | os.PathLike[str]) ->
 
 
 class LazyManifest(Mapping):
-    """read_previous, made on first use: a re-scan whose every run kept its cached verdict never needs it."""
+    """read_previous, made on first use: a re-scan whose every run kept its cached verdict never needs it.
+    `connect`: where to read it (a scan's one read-only connection: CatalogVerdicts.connection); default `path`."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = path
+    def __init__(
+        self, path: str | os.PathLike[str], connect: Callable[[], sqlite3.Connection | None] | None = None
+    ) -> None:
+        self.path, self.connect = path, connect
         self._facts: dict[str, FileFacts] | None = None
 
     def _all(self) -> dict[str, FileFacts]:
         if self._facts is None:
-            self._facts = read_previous(self.path)
+            conn = self.connect() if self.connect is not None else None
+            self._facts = read_previous(conn if conn is not None else self.path)
         return self._facts
 
     def __getitem__(self, path: str) -> FileFacts:
@@ -103,15 +103,28 @@ class LazyManifest(Mapping):
         return self._facts is not None
 
 
-def query_read_only(path: str | os.PathLike[str], sql: str, params: Iterable = ()) -> list[tuple]:
-    """Rows of `sql` from the catalog at `path`, opened read-only with bare sqlite3 (a WAL read beside a running
-    writer); [] when the catalog or the table does not exist yet. Raises CatalogError for an unusable file."""
+def connect_read_only(path: str | os.PathLike[str]) -> sqlite3.Connection | None:
+    """The catalog at `path` opened read-only with bare sqlite3 (a WAL read beside a running writer); None when it
+    does not exist yet. Raises CatalogError when it cannot be opened. Usable from any thread (SQLite serialises):
+    a scan's lazy manifest may load on a reader thread."""
     if not os.path.exists(path):
-        return []
+        return None
     try:
-        conn = sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True)
+        return sqlite3.connect(f"file:{os.fspath(path)}?mode=ro", uri=True, check_same_thread=False)
     except sqlite3.Error as exc:
         raise CatalogError(f"catalog {path}: {exc}") from None
+
+
+def query_read_only(
+    path: str | os.PathLike[str], sql: str, params: Iterable = (), *, conn: sqlite3.Connection | None = None
+) -> list[tuple]:
+    """Rows of `sql` from the catalog at `path`, opened read-only (connect_read_only), or over `conn`, a scan's one
+    read-only connection to it (left open); [] when the catalog or the table does not exist yet. Raises
+    CatalogError for an unusable file."""
+    own = conn is None
+    conn = connect_read_only(path) if own else conn
+    if conn is None:
+        return []
     try:
         return conn.execute(sql, list(params)).fetchall()
     except sqlite3.OperationalError:
@@ -119,7 +132,8 @@ def query_read_only(path: str | os.PathLike[str], sql: str, params: Iterable = (
     except sqlite3.DatabaseError as exc:
         raise CatalogError(f"catalog {path} is not a usable SQLite database: {exc}") from None
     finally:
-        conn.close()
+        if own:
+            conn.close()
 
 
 # a row's last content read, counted only if it was read under today's readers (readers.RULES): a row read under

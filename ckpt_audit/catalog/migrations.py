@@ -287,13 +287,13 @@ def m006_dcp_facts(db) -> None:
 
 @MIGRATIONS()
 def m007_run_verdicts(db) -> None:
-    """The run verdict cache (ckpt_audit.verdict_cache): a run's judged model under a key of everything the verdict
+    """The run verdict cache (ckpt_audit.scan.verdicts): a run's judged model under a key of everything the verdict
     read. A row must never outlive the catalog rows it was judged from, so any change to a files row of the run, or
     to a checkpoint's status or presence, or the run's removal, deletes it, whoever makes the change."""
     db.execute("""
         CREATE TABLE run_verdicts (
             run_path TEXT PRIMARY KEY,
-            key TEXT NOT NULL,                 -- xxh3-128 hex of what the verdict read (verdict_cache.run_key)
+            key TEXT NOT NULL,                 -- xxh3-128 hex of what the verdict read (scan.verdicts.run_key)
             judged_ns INTEGER NOT NULL,
             run_doc TEXT NOT NULL              -- JSON of the models.Run (catalog.verdicts), never a pickle
         )""")

@@ -64,7 +64,7 @@ def read_nodes(path: str | os.PathLike[str]) -> NodeMemory:
             findings=findings_from_json(ff, p) if same else (),
             pt=pt,
             verified_ns=verified if same and pt_whole else None,
-            dcp=dcp_from_json(dcp_doc) if same else None,  # else the .metadata is read again (scanner._has_dcp_facts)
+            dcp=dcp_from_json(dcp_doc) if same else None,  # else the .metadata is read again (scan.read.vouched)
         )
     return NodeMemory(
         facts=facts,

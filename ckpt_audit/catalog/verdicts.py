@@ -1,4 +1,4 @@
-"""The catalog's side of the run verdict cache (ckpt_audit.verdict_cache): reading cached verdicts for a scan, and
+"""The catalog's side of the run verdict cache (ckpt_audit.scan.verdicts): reading cached verdicts for a scan, and
 the run model as JSON (never pickle: the catalog is a file anyone with write access could have edited).
 
 Table `run_verdicts` (migration m007): one row per run, its key, when it was judged, and the run model. Triggers
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 from ckpt_audit import models
 from ckpt_audit.catalog.manifest import VERIFIED_UNDER_TODAYS_RULES as VERIFIED
-from ckpt_audit.catalog.manifest import CatalogError, fact_columns, facts_of_rows, query_read_only
+from ckpt_audit.catalog.manifest import CatalogError, connect_read_only, fact_columns, facts_of_rows, query_read_only
 from ckpt_audit.models import (
     Checkpoint,
     Component,
@@ -28,8 +28,8 @@ from ckpt_audit.models import (
     from_slots,
     many_from_slots,
 )
+from ckpt_audit.scan.verdicts import Row
 from ckpt_audit.tree import FileFacts
-from ckpt_audit.verdict_cache import Row
 
 
 def run_to_json(run: Run) -> str:
@@ -113,14 +113,34 @@ def _unrun(v: list) -> Run:
 
 
 class CatalogVerdicts:
-    """verdict_cache.Source over a catalog file, read with bare sqlite3 (a WAL read beside a running writer).
-    A catalog that does not exist yet, or predates m007, holds no verdicts: every run is judged."""
+    """scan.verdicts.Source over a catalog file: one read-only bare sqlite3 connection for the whole scan (a WAL read
+    beside a running writer), opened on the first query; close() it when the scan is done (or use `with`). A
+    catalog that does not exist yet, or predates m007, holds no verdicts: every run is judged."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        self._conn: sqlite3.Connection | None = None
+
+    def __enter__(self) -> CatalogVerdicts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def connection(self) -> sqlite3.Connection | None:
+        """The scan's read-only connection (None: no catalog yet); reopened if asked for after close()."""
+        if self._conn is None:
+            self._conn = connect_read_only(self.path)
+        return self._conn
 
     def _query(self, sql: str, params: Iterable = ()) -> list[tuple]:
-        return query_read_only(self.path, sql, params)  # no such table yet: nothing cached
+        conn = self.connection()
+        return [] if conn is None else query_read_only(self.path, sql, params, conn=conn)  # no table yet: nothing
 
     def stored(self) -> Mapping[str, str]:
         return dict(self._query("SELECT run_path, key FROM run_verdicts"))
@@ -141,9 +161,9 @@ class CatalogVerdicts:
 
     def facts(self, paths: Iterable[str]) -> dict[str, FileFacts]:
         wanted = list(paths)
-        if not wanted or not os.path.exists(self.path):
+        conn = self.connection() if wanted else None
+        if conn is None:
             return {}
-        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         try:
             cols = fact_columns(conn)
             out: dict[str, FileFacts] = {}
@@ -156,18 +176,19 @@ class CatalogVerdicts:
             return out
         except sqlite3.DatabaseError as exc:
             raise CatalogError(f"catalog {self.path} is not a usable SQLite database: {exc}") from None
-        finally:
-            conn.close()
 
-    def run(self, run_path: str) -> Run | None:
-        rows = self._query("SELECT run_doc FROM run_verdicts WHERE run_path = ?", [run_path])
-        if not rows:
-            return None
-        try:
-            run = run_from_json(rows[0][0])
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return None  # an edited or damaged row: judged afresh, and the scan's record replaces it
-        return run if run.path == run_path else None
+    def runs(self, keys: Mapping[str, str]) -> dict[str, Run]:
+        out: dict[str, Run] = {}
+        for run_path, key, doc in self._query("SELECT run_path, key, run_doc FROM run_verdicts"):
+            if keys.get(run_path) != key:
+                continue
+            try:
+                run = run_from_json(doc)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # an edited or damaged row: judged afresh, and the scan's record replaces it
+            if run.path == run_path:
+                out[run_path] = run
+        return out
 
 
 def record_verdicts(

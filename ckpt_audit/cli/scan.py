@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from contextlib import contextmanager
@@ -71,7 +70,7 @@ def scan_options(f):
 
 
 def scrub_options(f):
-    """scan's scrub: re-read a rolling share of the files the stat cache would reuse (ckpt_audit/scrub.py)."""
+    """scan's scrub: re-read a rolling share of the files the stat cache would reuse (ckpt_audit/scan/scrub.py)."""
     for option in reversed(
         [
             click.option(
@@ -184,7 +183,7 @@ def scan_command(
         ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
         ckpt-audit scan --junit-xml scan.xml /ckpts                  # CI: one test case per checkpoint
     """
-    from ckpt_audit.scrub import ScrubPolicy
+    from ckpt_audit.scan.scrub import ScrubPolicy
 
     # for this command only (click closes them with its context: a test's CliRunner runs many in one process)
     if store_checksums:
@@ -250,41 +249,36 @@ def run_scan(
     """Scan (or verify) under the catalog lock, record, render, exit: the one body behind `scan` and `verify`.
     `scrub`: a scrub.ScrubPolicy, or None to reuse every cached file (verify re-reads everything instead).
     `reader`: who reads the files (scan --ray's shared placement); `extra`: a callable adding keys to the JSON."""
-    from ckpt_audit.models import many_objects
-
     command = ctx.info_name or "scan"  # the subcommand's name (scan or verify); None only for a hand-made context
     if deep:
         require_torch(f"{command} --deep" if command == "scan" else command)
     check_junit_writable(junit_xml)
-    # a scan keeps the cyclic GC paused while its result is recorded and rendered too: each collection would walk
-    # the whole result again (an object per file), and the process ends right after. verify loads tensors: not it
-    with many_objects() if not deep else contextlib.nullcontext():
-        options = dict(workers=workers, rehash=rehash, in_progress_window_s=in_progress_window, scrub=scrub)
-        with session(ctx, paths, catalog) as s:
-            with _progress(enabled=not as_json and not quiet) as progress:
-                done = (
-                    s.verify(paths, progress=progress, **options)
-                    if deep
-                    else s.scan(progress=progress, reader=reader, cached_verdicts=True, **options)
-                )
-        from ckpt_audit import report  # after the scan: rendering is not on the path to the first file read
+    options = dict(workers=workers, rehash=rehash, in_progress_window_s=in_progress_window, scrub=scrub)
+    with session(ctx, paths, catalog) as s:
+        with _progress(enabled=not as_json and not quiet) as progress:
+            done = (
+                s.verify(paths, progress=progress, **options)
+                if deep
+                else s.scan(progress=progress, reader=reader, cached_verdicts=True, **options)
+            )
+    from ckpt_audit import report  # after the scan: rendering is not on the path to the first file read
 
-        threshold = report.FAIL_ON[fail_on]  # fail_on is a click.Choice of FAIL_ON's keys
-        result, scan_id, cat_path = done.result, done.scan_id, s.catalog_path
-        if metrics_file is not None:
-            write_metrics_file(metrics_file, result, scrub)
-        code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
-        if junit_xml is not None:
-            from ckpt_audit.report_junit import scan_suite
+    threshold = report.FAIL_ON[fail_on]  # fail_on is a click.Choice of FAIL_ON's keys
+    result, scan_id, cat_path = done.result, done.scan_id, s.catalog_path
+    if metrics_file is not None:
+        write_metrics_file(metrics_file, result, scrub)
+    code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
+    if junit_xml is not None:
+        from ckpt_audit.report_junit import scan_suite
 
-            write_junit_report(junit_xml, [scan_suite(result, threshold, name=command)])
-        if as_json:
-            doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
-            emit_json({**doc, "command": command, "deep": deep, **(extra() if extra else {})})
-        else:
-            for line in report.render_text(result, quiet=quiet, fail_on=threshold):
-                click.echo(line)
-        ctx.exit(int(code))
+        write_junit_report(junit_xml, [scan_suite(result, threshold, name=command)])
+    if as_json:
+        doc = report.scan_document(result, scan_id=scan_id, catalog=os.fspath(cat_path), exit_code=int(code))
+        emit_json({**doc, "command": command, "deep": deep, **(extra() if extra else {})})
+    else:
+        for line in report.render_text(result, quiet=quiet, fail_on=threshold):
+            click.echo(line)
+    ctx.exit(int(code))
 
 
 class _progress:

@@ -1,8 +1,8 @@
 """Node-local placement on Ray: one map task per alive node, pinned to it, scanning that node's copy of each root.
 
 Ray is imported inside the functions only (the cron path without --ray never loads it). Each task runs exactly
-`scanner.scan_partial` on the node's directory (noderoots: CKPT_AUDIT_NODE_ROOTS) and rebases the partial onto the
-logical root; the driver reduces the partials with `scanner.reduce`, so completeness is judged over the union.
+`scan.scan_partial` on the node's directory (noderoots: CKPT_AUDIT_NODE_ROOTS) and rebases the partial onto the
+logical root; the driver reduces the partials with `scan.reduce`, so completeness is judged over the union.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from ckpt_audit.catalog.node_memory import NodeMemory
-from ckpt_audit.layouts import ScanContext, load_layouts
-from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
+from ckpt_audit.layouts import ScanContext, enclosing_step_dir, load_layouts
 from ckpt_audit.models import ClusterView, FileFacts, NodeCopy, ScanResult
-from ckpt_audit.scanner import focus_of, only_checkpoints, reduce, scan_partial
-from ckpt_audit.scrub import ScrubPolicy
+from ckpt_audit.scan import Caches, focus_of, only_checkpoints, reduce, scan_partial
+from ckpt_audit.scan.scrub import ScrubPolicy
 from ckpt_audit.tree import Partial, Tree
 
 from .noderoots import ENV, NodePartials, local_path, parse_node_roots, rebase, rebase_facts
@@ -47,7 +46,7 @@ class NodeScanOptions:
     rehash: bool = False
     scrub: ScrubPolicy | None = None
     now_ns: int | None = None
-    focus: frozenset[str] = frozenset()  # checkpoints asked for alone (logical step dirs): scanner.focus_of
+    focus: frozenset[str] = frozenset()  # checkpoints asked for alone (logical step dirs): scan.focus_of
 
 
 HOLD_ENV = "CKPT_AUDIT_TEST_NODE_HOLD"  # test seam: a directory; unset (always, outside tests) it costs a lookup
@@ -90,10 +89,10 @@ def scan_on_this_node(
         part = scan_partial(
             local,
             workers=options.workers,
-            rehash=options.rehash,
-            previous=rebase_facts(previous or {}, old=root, new=local),
+            caches=Caches(
+                previous=rebase_facts(previous or {}, old=root, new=local), scrub=scrub, rehash=options.rehash
+            ),
             layouts=layouts,
-            scrub=scrub,
             now_ns=options.now_ns,
             focus=focus,
         )
@@ -141,7 +140,7 @@ def node_local_map(
 def reduce_nodes(
     answers: Sequence[NodePartials], *, now_ns: int, in_progress_window_ns: int, deep: Mapping | None = None
 ) -> ScanResult:
-    """The driver's reduce over every node's partials: exactly the local scan's reduce (`deep`: as scanner.scan's)."""
+    """The driver's reduce over every node's partials: exactly the local scan's reduce (`deep`: as scan.scan's)."""
     parts = [p for a in answers for p in a.partials]
     ctx = ScanContext(now_ns=now_ns, in_progress_window_ns=in_progress_window_ns, deep=deep or {})
     return reduce(parts, ctx=ctx, layouts=load_layouts())
@@ -161,7 +160,7 @@ def scan_cluster(
 ) -> ScanResult:
     """scan --ray: the node-local map (each node reusing its catalogued copies, `memory`), the driver's reduce and
     the multi-node findings, as one ScanResult carrying which node holds what (`cluster`). `deep`: the catalog's
-    kept deep verdicts, as scanner.scan's."""
+    kept deep verdicts, as scan.scan's."""
     memory = memory or NodeMemory(facts={}, last_answered_ns={})
     started = time.time_ns()
     now = now_ns if now_ns is not None else started

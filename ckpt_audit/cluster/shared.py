@@ -1,9 +1,9 @@
 """Shared placement: one shared root (Lustre, GPFS, NFS) seen by every node; the files a scan must read are
 split over the alive nodes, so many clients read the store at once (docs/ray.md).
 
-Only the reads move. The driver runs the local scan itself (`scanner.scan` with `reader=RayReader(...)`): its walk,
+Only the reads move. The driver runs the local scan itself (`scan.scan` with `reader=RayReader(...)`): its walk,
 the catalog reuse, the scrub, the focus and the reduce are the local scan's, and each node calls the local
-`scanner.read_file` on its share with the driver's stat. So the catalog is the local scan's by construction.
+`scan.read_file` on its share with the driver's stat. So the catalog is the local scan's by construction.
 
 A file is the smallest share: its hash is one xxh3-128 stream over the whole file, and xxh3 states of byte ranges
 cannot be combined into the whole file's hash (CRC-32 could be, the hash cannot); splitting a file would need a
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from ckpt_audit.models import FileKind, ShardFile
 from ckpt_audit.readers.pool import map_unordered
-from ckpt_audit.scanner import read_all, read_file
+from ckpt_audit.scan import read_all, read_file
 from ckpt_audit.tree import FileFacts
 
 from .noderoots import ENV, parse_node_roots
@@ -202,7 +202,7 @@ class NodeTally:
 
 @dataclass(slots=True)
 class RayReader:
-    """A scanner.Reader that reads each root's files on the cluster's nodes (plan_files), pinned one task per node
+    """A scan.Reader that reads each root's files on the cluster's nodes (plan_files), pinned one task per node
     per root; files a node handed back or a failed node's share are read here, after the others."""
 
     nodes: Sequence[str]

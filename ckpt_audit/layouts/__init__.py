@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ckpt_audit.models import Component, FileKind, Run, ShardFile, from_slots
 from ckpt_audit.rules.status import ScanContext
@@ -33,8 +33,28 @@ LAYOUTS: tuple[str, ...] = (
 )
 
 
+TEXT_LIMIT = 64 * 1024  # a small file the rules read as text: read whole up to this (HF's JSON: this much of it)
+
+
+class TextRead(NamedTuple):
+    """How much of a file the rules read as text the scan reads: up to `limit` bytes; a longer file is read as its
+    first `limit` bytes when `prefix` (the rules read what they need from a prefix), else not at all (text None)."""
+
+    limit: int = TEXT_LIMIT
+    prefix: bool = False
+
+
 class Layout(Protocol):
     name: str  # e.g. "verl-fsdp"; stored as Run.layout / Component.layout
+
+    @property
+    def text_files(self) -> Mapping[str, TextRead]:
+        """File name -> how much of it the scan reads as text (FileFacts.text), for this layout's rules."""
+        ...
+
+    def is_step_dir(self, name: str) -> bool:
+        """A directory by this name is one checkpoint (a step) in this layout: a path inside it scans it alone."""
+        ...
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
         """Directories of `tree` that are runs in this layout (absolute paths)."""
@@ -58,6 +78,28 @@ class Layout(Protocol):
 @cache
 def load_layouts() -> tuple[Layout, ...]:
     return tuple(importlib.import_module(name).LAYOUT for name in LAYOUTS)
+
+
+@cache
+def text_files() -> Mapping[str, TextRead]:
+    """Every layout's text files, by name (a name two layouts read is read the way the first one says)."""
+    out: dict[str, TextRead] = {}
+    for layout in reversed(load_layouts()):
+        out.update(layout.text_files)
+    return out
+
+
+def enclosing_step_dir(path: str) -> str | None:
+    """`path` itself or its nearest ancestor that some layout calls a step directory (Layout.is_step_dir), else
+    None (a custom DeepSpeed tag has no telling name)."""
+    layouts = load_layouts()
+    p = path.rstrip("/")
+    while p and p != "/":
+        name = p.rsplit("/", 1)[-1]
+        if any(layout.is_step_dir(name) for layout in layouts):
+            return p
+        p = p.rsplit("/", 1)[0]
+    return None
 
 
 def file_kind(path: str, layouts: Sequence[Layout] | None = None) -> FileKind:

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import shard_file
+from ckpt_audit.layouts import TextRead, shard_file
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import deepspeed as rules
 from ckpt_audit.rules import hf_trainer as hf_rules
@@ -46,6 +46,10 @@ def classify(name: str) -> FileKind:
 
 class DeepSpeed:
     name = NAME
+    text_files = {"latest": TextRead(), "latest_universal": TextRead()}
+
+    def is_step_dir(self, name: str) -> bool:
+        return rules.STEP_TAG_RE.fullmatch(name) is not None  # a custom tag has no telling name
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
         tags = {d for d in tree.dirs if is_tag(d, tree)}  # each directory tested once: this runs on every scan

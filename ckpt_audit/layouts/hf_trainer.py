@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import deepspeed, shard_file
+from ckpt_audit.layouts import TextRead, deepspeed, shard_file
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, Status
 from ckpt_audit.rules import hf_trainer as rules
 from ckpt_audit.rules import status
@@ -75,6 +75,16 @@ def _is_hf_checkpoint(d: str, tree: Tree) -> bool:
 
 class HfTrainer:
     name = NAME
+    # the Trainer's JSON grows with the run (log_history, weight_map): the rules read what they need from a prefix
+    # (trainer_state.json is dumped with sorted keys: global_step comes first); a weights index is read whole up to
+    # INDEX_TEXT_LIMIT (its weight_map is checked against the shards' headers)
+    text_files = {
+        "trainer_state.json": TextRead(rules.TEXT_LIMIT, prefix=True),
+        **{n: TextRead(rules.INDEX_TEXT_LIMIT, prefix=True) for n in rules.INDEX_FILES},
+    }
+
+    def is_step_dir(self, name: str) -> bool:
+        return CHECKPOINT_RE.fullmatch(name) is not None
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
         for d, subdirs in tree.dirs.items():

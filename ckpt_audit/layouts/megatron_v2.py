@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
+from ckpt_audit.layouts import TextRead
 from ckpt_audit.layouts.dcp import (
     check_byte_ranges,
     check_dcp_dir,
@@ -63,6 +64,15 @@ def check_dist_ckpt(dist: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tu
 
 class MegatronV2:
     name = NAME
+    # the commit marker, dist_ckpt's metadata.json, and the huggingface directory's weights index
+    text_files = {
+        "ckpt_contents.json": TextRead(),
+        "metadata.json": TextRead(),
+        **{n: TextRead(INDEX_TEXT_LIMIT, prefix=True) for n in INDEX_FILES},
+    }
+
+    def is_step_dir(self, name: str) -> bool:
+        return False  # its steps are verl's global_step_N
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
         return ()  # a component format: verl's run structure (layouts.verl_fsdp) finds the runs

@@ -18,10 +18,10 @@ from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import component_for, shard_file
+from ckpt_audit.layouts import TextRead, component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
-from ckpt_audit.rules import deepspeed, megatron_v2, save_order, shards, status, tracker
+from ckpt_audit.rules import megatron_v2, save_order, shards, status, tracker
 from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
 
@@ -67,30 +67,16 @@ def step_of(name: str) -> tuple[int | None, bool]:
     return None, False
 
 
-HF_CHECKPOINT_RE = re.compile(r"checkpoint-\d+")  # HF Trainer's checkpoint-N (layouts.hf_trainer): a step too
-TITAN_STEP_RE = re.compile(r"step-\d+")  # torchtitan's step-N (layouts.torchtitan): a step too
-
-
-def enclosing_step_dir(path: str) -> str | None:
-    """`path` itself or its nearest ancestor that is a step directory (global_step_N, or misnamed, or HF Trainer's
-    checkpoint-N, or torchtitan's step-N, or DeepSpeed's [best_]global_stepN; a custom DeepSpeed tag has no
-    telling name), else None."""
-    p = path.rstrip("/")
-    while p and p != "/":
-        name = p.rsplit("/", 1)[-1]
-        if (
-            step_of(name)[0] is not None
-            or HF_CHECKPOINT_RE.fullmatch(name)
-            or TITAN_STEP_RE.fullmatch(name)
-            or deepspeed.STEP_TAG_RE.fullmatch(name)
-        ):
-            return p
-        p = p.rsplit("/", 1)[0]
-    return None
+HF_CHECKPOINT_RE = re.compile(r"checkpoint-\d+")  # HF Trainer's checkpoint-N (layouts.hf_trainer): not a verl run
 
 
 class VerlFsdp:
     name = NAME
+    # the tracker, each role's FSDP config, and the run's Hydra config (rules.save_order)
+    text_files = {TRACKER: TextRead(), "fsdp_config.json": TextRead(), "config.yaml": TextRead()}
+
+    def is_step_dir(self, name: str) -> bool:
+        return step_of(name)[0] is not None  # global_step_N, or misnamed
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
         for d, subdirs in tree.dirs.items():

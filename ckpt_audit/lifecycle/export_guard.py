@@ -19,9 +19,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ckpt_audit.codes import finding
+from ckpt_audit.layouts import enclosing_step_dir
 from ckpt_audit.layouts.dcp import DISTCP_RE
 from ckpt_audit.layouts.tracker import TRACKER
-from ckpt_audit.layouts.verl_fsdp import SHARD_RE, STEP_RE, enclosing_step_dir
+from ckpt_audit.layouts.verl_fsdp import SHARD_RE, STEP_RE
 from ckpt_audit.models import Finding, Severity
 from ckpt_audit.readers import bounded_json
 from ckpt_audit.readers.hashing import digest_files

@@ -1,7 +1,7 @@
 """A DeepSpeed ZeRO checkpoint as a stream-export Plan (export_stream): what zero_to_fp32 rebuilds, without torch,
 DeepSpeed or the model in memory.
 
-The files are read with the restricted unpickler (readers.pt_structure) only; each output tensor is a list of byte
+The files are read with the restricted unpickler (readers.pt) only; each output tensor is a list of byte
 ranges in the shards, copied in blocks by export_stream. The layout, as DeepSpeed 0.19 saves it:
 
 - The model states (`mp_rank_00_model_states.pt`; ZeRO-3: `zero_pp_rank_D_mp_rank_00_model_states.pt` per rank)
@@ -44,7 +44,7 @@ from ckpt_audit.lifecycle.export_stream import (
     _structure,
 )
 from ckpt_audit.readers.deepspeed_meta import ZERO_STAGE
-from ckpt_audit.readers.pt_structure import PtStructure, TensorInfo
+from ckpt_audit.readers.pt import PtStructure, TensorInfo
 from ckpt_audit.readers.unpickler import is_record
 
 WEIGHTS = ("fp32", "module")

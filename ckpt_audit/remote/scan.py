@@ -2,7 +2,7 @@
 walk does, so the same layouts, statuses, findings and catalog apply, keyed by URL.
 
 No object is downloaded unless `read_data` (scan --read-data), except the small text files the rules read (the
-tracker, HF's trainer_state.json and indexes: scanner.TEXT_NAMES). Every other object is judged from metadata:
+tracker, HF's trainer_state.json and indexes: the layouts' text_files). Every other object is judged from metadata:
 
 - its size and the store's full-object checksum equal the catalog's for the same logical file (a local file whose
   path ends with the same run name and path under the run, recorded by `scan --store-checksums`): the catalog's
@@ -25,13 +25,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from ckpt_audit import scanner
+import ckpt_audit.scan as local_scan
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import file_kind, load_layouts
-from ckpt_audit.layouts.verl_fsdp import enclosing_step_dir
+from ckpt_audit.layouts import enclosing_step_dir, file_kind, load_layouts
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S, FileFacts, Finding, many_objects
 from ckpt_audit.remote import RemoteError, normal
 from ckpt_audit.remote.store import Head, Obj, Store
+from ckpt_audit.scan.pipeline import _in_focus
+from ckpt_audit.scan.read import _wants_text
 from ckpt_audit.tree import Tree
 
 READERS = 8  # objects downloaded and read at once (--read-data, the text files)
@@ -59,8 +60,8 @@ def scan_remote(
     rehash: bool = False,
     store: Store | None = None,
 ):
-    """Scan remote `roots` (URLs) into a ScanResult, as scanner.scan does a local tree. A root at or inside a step
-    directory scans that checkpoint with its run (scanner.focus_of); `rehash` (latest --verified's re-read of its
+    """Scan remote `roots` (URLs) into a ScanResult, as scan.scan does a local tree. A root at or inside a step
+    directory scans that checkpoint with its run (scan.focus_of); `rehash` (latest --verified's re-read of its
     candidate) reads the objects as `read_data` does."""
     from ckpt_audit.rules.status import ScanContext  # made on first use (models.made_on_first_use)
 
@@ -78,15 +79,15 @@ def scan_remote(
                 _partial(url, store, previous or {}, layouts=layouts, now_ns=now, read_data=read_data, focus=focus)
             )
         ctx = ScanContext(now_ns=now, in_progress_window_ns=int(window_s * 1e9))
-        result = scanner.reduce(partials, ctx=ctx, layouts=layouts)
+        result = local_scan.reduce(partials, ctx=ctx, layouts=layouts)
     if focus:
         whole = frozenset(walk_roots) - {os.path.dirname(f) for f in focus}
-        result = scanner.only_checkpoints(result, focus, whole=whole)
+        result = local_scan.only_checkpoints(result, focus, whole=whole)
     return replace(result, roots=tuple(real), started_ns=started, finished_ns=time.time_ns())
 
 
 def focus_of(urls: Sequence[str]) -> tuple[list[str], frozenset[str]]:
-    """scanner.focus_of for URLs: (prefixes to list, checkpoint prefixes asked for by a URL at or inside them)."""
+    """scan.focus_of for URLs: (prefixes to list, checkpoint prefixes asked for by a URL at or inside them)."""
     walk: list[str] = []
     focus: set[str] = set()
     for url in urls:
@@ -123,8 +124,8 @@ def _partial(root: str, store: Store, previous: Mapping[str, FileFacts], *, layo
                 facts[url] = _fact(obj, finding("unreadable", url, f"cannot read: {head}"))
             elif obj.size == head.size == 0:  # known whole from the listing: judged as an empty local file is
                 facts[url] = _read_local(_local_path(obj, tmp), obj, head, file_kind(url, layouts), now_ns=now_ns)
-            elif (read_data and (not focus or scanner._in_focus(url, focus))) or (
-                scanner._wants_text(url) and obj.size <= TEXT_GET_LIMIT
+            elif (read_data and (not focus or _in_focus(url, focus))) or (
+                _wants_text(url) and obj.size <= TEXT_GET_LIMIT
             ):
                 to_read.append((obj, head))
             else:
@@ -257,7 +258,7 @@ def _read(store: Store, obj: Obj, head: Head, kind, tmp: str, *, now_ns: int) ->
 def _read_local(local: str, obj: Obj, head: Head, kind, *, now_ns: int) -> FileFacts:
     """The facts the local readers find in the object's bytes at `local` (then deleted), keyed by its URL."""
     try:
-        fact = scanner.read_file(local, os.stat(local), None, kind=kind, now_ns=now_ns)
+        fact = local_scan.read_file(local, os.stat(local), None, kind=kind, now_ns=now_ns)
     finally:
         os.unlink(local)
     found = tuple(replace(f, path=obj.url) if f.path == local else f for f in fact.findings)

@@ -4,7 +4,7 @@ A run's verdict (`layouts.build_run`) is a function of its subtree (directory an
 the facts of its files, and the scan's clock against the in-progress window. The key hashes all of it:
 
     the tool's version, VERDICT_FORMAT, the readers' RULES and the judging code's files (size and mtime of
-        models.py, codes.py, scanner.py and every module of rules/, layouts/ and readers/: an edited checkout judges
+        models.py, codes.py and every module of scan/, rules/, layouts/ and readers/: an edited checkout judges
         afresh), the run's layout and those loaded, the in-progress window;
     every directory under the run: its path and mtime;
     every file under the run: its path, size, mtime, inode and ctime (the stat cache's own key, plus ctime: a
@@ -48,16 +48,16 @@ if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_f
 # and so does any edit to the judging code's files: code_stamp)
 VERDICT_FORMAT = 1
 _STAMP: list[str] = []
-_JUDGING = ("models.py", "codes.py", "scanner.py", "verdict_cache.py")  # the top-level modules a verdict depends on
+_JUDGING = ("models.py", "codes.py")  # the top-level modules a verdict depends on
 
 
 def code_stamp() -> str:
-    """The judging code as installed: name, size and mtime of _JUDGING and of the rules/, layouts/ and readers/
-    modules (a reader that finds more in the same bytes judges the same inputs differently)."""
+    """The judging code as installed: name, size and mtime of _JUDGING and of the scan/, rules/, layouts/ and
+    readers/ modules (a reader that finds more in the same bytes judges the same inputs differently)."""
     if not _STAMP:
-        package = os.path.dirname(os.path.abspath(__file__))
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         h = xxhash.xxh3_128()
-        for d in (package, *(os.path.join(package, sub) for sub in ("rules", "layouts", "readers"))):
+        for d in (package, *(os.path.join(package, sub) for sub in ("scan", "rules", "layouts", "readers"))):
             with os.scandir(d) as it:
                 for e in sorted(it, key=lambda e: e.name):
                     if e.name.endswith(".py") and (d != package or e.name in _JUDGING):
@@ -154,8 +154,9 @@ class Source(Protocol):
         """The full catalogued facts of these files (what a plain re-scan reuses by stat)."""
         ...
 
-    def run(self, run_path: str) -> Run | None:
-        """The cached run model; None when the stored document cannot be read back (judged afresh)."""
+    def runs(self, keys: Mapping[str, str]) -> dict[str, Run]:
+        """run path -> its kept model, for the runs of `keys` (run path -> key) whose stored verdict is still under
+        that key; a run left out (no longer stored, or not readable back) is judged afresh."""
         ...
 
 

@@ -52,7 +52,9 @@ class ScrubPlan:
     overdue_bytes: int = 0
 
 
-def plan_scrub(cached: Sequence[Cached], *, now_ns: int, policy: ScrubPolicy, budget_bytes: int | None) -> ScrubPlan:
+def plan_scrub(
+    cached: Sequence[Cached | tuple[str, int, int]], *, now_ns: int, policy: ScrubPolicy, budget_bytes: int | None
+) -> ScrubPlan:
     """The files to re-read now (see the module docstring for the rule). `budget_bytes` is what is left of the
     policy's budget for this root (None: no cap). `cached` may hold plain (path, size_bytes, verified_ns) tuples:
     a re-scan passes one per catalogued file, and a NamedTuple costs ~0.5 us more each to make."""
