@@ -196,11 +196,13 @@ def read_file(
     )
 
 
-def _same_hash(prev: FileFacts | ShardFile | None, d: hashing.FileDigest) -> bool:
+def _same_hash(prev: FileFacts | ShardFile | None, d: hashing.FileDigest) -> TypeGuard[FileFacts]:
     return isinstance(prev, FileFacts) and (prev.hash, prev.size_bytes) == (d.hash, d.size_bytes)
 
 
-def _same_bytes(prev: FileFacts | ShardFile | None, st: os.stat_result, d: hashing.FileDigest, kind: FileKind) -> bool:
+def _same_bytes(
+    prev: FileFacts | ShardFile | None, st: os.stat_result, d: hashing.FileDigest, kind: FileKind
+) -> TypeGuard[FileFacts]:
     """`prev` is a row the catalog vouches for (vouched) and these are exactly the bytes it was read from."""
     return (
         vouched(prev, st, kind)
@@ -291,3 +293,4 @@ def _prod(shape: tuple[int, ...] | None) -> int:
     n = 1
     for x in shape or (0,):
         n *= x
+    return n

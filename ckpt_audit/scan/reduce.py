@@ -90,7 +90,7 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
 def _reused_rows(partials: Sequence[Partial]) -> Mapping[str, tuple]:
     """The reused runs' catalog rows of every partial, still unread (verdicts.LaterRows)."""
     rows = [part.reused_rows for part in partials if part.reused_rows]
-    return rows[0] if len(rows) == 1 else ChainMap(*rows)
+    return rows[0] if len(rows) == 1 else ChainMap(*rows)  # type: ignore[arg-type]  # read only: nothing writes
 
 
 def _verdict_keys(partials, runs, tree, facts, ctx, layouts, owner) -> dict[str, str]:

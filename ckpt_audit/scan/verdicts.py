@@ -189,12 +189,12 @@ def settled_runs(
         if run in inside or run in tainted:
             continue
         dirs = sorted(tree.walk(run))
-        mtimes = [dir_mtimes.get(d) for d in dirs]
-        if any(m is None or m > young for m in mtimes):
+        mtimes = [m for d in dirs if (m := dir_mtimes.get(d)) is not None]
+        if len(mtimes) < len(dirs) or any(m > young for m in mtimes):
             continue
         files = run_files[run]
-        sts = [stats.get(p) for p in files]
-        if any(st is None or st.st_mtime_ns > young for st in sts):
+        sts = [st for p in files if (st := stats.get(p)) is not None]
+        if len(sts) < len(files) or any(st.st_mtime_ns > young for st in sts):
             continue
         out[run] = Settled(files, _digest(len(run), dirs, mtimes, files, sts))
     return out
