@@ -29,7 +29,7 @@ from ckpt_audit.scan.verdicts import light_facts
 PINNED = {
     FileFacts: (
         ("path", "size_bytes", "mtime_ns", "inode", "hash", "crc_ok", "pt", "text", "findings", "reused")
-        + ("verified_ns", "dcp", "tensors")
+        + ("verified_ns", "dcp", "tensors", "checksums")
     ),
     ShardFile: ("path", "kind", "size_bytes", "mtime_ns", "inode", "rank", "world_size", "hash", "crc_ok"),
     Finding: ("severity", "code", "path", "message", "rank", "tensor"),
@@ -64,11 +64,11 @@ def test_shard_file_is_the_class_called_by_keyword() -> None:
 
 
 def test_a_catalog_row_is_the_facts_called_by_keyword() -> None:
-    row = ("/r/f.pt", 11, 22, 33, "h" * 32, 1, findings_to_json((FINDING,)), None, 44, None)
+    row = ("/r/f.pt", 11, 22, 33, "h" * 32, 1, findings_to_json((FINDING,)), None, 44, None, "crc32c=AbCd")
     got = facts_of_rows([row])["/r/f.pt"]
     want = FileFacts(
         path="/r/f.pt", size_bytes=11, mtime_ns=22, inode=33, hash="h" * 32, crc_ok=True, findings=(FINDING,),
-        verified_ns=44,
+        verified_ns=44, checksums=(("crc32c", "AbCd"),),
     )  # fmt: skip
     assert got == want
 
