@@ -124,7 +124,7 @@ def export_command(
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf-step400
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf --dtype bf16 --max-shard-size 2GB --force
     """
-    from ckpt_audit.lifecycle.export import ExportError, ExportRefused
+    from ckpt_audit.session.export_terms import ExportError, ExportRefused
     from ckpt_audit.units import parse_size
 
     try:

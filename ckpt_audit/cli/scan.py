@@ -166,7 +166,7 @@ def scan_command(
         ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
         ckpt-audit scan --junit-xml scan.xml /ckpts                  # CI: one test case per checkpoint
     """
-    from ckpt_audit.scrub import ScrubPolicy
+    from ckpt_audit.session import ScrubPolicy
 
     scrub = None if no_scrub else ScrubPolicy(period_ns=scrub_period, budget_bytes=scrub_budget)
     placement = options.pop("placement")

@@ -18,10 +18,11 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from ckpt_audit.codes import finding
 from ckpt_audit.lifecycle.latest import is_model_only
-from ckpt_audit.lifecycle.prune import Action, Outcome
+from ckpt_audit.lifecycle.prune import Action, Outcome, PruneResult
 from ckpt_audit.lifecycle.retention import PrunePlan, Reason, plan_prune
 from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
 from ckpt_audit.readers import hashing
@@ -110,6 +111,15 @@ class SurvivorCheck:
             f"{format_size(self.bytes_reread)} in {files} file(s): "
             + ("all match the scan" if not bad else f"{len(bad)} FAILED, plan recomputed")
         )
+
+
+class Executor(Protocol):
+    """Who re-reads a checkpoint and carries a plan out when not this process (`reread` and prune.execute here;
+    prune --ray: cluster.ray_prune.Cluster, on the nodes holding each checkpoint)."""
+
+    def reread(self, ckpt: Checkpoint, **options) -> Reread: ...
+
+    def execute(self, plan: PrunePlan, **options) -> PruneResult: ...
 
 
 def verify_plan(
