@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_audit import scanner
-from ckpt_audit.codes import CODES, finding
+from ckpt_audit.codes import CODES, NAMED_BY_VERIFY, UNREAD_CODES, finding
 from ckpt_audit.deep import dataloader, dcp_check, hf_check, identity, megatron_check, safe_load, structure, values
 from ckpt_audit.deep import rules as deep
+from ckpt_audit.layouts import verl_fsdp
 from ckpt_audit.models import (
     IN_PROGRESS_WINDOW_S,
     Checkpoint,
@@ -36,8 +37,6 @@ from ckpt_audit.rules import status as status_rules
 from ckpt_audit.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
-# codes the scan reports per file and verify again per tensor: both are kept (the scan's finding has no tensor)
-NAMED_BY_VERIFY = frozenset({"distcp-crc-mismatch", "distcp-item-invalid"})
 
 
 def verify(
@@ -112,7 +111,7 @@ def deep_only(ckpt: Checkpoint, *, before: Checkpoint) -> tuple[Finding, ...]:
     """What the deep checks found beyond the scan: the verdict later scans keep (rules.deep_verdict). A file the
     deep checks could not read is no verdict on its bytes: the next scan reads it for itself."""
     had = set(before.all_findings)
-    return tuple(f for f in ckpt.all_findings if f not in had and f.code not in status_rules.UNREAD_CODES)
+    return tuple(f for f in ckpt.all_findings if f not in had and f.code not in UNREAD_CODES)
 
 
 def _against_previous(
@@ -310,7 +309,7 @@ def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[tuple[Findi
         path=comp.path,
         step=ckpt.step,
         world_size=ws,
-        config_world_size=_json_int(f"{comp.path}/fsdp_config.json", "world_size"),
+        config_world_size=verl_fsdp.config_world_size(comp.path),
         tie_word_embeddings=_json_bool(f"{comp.path}/huggingface/config.json", "tie_word_embeddings"),
         ranks=tuple(views),
     )
@@ -484,12 +483,6 @@ def _json(path: str) -> Any:
         return bounded_json.load_file(path)
     except (OSError, ValueError):
         return None
-
-
-def _json_int(path: str, key: str) -> int | None:
-    doc = _json(path)
-    v = doc.get(key) if isinstance(doc, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _json_bool(path: str, key: str) -> bool | None:

@@ -346,6 +346,21 @@ def test_fsdp_config_that_is_not_json(run_copy):
     assert "fsdp-config-invalid" in codes(r)
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [('{"world_size": 2}', 2), ('{"world_size": 0}', None), ('{"world_size": true}', None), ("{world", None)],
+)
+def test_verify_reads_the_config_world_size_as_the_scan_does(tmp_path, text, expected):
+    """One parser for fsdp_config.json's world_size: verify's mesh check takes the scan's (a 0 or a bool the scan
+    calls fsdp-config-invalid is no world size to compare a DeviceMesh with either)."""
+    from ckpt_audit.layouts.verl_fsdp import config_world_size
+    from ckpt_audit.rules.shards import parse_fsdp_config
+
+    (tmp_path / "fsdp_config.json").write_text(text)
+    assert config_world_size(str(tmp_path)) == expected == parse_fsdp_config("c", text)[0]
+    assert config_world_size(str(tmp_path / "absent")) is None
+
+
 def test_no_fsdp_config_is_noted(run_copy):
     (steps_of(run_copy)[0] / "actor" / "fsdp_config.json").unlink()
     r = do_scan(run_copy)

@@ -20,14 +20,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ckpt_audit.codes import finding
+from ckpt_audit.codes import UNREAD_CODES, finding
 from ckpt_audit.lifecycle.latest import is_model_only
 from ckpt_audit.lifecycle.prune import Action, Outcome, PruneResult
 from ckpt_audit.lifecycle.retention import PrunePlan, Reason, plan_prune
 from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
 from ckpt_audit.readers import hashing
 from ckpt_audit.rules import files as file_rules
-from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.units import format_utc
 
 Progress = Callable[[int, int], None]  # (bytes re-read, bytes to re-read in this round)
