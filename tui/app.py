@@ -160,12 +160,7 @@ class AuditApp(App[None]):
         from ckpt_audit.session import open_session, preview_of
         from ckpt_audit.session.terms import Action
 
-        total = len(plan.delete)
-        done = 0
-
-        def progress(outcome) -> None:
-            nonlocal done
-            done += 1
+        def progress(done: int, total: int, _line: str = "", /) -> None:
             self.call_from_thread(self._show, f"deleting {done}/{total}", done, total)
 
         planned = {i.run_path for i in (*plan.delete, *plan.keep)}
@@ -219,7 +214,7 @@ class AuditApp(App[None]):
                     to,
                     dtype=dtype,
                     protected_roots=self.scan_targets(),
-                    progress=lambda done, total, _name: tick(done, total),
+                    progress=tick,
                 )
         except Exception as exc:  # noqa: BLE001 - ExportError carries a one-line reason
             return self._failed("exporting", exc)
@@ -259,7 +254,7 @@ class AuditApp(App[None]):
     def _progress(self, label: str):
         last = 0
 
-        def tick(done: int, total: int) -> None:
+        def tick(done: int, total: int, _item: str = "", /) -> None:  # a session.Progress
             nonlocal last
             now = time.monotonic_ns()
             if now - last >= THROTTLE_NS or done >= total:

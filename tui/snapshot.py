@@ -10,15 +10,13 @@ they never overlap a cron run.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_audit.models import Run, ScanResult
-from ckpt_audit.session import browse, catalog_nodes
+from ckpt_audit.session import Progress, browse, catalog_nodes
 from ckpt_audit.session.terms import Links, links_for
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

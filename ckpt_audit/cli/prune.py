@@ -248,5 +248,5 @@ def _render_check(check, when: str) -> None:
             click.echo(f"    {f.code}: {f.path}: {f.message}")
 
 
-def _progress(outcome) -> None:
-    click.echo(f"{outcome.action}: {outcome.path}" + (f" ({outcome.detail})" if outcome.detail else ""), err=True)
+def _progress(_done: int, _total: int, line: str = "", /) -> None:
+    click.echo(line, err=True)  # each outcome's line, as it happens

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from contextlib import contextmanager
 
 import click
@@ -12,6 +11,7 @@ import click
 from ckpt_audit.cli.common import (
     DURATION,
     SIZE,
+    Bar,
     CommandError,
     catalog_option,
     check_junit_writable,
@@ -233,7 +233,8 @@ def run_scan(
     with many_objects() if not deep else contextlib.nullcontext():
         options = dict(workers=workers, rehash=rehash, in_progress_window_s=in_progress_window, scrub=scrub)
         with session(ctx, paths, catalog) as s:
-            with _progress(enabled=not as_json and not quiet) as progress:
+            with Bar("hashing", enabled=not as_json and not quiet) as bar:
+                progress = bar if bar.enabled else None
                 done = (
                     s.verify(paths, progress=progress, **options)
                     if deep
@@ -257,29 +258,6 @@ def run_scan(
             for line in report.render_text(result, quiet=quiet, fail_on=threshold):
                 click.echo(line)
         ctx.exit(int(code))
-
-
-class _progress:
-    """A byte progress bar on stderr, only when stderr is a terminal (never in cron mail or pipes)."""
-
-    def __init__(self, *, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.bar = None
-        self.done = 0
-
-    def __enter__(self):
-        return self.update if self.enabled else None
-
-    def update(self, done: int, total: int) -> None:
-        if self.bar is None:
-            self.bar = click.progressbar(length=max(total, 1), label="hashing", file=sys.stderr)
-            self.bar.__enter__()
-        self.bar.update(done - self.done)
-        self.done = done
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
 
 
 @contextmanager

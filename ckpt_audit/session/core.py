@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ckpt_audit import lock, scanner
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
@@ -32,8 +32,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.models import FileFacts, Run, ScanResult  # made on first use, after the scan's reads
     from ckpt_audit.rules.deep_verdict import DeepVerdict
 
-Progress = Callable[[int, int], None]
 Locked = lock.Locked
+
+
+class Progress(Protocol):
+    """The one progress callback every action takes and every front end's bar implements: `done` of `total` units
+    (bytes read by scan, verify and a survivor re-read; tensors written by export; plan items acted on by prune)
+    and, where there is one, the item just finished (a tensor's name, a prune outcome's one-line account).
+    Callers of fewer arguments (the scanner's (done, total)) fit it as they are."""
+
+    def __call__(self, done: int, total: int, item: str = "", /) -> None: ...
 
 
 class SessionError(Exception):
@@ -210,7 +218,7 @@ class Session:
         preview: PrunePreview,
         *,
         confirmed: bool,
-        progress: Callable[[Outcome], None] | None = None,
+        progress: Progress | None = None,
         reread_progress: Progress | None = None,
     ) -> Pruned:
         """Carry out `preview` (plan_prune's, or `preview_of` a plan made elsewhere): re-read what its plan counts on
@@ -218,7 +226,8 @@ class Session:
         catalog. Both front ends call this once they may act: after a person confirmed the plan (`confirmed`: if
         the re-read changes what goes, nothing is deleted and the result is None) or at once (prune --yes: the
         checked plan is executed). First the scan the plan came from is recorded and what the re-read found is kept
-        (a failure must outlive the next cached scan)."""
+        (a failure must outlive the next cached scan). `progress`: each outcome as it happens, counted against
+        the checkpoints the checked plan deletes, its line as the item."""
         from ckpt_audit.answers import Pruned
         from ckpt_audit.catalog.lifecycle import LifecycleLog
         from ckpt_audit.lifecycle import prune
@@ -237,7 +246,7 @@ class Session:
             check.plan,
             catalog=None if cat is None else LifecycleLog(cat.db),
             reclaim_dirs=preview.reclaim_dirs,
-            progress=progress,
+            progress=None if progress is None else _per_outcome(progress, len(check.plan.delete)),
             reread=check.outcomes(),
         )
         return Pruned(check=check, result=result)
@@ -364,3 +373,16 @@ def verify_plan(plan: PrunePlan, runs: Sequence[Run], **options) -> SurvivorChec
     from ckpt_audit.lifecycle.survivors import verify_plan
 
     return verify_plan(plan, runs, **options)
+
+
+def _per_outcome(progress: Progress, total: int) -> Callable[[Outcome], None]:
+    """prune.execute's per-outcome callback as a Progress: the count so far and the outcome's line."""
+    done = 0
+
+    def tick(outcome: Outcome) -> None:
+        nonlocal done
+        done += 1
+        detail = f" ({outcome.detail})" if outcome.detail else ""
+        progress(done, max(total, done), f"{outcome.action}: {outcome.path}{detail}")
+
+    return tick
