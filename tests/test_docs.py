@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 
 from ckpt_audit.exitcodes import ExitCode
 
@@ -40,15 +41,9 @@ EXPECTED_AT_LEAST = {
 }
 
 
-def ckpt_audit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", *args], capture_output=True, text=True, timeout=120, cwd=REPO
-    )
-
-
 @pytest.fixture(scope="module")
 def commands() -> list[str]:
-    out = ckpt_audit("--help")
+    out = ckpt_audit("--help", cwd=REPO)
     assert out.returncode == 0, out.stderr
     listing = out.stdout.split("\nCommands:\n", 1)[1]
     names = [m.group(1) for m in re.finditer(r"^  (\S+)", listing, re.MULTILINE)]
@@ -60,7 +55,7 @@ def commands() -> list[str]:
 def helps(commands) -> dict[str, str]:
     found = {}
     for name in commands:
-        out = ckpt_audit(name, "--help")
+        out = ckpt_audit(name, "--help", cwd=REPO)
         assert out.returncode == 0, f"ckpt-audit {name} --help exited {out.returncode}: {out.stderr}"
         found[name] = out.stdout
     return found
@@ -174,7 +169,7 @@ def empty_scan(tmp_path_factory) -> tuple[dict, Path]:
     """A real `scan --json` of an empty root into a fresh catalog: its document and the catalog it created."""
     tmp = tmp_path_factory.mktemp("docs")
     (tmp / "empty").mkdir()
-    out = ckpt_audit("scan", "--json", "--catalog", str(tmp / "catalog.db"), str(tmp / "empty"))
+    out = ckpt_audit("scan", "--json", "--catalog", str(tmp / "catalog.db"), str(tmp / "empty"), cwd=REPO)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout), tmp / "catalog.db"
 

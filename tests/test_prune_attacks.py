@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit, unprivileged
 from scan_trees import flip_payload_byte, shard, steps_of
-from test_scan import _unprivileged
 
 from ckpt_audit.lifecycle.prune import TRASH_RE
 
 HOUR_NS = 3600 * 10**9
-needs_setpriv = pytest.mark.skipif(_unprivileged() is None, reason="root without setpriv: chmod is not enforced")
+needs_setpriv = pytest.mark.skipif(unprivileged() is None, reason="root without setpriv: chmod is not enforced")
 
 
 @pytest.fixture
@@ -41,15 +41,7 @@ def run(verl_run, copy_run) -> Path:
 
 
 def prune(run: Path, *args: str, catalog: Path, unprivileged: bool = False) -> subprocess.CompletedProcess:
-    prefix = _unprivileged() if unprivileged else []
-    return subprocess.run(
-        [*prefix, sys.executable, "-m", "ckpt_audit", "prune", str(run.parent.parent), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
-    )
+    return ckpt_audit("prune", run.parent.parent, *args, catalog=catalog, as_user=unprivileged)
 
 
 def steps_left(run: Path) -> list[int]:
@@ -170,7 +162,7 @@ def test_execution_never_half_deletes_a_tree_it_cannot_remove(run, tmp_path, mod
     hf.chmod(mode)  # chmod moves ctime, not mtime: the plan still matches by stat
     try:
         proc = subprocess.run(
-            [*_unprivileged(), sys.executable, "-c", EXECUTE, str(tmp_path / "plan.pkl")],
+            [*unprivileged(), sys.executable, "-c", EXECUTE, str(tmp_path / "plan.pkl")],
             capture_output=True,
             text=True,
             timeout=120,

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_proc import unprivileged
 from test_prune_attacks import (
     EXECUTE,
     HOUR_NS,
@@ -30,7 +31,6 @@ from test_prune_attacks import (
     run,  # the trainer run three hours old, a private copy
     steps_left,
 )
-from test_scan import _unprivileged
 
 from ckpt_audit.lifecycle.prune import TRASH_RE
 
@@ -266,7 +266,7 @@ def test_a_refusal_found_only_after_the_rename_renames_the_tree_back(run, tmp_pa
     _chattr("+i", *hf)
     try:
         proc = subprocess.run(
-            [*_unprivileged(), sys.executable, "-c", EXECUTE, str(tmp_path / "plan.pkl")],
+            [*unprivileged(), sys.executable, "-c", EXECUTE, str(tmp_path / "plan.pkl")],
             capture_output=True,
             text=True,
             timeout=120,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import unprivileged
 from scan_trees import base_run, flip_payload_byte, rewrite_zip, run_copy, shard, steps_of  # noqa: F401
 
 from ckpt_audit.catalog import open_catalog, read_previous
@@ -298,16 +299,7 @@ def test_sft_shards_directly_in_the_step_directory(run_copy):
     assert "missing-rank" in codes(do_scan(run_copy))
 
 
-def _unprivileged() -> list[str] | None:
-    """A command prefix under which chmod 000 is honoured: nothing when not root; for root, setpriv dropping the
-    capabilities that bypass file permissions; None when neither is possible."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"] if setpriv else None
-
-
-@pytest.mark.skipif(_unprivileged() is None, reason="running as root without setpriv: chmod 000 cannot be enforced")
+@pytest.mark.skipif(unprivileged() is None, reason="running as root without setpriv: chmod 000 cannot be enforced")
 def test_unreadable_file_becomes_a_finding(run_copy):
     victim = shard(steps_of(run_copy)[0], "model", 0)
     victim.chmod(0)
@@ -316,7 +308,7 @@ def test_unreadable_file_becomes_a_finding(run_copy):
         "print(json.dumps(sorted({(f.code, f.path) for f in r.all_findings})))"
     )
     out = subprocess.run(
-        [*_unprivileged(), sys.executable, "-c", code, str(run_copy)], capture_output=True, text=True, timeout=60
+        [*unprivileged(), sys.executable, "-c", code, str(run_copy)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     assert ["unreadable", str(victim)] in json.loads(out.stdout)
