@@ -273,3 +273,21 @@ def test_codes_doc_is_generated_from_the_registry():
     assert current == gen.render(), (
         "docs/codes.md differs from ckpt_audit/codes.py: run `python scripts/gen_codes_doc.py`"
     )
+
+
+def _layout_block() -> str:
+    """The code map of docs/design.md: its "Layout of the code" section."""
+    text = (REPO / "docs" / "design.md").read_text()
+    return text.split("## Layout of the code", 1)[1].split("\n## ", 1)[0]
+
+
+def test_design_names_every_package_and_top_level_module():
+    """docs/design.md's code map is the code as it is: every package under ckpt_audit/ (as `name/`) and every
+    top-level module (as a word) is in it, so a package or module added without a line there fails here."""
+    block = _layout_block()
+    core = REPO / "ckpt_audit"
+    packages = sorted(p.name for p in core.iterdir() if (p / "__init__.py").is_file())
+    modules = sorted(p.stem for p in core.glob("*.py") if not p.stem.startswith("_"))
+    missing = [f"{p}/" for p in packages if f"{p}/" not in block]
+    missing += [m for m in modules if not re.search(rf"(?<![\w.]){m}(?![\w/])", block)]
+    assert len(packages) >= 10 and len(modules) >= 10 and missing == []
