@@ -13,22 +13,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.lifecycle.latest import Gate
     from ckpt_audit.lifecycle.prune import PruneResult, TrashDir
     from ckpt_audit.lifecycle.retention import PrunePlan
-    from ckpt_audit.lifecycle.survivors import Reread, SurvivorCheck
+    from ckpt_audit.lifecycle.survivors import Executor, Reread, SurvivorCheck
     from ckpt_audit.lifecycle.tracker_fix import TrackerFix
     from ckpt_audit.models import Checkpoint, Run, ScanResult
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrunePreview:
-    """What a prune would do, from a fresh scan: the plan (`check.plan`; its survivors re-read when `checked`), and
-    the trash an interrupted prune left in `reclaim_dirs`. Shown, confirmed, then given to `Session.prune`, which
-    re-reads the survivors again at the moment it acts."""
+    """What a prune would do, and everything needed to do it: the scan it came from (recorded when it acts; None:
+    already recorded), the plan (`check.plan`; its survivors re-read when `checked`), the trash an interrupted
+    prune left in `reclaim_dirs`, and who re-reads and deletes (`executor`; None: this process). Shown, confirmed,
+    then handed back whole to `Session.prune`, which re-reads the survivors again at the moment it acts."""
 
-    scanned: ScanResult
+    scanned: ScanResult | None
     check: SurvivorCheck
     checked: bool  # False: planned only (prune --yes: the one re-read is the one before the first deletion)
     trash: tuple[TrashDir, ...]
     reclaim_dirs: tuple[str, ...]
+    executor: Executor | None = None  # prune --ray: the cluster's handle (cluster.ray_prune.Cluster)
 
     @property
     def plan(self) -> PrunePlan:
@@ -87,3 +89,10 @@ class LatestAnswer:
     files_reused: int  # the catalog's cache at work: files reused by stat ...
     files_read: int  # ... vs read by content for this answer
     not_recorded: str  # "" when the scans were recorded, else why not (a cron run holds the lock, read-only catalog)
+    takes_tag: bool = False  # the run's load names a checkpoint by tag (DeepSpeed's load_checkpoint(save_dir, tag=))
+
+    @property
+    def tag(self) -> str | None:
+        """The answer as the tag its load takes (the step directory's name); None: no answer, or no tags."""
+        chosen = self.gate.chosen
+        return chosen.path.rsplit("/", 1)[-1] if chosen is not None and self.takes_tag else None

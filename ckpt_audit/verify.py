@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ckpt_audit.codes import CODES, finding
+from ckpt_audit.codes import CODES, NAMED_BY_VERIFY, UNREAD_CODES, finding
 from ckpt_audit.deep import (
     dataloader,
     dcp_check,
@@ -29,6 +29,7 @@ from ckpt_audit.deep import (
     values,
 )
 from ckpt_audit.deep import rules as deep
+from ckpt_audit.layouts import verl_fsdp
 from ckpt_audit.models import (
     IN_PROGRESS_WINDOW_S,
     Checkpoint,
@@ -46,8 +47,6 @@ from ckpt_audit.scan import scan
 from ckpt_audit.scan.scrub import ScrubPolicy
 
 Progress = Callable[[int, int], None]
-# codes the scan reports per file and verify again per tensor: both are kept (the scan's finding has no tensor)
-NAMED_BY_VERIFY = frozenset({"distcp-crc-mismatch", "distcp-item-invalid"})
 
 
 def verify(
@@ -122,7 +121,7 @@ def deep_only(ckpt: Checkpoint, *, before: Checkpoint) -> tuple[Finding, ...]:
     """What the deep checks found beyond the scan: the verdict later scans keep (rules.deep_verdict). A file the
     deep checks could not read is no verdict on its bytes: the next scan reads it for itself."""
     had = set(before.all_findings)
-    return tuple(f for f in ckpt.all_findings if f not in had and f.code not in status_rules.UNREAD_CODES)
+    return tuple(f for f in ckpt.all_findings if f not in had and f.code not in UNREAD_CODES)
 
 
 def _against_previous(
@@ -322,7 +321,7 @@ def _fsdp(ckpt: Checkpoint, comp: Component, bad: set[str]) -> tuple[tuple[Findi
         path=comp.path,
         step=ckpt.step,
         world_size=ws,
-        config_world_size=_json_int(f"{comp.path}/fsdp_config.json", "world_size"),
+        config_world_size=verl_fsdp.config_world_size(comp.path),
         tie_word_embeddings=_json_bool(f"{comp.path}/huggingface/config.json", "tie_word_embeddings"),
         ranks=tuple(views),
     )
@@ -496,12 +495,6 @@ def _json(path: str) -> Any:
         return bounded_json.load_file(path)
     except (OSError, ValueError):
         return None
-
-
-def _json_int(path: str, key: str) -> int | None:
-    doc = _json(path)
-    v = doc.get(key) if isinstance(doc, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _json_bool(path: str, key: str) -> bool | None:

@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from scan_trees import flip_payload_byte, shard, steps_of
-from test_resume_gate import TRACKER, age, cli, set_tracker
+from test_resume_gate import TRACKER, age, set_tracker
 
 
 @pytest.fixture
@@ -106,18 +107,18 @@ def test_prune_confirmed_on_a_terminal_rereads_then_deletes(run, tmp_path):
 def test_fix_tracker_rereads_its_target_by_content_before_writing(run, tmp_path):
     db = tmp_path / "c.db"
     set_tracker(run, "4")  # lagging: the plan moves it to step 6
-    assert cli("scan", "-q", run, catalog=db).returncode in (0, 1)  # the nightly scan: every hash catalogued
+    assert ckpt_audit("scan", "-q", run, catalog=db).returncode in (0, 1)  # the nightly scan: every hash catalogued
     flip_payload_byte(shard(run / "global_step_6", "model", 1))  # bit rot: size, mtime and inode kept
-    dry = json.loads(cli("fix-tracker", "--json", run, catalog=db).stdout)
+    dry = json.loads(ckpt_audit("fix-tracker", "--json", run, catalog=db).stdout)
     assert dry["problem"] == "behind" and dry["new_step"] == 6  # the stat cache cannot see it
 
-    out = cli("fix-tracker", "--yes", run, catalog=db)
+    out = ckpt_audit("fix-tracker", "--yes", run, catalog=db)
     assert out.returncode == 1, out.stderr
     assert "not fixed: step 6 failed its re-read by content just now" in out.stderr and "crc-mismatch" in out.stderr
     assert (run / TRACKER).read_text() == "4" and not list(run.glob(f"*{TRACKER}.ckpt-audit-*"))
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM tracker_fixes").fetchone() == (0,)
     # what the read found is recorded: the next plan knows step 6 is corrupt and leaves the tracker on 4
-    again = cli("fix-tracker", run, catalog=db)
+    again = ckpt_audit("fix-tracker", run, catalog=db)
     assert again.returncode == 0 and ": ok" in again.stdout
 
 
@@ -125,7 +126,7 @@ def test_fix_tracker_writes_after_a_good_reread_and_says_so(run, tmp_path):
     db = tmp_path / "c.db"
     set_tracker(run, "4")
     t0 = time.time_ns()
-    out = cli("fix-tracker", "--yes", "--json", run, catalog=db)
+    out = ckpt_audit("fix-tracker", "--yes", "--json", run, catalog=db)
     doc = json.loads(out.stdout)
     assert out.returncode == 0 and doc["written"] is True and (run / TRACKER).read_text() == "6"
     assert doc["reread"]["ok"] is True and doc["reread"]["step"] == 6 and doc["reread"]["bytes_read"] > 0
@@ -140,23 +141,23 @@ def test_fix_tracker_never_trusts_a_step_directory_verl_does_not_open(run, tmp_p
     db = tmp_path / "c.db"
     (run / "global_step_6").rename(run / "global_step_06")
     age(run)
-    scan = json.loads(cli("scan", "--json", run, catalog=db).stdout)
+    scan = json.loads(ckpt_audit("scan", "--json", run, catalog=db).stdout)
     assert "tracker-dangling" in [f["code"] for r in scan["runs"] for f in r["findings"]]
-    dry = cli("fix-tracker", "--json", run, catalog=db)
+    dry = ckpt_audit("fix-tracker", "--json", run, catalog=db)
     plan = json.loads(dry.stdout)
     assert dry.returncode == 1 and plan["problem"] == "dangling" and plan["new_step"] == 4  # the old code: ok
     assert "global_step_06" in plan["detail"]
-    assert cli("fix-tracker", "--yes", run, catalog=db).returncode == 0
+    assert ckpt_audit("fix-tracker", "--yes", run, catalog=db).returncode == 0
     assert (run / TRACKER).read_text() == "4"
 
 
 def test_latest_verified_reads_now_whatever_time_the_catalog_claims(run, tmp_path):
     """A catalog time after now (a clock stepped back, another node's clock) is no read made now."""
     db = tmp_path / "c.db"
-    assert cli("scan", "-q", run, catalog=db).returncode == 0
+    assert ckpt_audit("scan", "-q", run, catalog=db).returncode == 0
     flip_payload_byte(shard(run / "global_step_6", "model", 0))
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE files SET verified_ns = ?", [time.time_ns() + 3600 * 10**9])
-    out = cli("latest", "--verified", run, catalog=db)
+    out = ckpt_audit("latest", "--verified", run, catalog=db)
     assert out.returncode == 0 and out.stdout.strip() == str(run / "global_step_4"), out.stderr
     assert "read step 6 by content just now" in out.stderr

@@ -10,22 +10,6 @@ def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
-def test_scan_without_ray_flag_imports_no_ray(tmp_path):
-    code = (
-        "import sys\n"
-        "from ckpt_audit.cli import cli\n"
-        "try:\n"
-        f"    cli.main(['scan', '-q', '--catalog', {str(tmp_path / 'c.db')!r}, {str(tmp_path)!r}],"
-        " standalone_mode=False)\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "print('ray' in sys.modules, 'ckpt_audit.cluster' in sys.modules)\n"
-    )
-    out = _run(code)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False False"
-
-
 def test_ray_flag_without_the_extra_is_one_line_exit_2(tmp_path):
     code = (
         "import sys\n"

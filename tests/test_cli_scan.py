@@ -8,19 +8,12 @@ import sqlite3
 import subprocess
 import sys
 
+from cli_proc import ckpt_audit
 from click.testing import CliRunner
 from scan_trees import base_run, run_copy, shard, steps_of  # noqa: F401
 
 from ckpt_audit import lock
 from ckpt_audit.cli import cli
-
-CLI = [sys.executable, "-m", "ckpt_audit"]
-
-
-def run_cli(*args, env=None):
-    return subprocess.run(
-        [*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
-    )
 
 
 def test_scan_json_document_and_catalog(run_copy, tmp_path):
@@ -72,21 +65,21 @@ def test_ls_and_show_answer_from_the_catalog(run_copy, tmp_path):
 
 def test_exit_codes_through_a_subprocess(run_copy, tmp_path):
     db = tmp_path / "c.db"
-    clean = run_cli("scan", "-q", "--catalog", db, run_copy)
+    clean = ckpt_audit("scan", "-q", "--catalog", db, run_copy)
     assert clean.returncode == 0 and clean.stdout == "" and clean.stderr == ""
     (run_copy / "latest_checkpointed_iteration.txt").unlink()
-    assert run_cli("scan", "-q", "--catalog", db, run_copy).returncode == 0  # a warning, below --fail-on error
-    warn = run_cli("scan", "-q", "--fail-on", "warning", "--catalog", db, run_copy)
+    assert ckpt_audit("scan", "-q", "--catalog", db, run_copy).returncode == 0  # a warning, below --fail-on error
+    warn = ckpt_audit("scan", "-q", "--fail-on", "warning", "--catalog", db, run_copy)
     assert warn.returncode == 1 and "tracker-missing" in warn.stdout
-    doc = json.loads(run_cli("scan", "--json", "--fail-on", "warning", "--catalog", db, run_copy).stdout)
+    doc = json.loads(ckpt_audit("scan", "--json", "--fail-on", "warning", "--catalog", db, run_copy).stdout)
     assert doc["exit_code"] == 1 and doc["summary"]["warnings"] >= 1
-    missing = run_cli("scan", "--catalog", db, tmp_path / "nope")
+    missing = ckpt_audit("scan", "--catalog", db, tmp_path / "nope")
     assert missing.returncode == 3 and missing.stderr.count("\n") == 1 and "does not exist" in missing.stderr
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not sqlite" * 100)
-    bad = run_cli("scan", "--catalog", garbage, run_copy)
+    bad = ckpt_audit("scan", "--catalog", garbage, run_copy)
     assert bad.returncode == 3 and bad.stderr.startswith("ckpt-audit: error:") and "Traceback" not in bad.stderr
-    assert run_cli("scan", "--workers", "0", run_copy).returncode == 2
+    assert ckpt_audit("scan", "--workers", "0", run_copy).returncode == 2
 
 
 def test_an_empty_or_directory_catalog_is_a_usage_error_that_writes_nothing(run_copy, tmp_path):
@@ -95,9 +88,7 @@ def test_an_empty_or_directory_catalog_is_a_usage_error_that_writes_nothing(run_
     cwd.mkdir()
     for command in (["scan", "-q", run_copy], ["ls"]):
         for catalog in ("", tmp_path):
-            out = subprocess.run(
-                [*CLI, *map(str, command), "--catalog", str(catalog)], cwd=cwd, capture_output=True, text=True
-            )
+            out = ckpt_audit(*command, "--catalog", catalog, cwd=cwd)
             assert out.returncode == 2 and "--catalog" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert list(cwd.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "root"]
 
@@ -105,28 +96,11 @@ def test_an_empty_or_directory_catalog_is_a_usage_error_that_writes_nothing(run_
 def test_overlapping_run_exits_at_once_with_code_4(run_copy, tmp_path):
     db = tmp_path / "c.db"
     with lock.hold(lock.lock_path_for(db)):
-        out = run_cli("scan", "--catalog", db, run_copy)
+        out = ckpt_audit("scan", "--catalog", db, run_copy)
     assert out.returncode == 4 and "another ckpt-audit run" in out.stderr
 
 
 def test_catalog_env_var_is_the_default(run_copy, tmp_path):
     db = tmp_path / "env.db"
-    assert run_cli("scan", "-q", run_copy, env={"CKPT_AUDIT_CATALOG": str(db)}).returncode == 0
+    assert ckpt_audit("scan", "-q", run_copy, env={"CKPT_AUDIT_CATALOG": str(db)}).returncode == 0
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM scans").fetchone() == (1,)
-
-
-def test_scan_path_imports_neither_torch_nor_textual(run_copy, tmp_path):
-    code = (
-        "import sys\n"
-        "from ckpt_audit.cli import cli\n"
-        "try:\n"
-        f"    cli.main(['scan', '-q', '--catalog', {str(tmp_path / 'c.db')!r}, {str(run_copy)!r}],"
-        " standalone_mode=False)\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'textual', 'tui', 'transformers'))\n"
-        "print('scanned', 'ckpt_audit.readers.pt' in sys.modules, bad)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "scanned True []"

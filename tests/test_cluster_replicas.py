@@ -49,18 +49,9 @@ def prune(dirs, result, policy, tmp_path):
     execute on each node (each node's task body run here)."""
     cluster = LocalCluster([str(dirs[0])], result)
     with open_session(tmp_path / "c.db", roots=[str(dirs[0])]) as s:
-        preview = s.plan_prune(policy, now_ns=time.time_ns(), scanned=result, reread=cluster.reread)
-        check = preview.check
-        done = s.prune(
-            check.plan,
-            check.runs,
-            confirmed=False,
-            scanned=result,
-            reclaim_dirs=preview.reclaim_dirs,
-            reread=cluster.reread,
-            execute=cluster.execute,
-        )
-    return check.plan, done.result
+        preview = s.plan_prune(policy, now_ns=time.time_ns(), scanned=result, executor=cluster)
+        done = s.prune(preview, confirmed=False)
+    return preview.plan, done.result
 
 
 def by_step(result) -> dict[int, tuple[str, set[str]]]:

@@ -201,6 +201,15 @@ def test_every_code_the_scanner_can_emit_is_registered():
     assert len(emitted) > 30 and sorted(emitted - set(CODES)) == []
 
 
+def test_every_code_flag_names_registered_codes():
+    """The flag sets beside the registry (unread, unsafe, zip-rule, ...) name only registered codes: a misspelt
+    code in one would silently never match a finding."""
+    from ckpt_audit.codes import FLAG_SETS
+
+    assert len(FLAG_SETS) >= 5
+    assert {name: sorted(flagged - set(CODES)) for name, flagged in FLAG_SETS.items()} == {n: [] for n in FLAG_SETS}
+
+
 def test_every_registered_code_is_asserted_by_a_test():
     """A code no test asserts is undocumented behaviour waiting to rot."""
     asserted = _asserted_codes()

@@ -293,9 +293,9 @@ def test_a_mixed_root_judges_each_run_by_its_own_layout(verl_run, ds_z3, hf_ds, 
 def test_unreadable_latest_protects_every_tag_from_prune(ds_z2, tmp_path):
     """`latest` that cannot be read names an unknown tag: tracker-unread, never a dangling or missing `latest`, and
     prune deletes nothing (any tag may be the one a resume loads)."""
-    from test_scan import _unprivileged
+    from cli_proc import unprivileged
 
-    if (prefix := _unprivileged()) is None:
+    if (prefix := unprivileged()) is None:
         pytest.skip("root without setpriv: chmod is not enforced")
     save_dir = tmp_path / "ds"
     shutil.copytree(ds_z2, save_dir)

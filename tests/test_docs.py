@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 
 from ckpt_audit.exitcodes import ExitCode
 
@@ -40,15 +41,9 @@ EXPECTED_AT_LEAST = {
 }
 
 
-def ckpt_audit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", *args], capture_output=True, text=True, timeout=120, cwd=REPO
-    )
-
-
 @pytest.fixture(scope="module")
 def commands() -> list[str]:
-    out = ckpt_audit("--help")
+    out = ckpt_audit("--help", cwd=REPO)
     assert out.returncode == 0, out.stderr
     listing = out.stdout.split("\nCommands:\n", 1)[1]
     names = [m.group(1) for m in re.finditer(r"^  (\S+)", listing, re.MULTILINE)]
@@ -60,7 +55,7 @@ def commands() -> list[str]:
 def helps(commands) -> dict[str, str]:
     found = {}
     for name in commands:
-        out = ckpt_audit(name, "--help")
+        out = ckpt_audit(name, "--help", cwd=REPO)
         assert out.returncode == 0, f"ckpt-audit {name} --help exited {out.returncode}: {out.stderr}"
         found[name] = out.stdout
     return found
@@ -174,7 +169,7 @@ def empty_scan(tmp_path_factory) -> tuple[dict, Path]:
     """A real `scan --json` of an empty root into a fresh catalog: its document and the catalog it created."""
     tmp = tmp_path_factory.mktemp("docs")
     (tmp / "empty").mkdir()
-    out = ckpt_audit("scan", "--json", "--catalog", str(tmp / "catalog.db"), str(tmp / "empty"))
+    out = ckpt_audit("scan", "--json", "--catalog", str(tmp / "catalog.db"), str(tmp / "empty"), cwd=REPO)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout), tmp / "catalog.db"
 
@@ -278,3 +273,21 @@ def test_codes_doc_is_generated_from_the_registry():
     assert current == gen.render(), (
         "docs/codes.md differs from ckpt_audit/codes.py: run `python scripts/gen_codes_doc.py`"
     )
+
+
+def _layout_block() -> str:
+    """The code map of docs/design.md: its "Layout of the code" section."""
+    text = (REPO / "docs" / "design.md").read_text()
+    return text.split("## Layout of the code", 1)[1].split("\n## ", 1)[0]
+
+
+def test_design_names_every_package_and_top_level_module():
+    """docs/design.md's code map is the code as it is: every package under ckpt_audit/ (as `name/`) and every
+    top-level module (as a word) is in it, so a package or module added without a line there fails here."""
+    block = _layout_block()
+    core = REPO / "ckpt_audit"
+    packages = sorted(p.name for p in core.iterdir() if (p / "__init__.py").is_file())
+    modules = sorted(p.stem for p in core.glob("*.py") if not p.stem.startswith("_"))
+    missing = [f"{p}/" for p in packages if f"{p}/" not in block]
+    missing += [m for m in modules if not re.search(rf"(?<![\w.]){m}(?![\w/])", block)]
+    assert len(packages) >= 10 and len(modules) >= 10 and missing == []

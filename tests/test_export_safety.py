@@ -24,6 +24,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from forked_cli import ForkedCli
 
 from ckpt_audit.killpoints import KILL_AFTER_ENV
@@ -33,17 +34,6 @@ MARKER = ".ckpt-audit-export.json"
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
-
-
-def cli(catalog: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog), **(env or {})},
-    )
 
 
 def tree_digest(top: Path) -> dict[str, tuple[str, int]]:
@@ -117,7 +107,7 @@ def scanned(verl_run, copy_run, tmp_path):
     run = Path(copy_run(verl_run))
     root = run.parent.parent
     catalog = tmp_path / "catalog.db"
-    proc = cli(catalog, "scan", root, "-q")
+    proc = ckpt_audit("scan", root, "-q", catalog=catalog)
     assert proc.returncode == 0, proc.stderr
     return root, run, catalog
 
@@ -128,7 +118,7 @@ def scanned(verl_run, copy_run, tmp_path):
 def test_force_to_the_run_dir_a_typo_for_run_hf_is_refused_and_the_run_is_untouched(scanned):
     root, run, catalog = scanned
     before = tree_digest(root)
-    proc = cli(catalog, "export", step(run, 6), "--to", run, "--force")
+    proc = ckpt_audit("export", step(run, 6), "--to", run, "--force", catalog=catalog)
     one_line_error(proc, 2, f"is the run {run}")
     assert tree_digest(root) == before
 
@@ -139,17 +129,19 @@ def test_force_to_a_root_holding_two_runs_is_refused(verl_run, verl_run_w3, copy
     shutil.copytree(verl_run_w3, other, symlinks=True)
     root = run.parent.parent
     catalog = tmp_path / "catalog.db"
-    assert cli(catalog, "scan", root, "-q").returncode == 0
+    assert ckpt_audit("scan", root, "-q", catalog=catalog).returncode == 0
     before = tree_digest(root)
     for to in (run.parent, root):  # the directory holding both runs, and the scanned root itself
-        one_line_error(cli(catalog, "export", step(run, 6), "--to", to, "--force"), 2, "refusing to write there")
+        one_line_error(
+            ckpt_audit("export", step(run, 6), "--to", to, "--force", catalog=catalog), 2, "refusing to write there"
+        )
     assert tree_digest(root) == before
 
 
 def test_force_to_the_parent_of_the_run_is_refused_without_any_catalog_knowledge(verl_run, copy_run, tmp_path):
     run = Path(copy_run(verl_run))  # never scanned: only the source's own run tells
     before = tree_digest(run.parent)
-    proc = cli(tmp_path / "empty.db", "export", step(run, 6), "--to", run.parent, "--force")
+    proc = ckpt_audit("export", step(run, 6), "--to", run.parent, "--force", catalog=tmp_path / "empty.db")
     one_line_error(proc, 2, f"contains the run {run}")
     assert tree_digest(run.parent) == before
 
@@ -157,7 +149,7 @@ def test_force_to_the_parent_of_the_run_is_refused_without_any_catalog_knowledge
 def test_to_inside_the_checkpoint_is_refused_and_nothing_is_created(scanned):
     _root, run, catalog = scanned
     to = step(run, 6) / "actor" / "hf"
-    one_line_error(cli(catalog, "export", step(run, 6), "--to", to), 2, "is inside the checkpoint")
+    one_line_error(ckpt_audit("export", step(run, 6), "--to", to, catalog=catalog), 2, "is inside the checkpoint")
     assert not to.exists() and not list(to.parent.glob(".hf.ckpt-audit-*"))
 
 
@@ -165,11 +157,13 @@ def test_force_to_a_symlink_into_another_run_is_refused_and_the_link_kept(scanne
     root, run, catalog = scanned
     other = run.parent / "exp-w3"
     shutil.copytree(verl_run_w3, other, symlinks=True)
-    assert cli(catalog, "scan", root, "-q").returncode == 0
+    assert ckpt_audit("scan", root, "-q", catalog=catalog).returncode == 0
     link = tmp_path / "hf-link"
     link.symlink_to(step(other, 4))  # outside every root itself, but it points into a run
     before = tree_digest(root)
-    one_line_error(cli(catalog, "export", step(run, 6), "--to", link, "--force"), 2, "refusing to write there")
+    one_line_error(
+        ckpt_audit("export", step(run, 6), "--to", link, "--force", catalog=catalog), 2, "refusing to write there"
+    )
     assert link.is_symlink() and os.readlink(link) == str(step(other, 4))
     assert tree_digest(root) == before
 
@@ -179,7 +173,9 @@ def test_force_at_an_unscanned_run_is_refused_by_what_it_holds(scanned, verl_run
     elsewhere = tmp_path / "elsewhere" / "exp"  # a run no catalog and no root knows
     shutil.copytree(verl_run_w3, elsewhere, symlinks=True)
     before = tree_digest(elsewhere)
-    one_line_error(cli(catalog, "export", step(run, 6), "--to", elsewhere, "--force"), 2, "holds checkpoint data")
+    one_line_error(
+        ckpt_audit("export", step(run, 6), "--to", elsewhere, "--force", catalog=catalog), 2, "holds checkpoint data"
+    )
     assert tree_digest(elsewhere) == before
 
 
@@ -189,7 +185,9 @@ def test_force_at_a_nonempty_directory_that_is_not_an_export_is_refused(scanned,
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     one_line_error(
-        cli(catalog, "export", step(run, 6), "--to", out, "--force"), 2, "only an earlier export or an empty directory"
+        ckpt_audit("export", step(run, 6), "--to", out, "--force", catalog=catalog),
+        2,
+        "only an earlier export or an empty directory",
     )
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
 
@@ -197,18 +195,18 @@ def test_force_at_a_nonempty_directory_that_is_not_an_export_is_refused(scanned,
 def test_force_at_an_earlier_export_with_a_file_added_is_refused(scanned, tmp_path):
     _root, run, catalog = scanned
     out = tmp_path / "hf"
-    assert cli(catalog, "export", step(run, 4), "--to", out).returncode == 0
+    assert ckpt_audit("export", step(run, 4), "--to", out, catalog=catalog).returncode == 0
     (out / "README.md").write_text("my model card")
-    one_line_error(cli(catalog, "export", step(run, 6), "--to", out, "--force"), 2, "README.md")
+    one_line_error(ckpt_audit("export", step(run, 6), "--to", out, "--force", catalog=catalog), 2, "README.md")
     assert (out / "README.md").read_text() == "my model card"
 
 
 def test_force_replaces_an_earlier_export(scanned, tmp_path):
     _root, run, catalog = scanned
     out = tmp_path / "hf"
-    assert cli(catalog, "export", step(run, 4), "--to", out).returncode == 0
+    assert ckpt_audit("export", step(run, 4), "--to", out, catalog=catalog).returncode == 0
     assert json.loads((out / MARKER).read_text())["source"] == str(step(run, 4))
-    proc = cli(catalog, "export", step(run, 6), "--to", out, "--force", "--json")
+    proc = ckpt_audit("export", step(run, 6), "--to", out, "--force", "--json", catalog=catalog)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["replaced"] == "export" and doc["verified"] is True
@@ -224,7 +222,11 @@ def test_byte_flipped_with_size_and_mtime_kept_is_refused_while_the_catalog_says
     flip_payload_byte(shard(run, 6))  # after the scan: the catalog still holds step 6 as complete
     out = tmp_path / "hf"
     one_line_error(
-        cli(catalog, "export", step(run, 6), "--to", out), 1, str(shard(run, 6)), "crc-mismatch", "--allow-corrupt"
+        ckpt_audit("export", step(run, 6), "--to", out, catalog=catalog),
+        1,
+        str(shard(run, 6)),
+        "crc-mismatch",
+        "--allow-corrupt",
     )
     assert not out.exists()
 
@@ -235,7 +237,12 @@ def test_flip_with_its_crc_rewritten_is_caught_by_the_hash_against_the_manifest(
     from ckpt_audit.readers.hashing import digest_file
 
     assert digest_file(shard(run, 6)).crc_ok is True  # the CRC check alone would pass it
-    one_line_error(cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf"), 1, str(shard(run, 6)), "hash-drift")
+    one_line_error(
+        ckpt_audit("export", step(run, 6), "--to", tmp_path / "hf", catalog=catalog),
+        1,
+        str(shard(run, 6)),
+        "hash-drift",
+    )
     assert not (tmp_path / "hf").exists()
 
 
@@ -244,10 +251,10 @@ def test_a_checkpoint_the_catalog_holds_as_corrupt_is_refused_even_when_its_file
     pristine = tmp_path / "pristine.pt"
     shutil.copy2(shard(run, 6), pristine)
     flip_payload_byte(shard(run, 6))
-    assert cli(catalog, "scan", root, "--rehash", "-q").returncode == 1  # now the catalog says corrupt
+    assert ckpt_audit("scan", root, "--rehash", "-q", catalog=catalog).returncode == 1  # now the catalog says corrupt
     shutil.copy(pristine, shard(run, 6))  # good bytes back, new mtime: the files alone would pass
     line = one_line_error(
-        cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf"),
+        ckpt_audit("export", step(run, 6), "--to", tmp_path / "hf", catalog=catalog),
         1,
         str(shard(run, 6)),
         "re-scan if it was repaired",
@@ -345,7 +352,7 @@ def test_a_copy_pass_failing_while_the_source_check_runs_is_one_line_and_leaves_
 def test_allow_corrupt_exports_and_records_the_override(scanned, tmp_path):
     _root, run, catalog = scanned
     flip_payload_byte(shard(run, 6))
-    proc = cli(catalog, "export", step(run, 6), "--to", tmp_path / "hf", "--allow-corrupt", "--json")
+    proc = ckpt_audit("export", step(run, 6), "--to", tmp_path / "hf", "--allow-corrupt", "--json", catalog=catalog)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["override"] == "allow-corrupt" and doc["verified"] is False and doc["source_verified"] is False
@@ -358,12 +365,12 @@ def test_allow_corrupt_exports_and_records_the_override(scanned, tmp_path):
 
 def test_verified_says_what_the_source_was_checked_against(scanned, verl_run, tmp_path):
     _root, run, catalog = scanned
-    proc = cli(catalog, "export", step(run, 6), "--to", tmp_path / "a", "--json")
+    proc = ckpt_audit("export", step(run, 6), "--to", tmp_path / "a", "--json", catalog=catalog)
     doc = json.loads(proc.stdout)
     assert (doc["source_check"], doc["source_verified"], doc["verified"]) == ("manifest", True, True)
     assert (
         "source re-read and equal to the catalog's manifest"
-        in cli(catalog, "export", step(run, 6), "--to", tmp_path / "b").stdout
+        in ckpt_audit("export", step(run, 6), "--to", tmp_path / "b", catalog=catalog).stdout
     )
     db = sqlite3.connect(catalog)
     assert [r[0] for r in db.execute("SELECT source_verified FROM exports ORDER BY id")] == [1, 1]
@@ -372,7 +379,9 @@ def test_verified_says_what_the_source_was_checked_against(scanned, verl_run, tm
     assert recorded[str(shard(run, 6))] == shard_rows[str(shard(run, 6))]
 
     never_scanned = step(verl_run, 6)  # no manifest for it: CRCs only, and said so
-    doc = json.loads(cli(tmp_path / "other.db", "export", never_scanned, "--to", tmp_path / "c", "--json").stdout)
+    doc = json.loads(
+        ckpt_audit("export", never_scanned, "--to", tmp_path / "c", "--json", catalog=tmp_path / "other.db").stdout
+    )
     assert (doc["source_check"], doc["source_verified"], doc["verified"]) == ("crc-only", False, True)
 
 

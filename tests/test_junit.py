@@ -13,22 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from junit_read import assert_schema_valid, failed, read_junit
 from scan_trees import base_run, flip_payload_byte, run_copy, shard
 
 from ckpt_audit.report_junit import Case, Suite, render, write_junit
-
-
-def cli(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
-    """The real CLI in a subprocess (so the report's `command` property is the real command line)."""
-    return subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        cwd=cwd,
-    )
 
 
 def test_report_escapes_what_xml_cannot_carry_and_is_schema_valid(tmp_path):
@@ -78,10 +67,10 @@ def test_scan_and_verify_one_case_per_checkpoint_failing_on_the_corrupt_one(run_
     root = run_copy.parent.parent
     report = tmp_path / "out" / "report.xml"
     report.parent.mkdir()
-    both = cli(command, "--json", "--catalog", tmp_path / "both.db", "--junit-xml", report, root)
+    both = ckpt_audit(command, "--json", "--catalog", tmp_path / "both.db", "--junit-xml", report, root)
     assert both.returncode == 1, both.stderr
     if command == "scan":  # the same document and exit code as without the report (verify: the same code path)
-        plain = cli(command, "--json", "--catalog", tmp_path / "plain.db", root)
+        plain = ckpt_audit(command, "--json", "--catalog", tmp_path / "plain.db", root)
         assert plain.returncode == 1
         assert _without_volatile(json.loads(both.stdout)) == _without_volatile(json.loads(plain.stdout))
     cases, props, _ = read_junit(report)
@@ -98,7 +87,7 @@ def test_scan_and_verify_one_case_per_checkpoint_failing_on_the_corrupt_one(run_
     if command == "verify":
         return
     # -q prints nothing when clean, and the report then has only passing cases
-    quiet = cli(command, "-q", "--catalog", tmp_path / "q.db", "--junit-xml", report, run_copy / "global_step_2")
+    quiet = ckpt_audit(command, "-q", "--catalog", tmp_path / "q.db", "--junit-xml", report, run_copy / "global_step_2")
     assert quiet.returncode == 0 and quiet.stdout == "", quiet.stdout
     cases, _, _ = read_junit(report)
     assert list(cases) == [("demo/exp", "global_step_2")] and not failed(cases)
@@ -111,8 +100,8 @@ def test_continuity_one_case_per_resume_point_failing_on_the_jump(tmp_path):
     log = tmp_path / "metrics.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = tmp_path / "continuity.xml"
-    plain = cli("continuity", log, "--resume-at", 30, "--resume-at", 60, "--json")
-    both = cli("continuity", log, "--resume-at", 30, "--resume-at", 60, "--json", "--junit-xml", report)
+    plain = ckpt_audit("continuity", log, "--resume-at", 30, "--resume-at", 60, "--json")
+    both = ckpt_audit("continuity", log, "--resume-at", 30, "--resume-at", 60, "--json", "--junit-xml", report)
     assert plain.returncode == both.returncode == 1, both.stderr
     assert json.loads(both.stdout) == json.loads(plain.stdout)
     cases, _, _ = read_junit(report)
@@ -131,7 +120,7 @@ def test_an_unwritable_report_is_refused_before_any_work(tmp_path):
         ["continuity", tmp_path, "--junit-xml", tmp_path / "missing" / "r.xml"],
         ["resume-test", "--junit-xml", tmp_path / "missing" / "r.xml"],
     ):
-        proc = cli(*args)
+        proc = ckpt_audit(*args)
         assert proc.returncode == 3, (args, proc.stderr)
         assert proc.stderr.startswith("ckpt-audit: error: ") and "--junit-xml" in proc.stderr
         assert "Traceback" not in proc.stderr and "training" not in proc.stderr
@@ -141,7 +130,7 @@ def test_an_unwritable_report_is_refused_before_any_work(tmp_path):
     shard.write_bytes(b"PK\x03\x04 a checkpoint")
     (tmp_path / "link.xml").symlink_to(shard)
     for target in (shard, tmp_path / "link.xml"):
-        proc = cli("scan", "--catalog", tmp_path / "c.db", "--junit-xml", target, root)
+        proc = ckpt_audit("scan", "--catalog", tmp_path / "c.db", "--junit-xml", target, root)
         assert proc.returncode == 3 and "is not an XML report: refusing to replace it" in proc.stderr, proc.stderr
     assert shard.read_bytes() == b"PK\x03\x04 a checkpoint" and not (tmp_path / "c.db").exists()
 
@@ -155,6 +144,6 @@ def test_model_config_names_nothing_is_a_usage_error_before_training(tmp_path):
         (tmp_path / "nope" / "config.json", "no such file or directory"),
         ("acme/not-cached", "neither a path nor a model in the local Hugging Face cache"),
     ):
-        proc = cli("resume-test", "--model-config", value, env=env)
+        proc = ckpt_audit("resume-test", "--model-config", value, env=env)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
         assert "training" not in proc.stderr and "Traceback" not in proc.stderr

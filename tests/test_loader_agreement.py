@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
+from cli_proc import ckpt_audit
 from test_hf_trainer import hf_run  # noqa: F401 - the session fixture: a real Trainer run, cached
 from test_torchtitan import titan_dump  # noqa: F401 - the session fixture: torchtitan's checkpointer, cached
 
@@ -207,9 +208,8 @@ def test_a_deeply_nested_trainer_json_is_invalid_not_the_end_of_the_scan(out, tm
 def cli_c_locale(*args: str, catalog: Path) -> subprocess.CompletedProcess:
     """The real CLI in a child whose locale is C and whose Python is told not to use UTF-8 mode (an ASCII file
     system encoding: every non-ASCII byte of a name decodes to an escape)."""
-    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "ckpt_audit", *args, "--catalog", str(catalog)]
-    return subprocess.run(cmd, capture_output=True, env=env, timeout=300)
+    env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONPATH": str(REPO)}
+    return ckpt_audit(*args, "--catalog", catalog, env=env, text=False)
 
 
 @pytest.mark.slow

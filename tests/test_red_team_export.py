@@ -17,19 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_proc import ckpt_audit
 
 from harness.checkpoint import load_file  # the trainer's own weights_only loader
-
-
-def cli(catalog: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
-    )
 
 
 def refused_with(proc: subprocess.CompletedProcess, code: int, needle: str) -> None:
@@ -61,7 +51,7 @@ def _statuses(catalog: Path, run: Path, step: Path) -> list[tuple[str, str, int,
     """(command, status, exit code, error codes) of step under scan, a cached re-scan and verify."""
     out = []
     for command, path in (("scan", run), ("scan", run), ("verify", step)):
-        proc = cli(catalog, command, path, "--json")
+        proc = ckpt_audit(command, path, "--json", catalog=catalog)
         assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
         ck = _checkpoint(json.loads(proc.stdout), step)
         out.append((command, ck["status"], proc.returncode, _error_codes(ck)))
@@ -77,11 +67,13 @@ def test_to_inside_a_run_no_catalog_knows_is_refused_and_nothing_is_written(verl
     shutil.copytree(verl_run_w3, other, symlinks=True)
     before = sorted(p.name for p in other.iterdir())
     refused_with(
-        cli(tmp_path / "c.db", "export", run / "global_step_6", "--to", other / "hf"), 2, f"is inside the run {other}"
+        ckpt_audit("export", run / "global_step_6", "--to", other / "hf", catalog=tmp_path / "c.db"),
+        2,
+        f"is inside the run {other}",
     )
     inside_step = other / "global_step_4" / "actor" / "huggingface" / "merged"
     refused_with(
-        cli(tmp_path / "c.db", "export", run / "global_step_6", "--to", inside_step),
+        ckpt_audit("export", run / "global_step_6", "--to", inside_step, catalog=tmp_path / "c.db"),
         2,
         f"is inside the checkpoint {other / 'global_step_4'}",
     )
@@ -95,7 +87,7 @@ def test_force_onto_a_fresh_empty_step_dir_of_another_run_is_refused(verl_run, v
     saving = other / "global_step_8"  # verl made the directory; the ranks are about to write into it
     saving.mkdir()
     refused_with(
-        cli(tmp_path / "c.db", "export", run / "global_step_6", "--to", saving, "--force"),
+        ckpt_audit("export", run / "global_step_6", "--to", saving, "--force", catalog=tmp_path / "c.db"),
         2,
         f"is the checkpoint {saving}",
     )

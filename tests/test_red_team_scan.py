@@ -1,7 +1,7 @@
 """Red-team attacks on what `scan` says about a run's tracker, through the real CLI on a trainer-written tree.
 
 A tracker that exists but cannot be read is not a missing tracker: resume still loads the step it names, so scan
-reports `tracker-unread` (and prune keeps every checkpoint of the run: tests/test_red_team_prune.py).
+reports `tracker-unread` (and prune keeps every checkpoint of the run: tests/test_prune_safety.py).
 """
 
 from __future__ import annotations

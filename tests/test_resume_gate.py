@@ -18,15 +18,15 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit, unprivileged
 from scan_trees import flip_payload_byte, shard, steps_of
-from test_scan import _unprivileged
 
 from ckpt_audit import lock
 from ckpt_audit.killpoints import KILL_AFTER_ENV
 
 HOUR_NS = 3600 * 10**9
 TRACKER = "latest_checkpointed_iteration.txt"
-needs_setpriv = pytest.mark.skipif(_unprivileged() is None, reason="root without setpriv: chmod is not enforced")
+needs_setpriv = pytest.mark.skipif(unprivileged() is None, reason="root without setpriv: chmod is not enforced")
 
 
 @pytest.fixture
@@ -42,18 +42,6 @@ def age(*paths: Path, hours: float = 3) -> None:
     for top in paths:
         for p in [*top.rglob("*"), top] if top.is_dir() else [top]:
             os.utime(p, ns=(then, then), follow_symlinks=False)
-
-
-def cli(*args, catalog: Path, unprivileged: bool = False) -> subprocess.CompletedProcess:
-    prefix = _unprivileged() if unprivileged else []
-    return subprocess.run(
-        [*prefix, sys.executable, "-m", "ckpt_audit", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
-    )
 
 
 def set_tracker(run: Path, text: str | None) -> None:
@@ -76,10 +64,10 @@ def codes(doc: dict) -> list[str]:
 
 def test_latest_passes_over_a_bit_flipped_newest_checkpoint(run, tmp_path):
     flip_payload_byte(shard(run / "global_step_6", "model", 1))
-    plain = cli("latest", run, catalog=tmp_path / "c.db")
+    plain = ckpt_audit("latest", run, catalog=tmp_path / "c.db")
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout == f"{run / 'global_step_4'}\n"
-    doc = json.loads(cli("latest", "--json", run, catalog=tmp_path / "c.db").stdout)
+    doc = json.loads(ckpt_audit("latest", "--json", run, catalog=tmp_path / "c.db").stdout)
     assert doc["step"] == 4 and doc["files_reused"] > 0  # the first call recorded what it read
     [passed] = doc["passed_over"]
     assert passed["step"] == 6 and passed["status"] == "corrupt" and "crc-mismatch" in passed["reasons"]
@@ -87,15 +75,15 @@ def test_latest_passes_over_a_bit_flipped_newest_checkpoint(run, tmp_path):
 
 def test_verified_reads_by_content_now_unless_max_age_accepts_an_older_read(run, tmp_path):
     db = tmp_path / "c.db"
-    assert cli("scan", "-q", run, catalog=db).returncode == 0
+    assert ckpt_audit("scan", "-q", run, catalog=db).returncode == 0
     flip_payload_byte(shard(run / "global_step_6", "model", 0))  # bit rot: size, mtime and inode unchanged
-    assert cli("latest", run, catalog=db).stdout.strip() == str(run / "global_step_6")  # the cache cannot see it
-    aged = cli("latest", "--verified", "--max-age", "2d", "--json", run, catalog=db)
+    assert ckpt_audit("latest", run, catalog=db).stdout.strip() == str(run / "global_step_6")  # the cache cannot see it
+    aged = ckpt_audit("latest", "--verified", "--max-age", "2d", "--json", run, catalog=db)
     recent = json.loads(aged.stdout)
     assert recent["step"] == 6 and recent["reread"] == []  # read by content minutes ago: accepted, and said so
     assert "step 6 last read by content at " in aged.stderr and "within --max-age 2d: not re-read" in aged.stderr
     t0 = time.time_ns()
-    now = cli("latest", "--verified", "--json", run, catalog=db)  # the old code: step 6, read "within 7d"
+    now = ckpt_audit("latest", "--verified", "--json", run, catalog=db)  # the old code: step 6, read "within 7d"
     doc = json.loads(now.stdout)
     assert now.returncode == 0 and doc["step"] == 4
     assert doc["reread"] == sorted([str(run / "global_step_6"), str(run / "global_step_4")])
@@ -108,48 +96,48 @@ def test_verified_reads_by_content_now_unless_max_age_accepts_an_older_read(run,
     )
     assert oldest >= t0  # what it read is recorded
     # what the re-read found is kept: the next cached answer does not trust step 6 again
-    assert cli("latest", run, catalog=db).stdout.strip() == str(run / "global_step_4")
+    assert ckpt_audit("latest", run, catalog=db).stdout.strip() == str(run / "global_step_4")
 
 
 def test_no_complete_checkpoint_is_exit_1_and_one_line(run, tmp_path):
     for step in steps_of(run):
         shard(step, "model", 1).unlink()
-    out = cli("latest", run, catalog=tmp_path / "c.db")
+    out = ckpt_audit("latest", run, catalog=tmp_path / "c.db")
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "no complete checkpoint" in out.stderr and "missing-rank" in out.stderr
-    doc = json.loads(cli("latest", "--json", run, catalog=tmp_path / "c.db").stdout)
+    doc = json.loads(ckpt_audit("latest", "--json", run, catalog=tmp_path / "c.db").stdout)
     assert doc["checkpoint"] is None and [p["step"] for p in doc["passed_over"]] == [6, 4, 2]
     assert all("missing-rank" in p["reasons"] for p in doc["passed_over"])
 
 
 def test_latest_refuses_paths_that_are_not_one_run(run, tmp_path):
     db = tmp_path / "c.db"
-    inside = cli("latest", run / "global_step_6", catalog=db)
+    inside = ckpt_audit("latest", run / "global_step_6", catalog=db)
     assert inside.returncode == 3 and "not a run directory" in inside.stderr
-    assert cli("latest", tmp_path / "nope", catalog=db).returncode == 3
-    assert cli("latest", "--verfied", run, catalog=db).returncode == 2  # a typo is a usage error, not an answer
+    assert ckpt_audit("latest", tmp_path / "nope", catalog=db).returncode == 3
+    assert ckpt_audit("latest", "--verfied", run, catalog=db).returncode == 2  # a typo is a usage error, not an answer
 
 
 def test_async_save_without_tracker(run, tmp_path):
     """FSDP async_save writes no tracker (verl #7952): the scan says what auto-resume would do; the gate and the
     repair still find step 6."""
     set_tracker(run, None)
-    doc = json.loads(cli("scan", "--json", run, catalog=tmp_path / "c.db").stdout)
+    doc = json.loads(ckpt_audit("scan", "--json", run, catalog=tmp_path / "c.db").stdout)
     [untracked] = [f for r in doc["runs"] for f in r["findings"] if f["code"] == "untracked-complete"]
     assert untracked["severity"] == "warning" and "trains from step 0" in untracked["message"]
     # the job-script form, RUN/ with a slash: the answer has none (verl's int(path.split("global_step_")[-1]))
-    assert cli("latest", f"{run}/", catalog=tmp_path / "c.db").stdout == f"{run / 'global_step_6'}\n"
+    assert ckpt_audit("latest", f"{run}/", catalog=tmp_path / "c.db").stdout == f"{run / 'global_step_6'}\n"
 
 
 def test_tracker_published_early_while_its_files_change(run, tmp_path):
     """Megatron's async queue can publish the tracker before the files it names are written (verl #8000)."""
     age(run / TRACKER, hours=1)
     os.utime(shard(run / "global_step_6", "optim", 1))  # still being written, after the tracker
-    doc = json.loads(cli("scan", "--json", run, catalog=tmp_path / "c.db").stdout)
+    doc = json.loads(ckpt_audit("scan", "--json", run, catalog=tmp_path / "c.db").stdout)
     assert "tracker-published-early" in codes(doc)
-    gate = json.loads(cli("latest", "--json", run, catalog=tmp_path / "c.db").stdout)
+    gate = json.loads(ckpt_audit("latest", "--json", run, catalog=tmp_path / "c.db").stdout)
     assert gate["step"] == 4 and gate["passed_over"][0]["reasons"] == ["tracker-published-early"]
-    fix = cli("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
+    fix = ckpt_audit("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
     assert fix.returncode == 1 and "looks alive" in fix.stderr and (run / TRACKER).read_text() == "6"
 
 
@@ -158,12 +146,12 @@ def test_remote_copy_configured_without_a_complete_local_checkpoint(run, tmp_pat
     (run / ".hydra" / "config.yaml").write_text("trainer:\n  default_hdfs_dir: hdfs://nn/ckpts/exp  # copy\n")
     shard(run / "global_step_6", "model", 1).unlink()
     age(run)
-    doc = json.loads(cli("scan", "--json", run, catalog=tmp_path / "c.db").stdout)
+    doc = json.loads(ckpt_audit("scan", "--json", run, catalog=tmp_path / "c.db").stdout)
     [remote] = [f for r in doc["runs"] for f in r["findings"] if f["code"] == "remote-copy-unfinished"]
     assert "hdfs://nn/ckpts/exp" in remote["message"] and "step 6 is incomplete" in remote["message"]
     (run / ".hydra" / "config.yaml").write_text("trainer:\n  default_hdfs_dir: null\n")
     age(run)
-    doc = json.loads(cli("scan", "--json", run, catalog=tmp_path / "c.db").stdout)
+    doc = json.loads(ckpt_audit("scan", "--json", run, catalog=tmp_path / "c.db").stdout)
     assert "remote-copy-unfinished" not in codes(doc)
 
 
@@ -186,12 +174,12 @@ def test_fix_tracker(run, tmp_path, tracker, problem, target):
     if problem == "names-corrupt":
         flip_payload_byte(shard(run / "global_step_6", "extra_state", 0))
     set_tracker(run, tracker)
-    dry = cli("fix-tracker", "--json", run, catalog=db)
+    dry = ckpt_audit("fix-tracker", "--json", run, catalog=db)
     plan = json.loads(dry.stdout)
     assert dry.returncode == 1 and plan["problem"] == problem and plan["new_step"] == target
     assert plan["written"] is False
     assert (run / TRACKER).exists() == (tracker is not None)  # a dry run writes nothing
-    done = cli("fix-tracker", "--yes", run, catalog=db)
+    done = ckpt_audit("fix-tracker", "--yes", run, catalog=db)
     assert done.returncode == 0, done.stderr
     assert (run / TRACKER).read_bytes() == str(target).encode()  # as verl writes it: no newline
     backups = sorted(run.glob(f"{TRACKER}.ckpt-audit-old-*"))
@@ -199,22 +187,22 @@ def test_fix_tracker(run, tmp_path, tracker, problem, target):
     assert not list(run.glob(f".{TRACKER}.ckpt-audit-tmp-*"))
     rows = sqlite3.connect(db).execute("SELECT problem, old_content, new_step FROM tracker_fixes").fetchall()
     assert rows == [(problem, tracker, target)]
-    again = cli("fix-tracker", run, catalog=db)
+    again = ckpt_audit("fix-tracker", run, catalog=db)
     assert again.returncode == 0 and ": ok" in again.stdout
-    assert cli("latest", run, catalog=db).stdout.strip() == str(run / f"global_step_{target}")
+    assert ckpt_audit("latest", run, catalog=db).stdout.strip() == str(run / f"global_step_{target}")
 
 
 def test_fix_tracker_refuses_a_run_that_is_being_written(run, tmp_path):
     set_tracker(run, "4")
     (run / "global_step_8").mkdir()  # made a second ago: verl's next save has begun
-    out = cli("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
+    out = ckpt_audit("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
     assert out.returncode == 1 and "being written" in out.stderr
     assert (run / TRACKER).read_text() == "4" and not list(run.glob(f"{TRACKER}.ckpt-audit-*"))
 
 
 def test_fix_tracker_refuses_a_freshly_written_tracker(run, tmp_path):
     (run / TRACKER).write_text("4")  # the trainer just wrote it
-    out = cli("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
+    out = ckpt_audit("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
     assert out.returncode == 1 and "looks alive" in out.stderr and (run / TRACKER).read_text() == "4"
 
 
@@ -224,7 +212,7 @@ def test_fix_tracker_never_replaces_a_link_out_of_the_run(run, tmp_path):
     (run / TRACKER).unlink()
     (run / TRACKER).symlink_to(outside)
     age(run)
-    out = cli("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
+    out = ckpt_audit("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
     assert out.returncode == 1 and "symbolic link" in out.stderr
     assert (run / TRACKER).is_symlink() and outside.read_text() == "2"
 
@@ -233,10 +221,10 @@ def test_second_copy_exits_4_and_typos_exit_2(run, tmp_path):
     db = tmp_path / "c.db"
     set_tracker(run, None)
     with lock.hold(lock.lock_path_for(db)):
-        busy = cli("fix-tracker", "--yes", run, catalog=db)
+        busy = ckpt_audit("fix-tracker", "--yes", run, catalog=db)
     assert busy.returncode == 4 and not (run / TRACKER).exists()
-    assert cli("fix-tracker", "--yse", run, catalog=db).returncode == 2
-    assert cli("fix-tracker", "-y", run, catalog=db).returncode == 2
+    assert ckpt_audit("fix-tracker", "--yse", run, catalog=db).returncode == 2
+    assert ckpt_audit("fix-tracker", "-y", run, catalog=db).returncode == 2
     assert not (run / TRACKER).exists()
 
 
@@ -246,7 +234,7 @@ def test_read_only_run_is_one_line_and_leaves_nothing(run, tmp_path):
     db = tmp_path / "c.db"
     run.chmod(0o555)
     try:
-        out = cli("fix-tracker", "--yes", run, catalog=db, unprivileged=True)
+        out = ckpt_audit("fix-tracker", "--yes", run, catalog=db, as_user=True)
     finally:
         run.chmod(0o755)
     assert out.returncode == 3 and out.stderr.count("\n") == 1 and "cannot write the tracker" in out.stderr
@@ -259,7 +247,7 @@ def test_nothing_to_point_at(run, tmp_path):
         shard(step, "model", 0).unlink()
     set_tracker(run, None)
     age(run)  # removing files made the directories young: not a save in progress
-    out = cli("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
+    out = ckpt_audit("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
     assert out.returncode == 1 and "no complete checkpoint" in out.stderr and not (run / TRACKER).exists()
 
 
@@ -283,10 +271,10 @@ def test_fix_tracker_killed_at_any_point_leaves_a_whole_tracker_and_the_next_run
     assert killed.returncode == -9, (killed.returncode, killed.stderr)
     assert (run / TRACKER).read_bytes() in (b"4", b"6")  # never empty, never half written
     age(run / TRACKER)  # the killed write is not a trainer that is alive
-    again = cli("fix-tracker", "--yes", run, catalog=db)
+    again = ckpt_audit("fix-tracker", "--yes", run, catalog=db)
     assert again.returncode == 0, again.stderr
     assert (run / TRACKER).read_bytes() == b"6"
     assert not list(run.glob(f".{TRACKER}.ckpt-audit-tmp-*"))  # a killed write's temporary is gone
-    assert cli("latest", run, catalog=db).stdout.strip() == str(run / "global_step_6")
-    scan = cli("scan", "--json", run, catalog=db)
+    assert ckpt_audit("latest", run, catalog=db).stdout.strip() == str(run / "global_step_6")
+    scan = ckpt_audit("scan", "--json", run, catalog=db)
     assert scan.returncode == 0, (scan.stdout[-2000:], scan.stderr)  # what the kill left is no finding

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 from _verl_megatron_v2 import migrate
+from cli_proc import ckpt_audit
 from scan_trees import steps_of
-from test_resume_gate import TRACKER, age, cli, set_tracker
+from test_resume_gate import TRACKER, age, set_tracker
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def save_step_8_in_verl_order(run: Path):
 
 
 def latest(run: Path, db: Path) -> dict:
-    return json.loads(cli("latest", "--json", run, catalog=db).stdout)
+    return json.loads(ckpt_audit("latest", "--json", run, catalog=db).stdout)
 
 
 def test_sync_save_is_the_answer_only_once_the_tracker_names_it(run, tmp_path):
@@ -56,7 +57,7 @@ def test_sync_save_is_the_answer_only_once_the_tracker_names_it(run, tmp_path):
     (run / TRACKER).write_text("8")  # verl's last write
     doc = latest(run, db)
     assert doc["step"] == 8 and doc["passed_over"] == []
-    fix = cli("fix-tracker", "--json", run, catalog=db)
+    fix = ckpt_audit("fix-tracker", "--json", run, catalog=db)
     assert fix.returncode == 0 and json.loads(fix.stdout)["problem"] == "ok"  # nothing to repair
 
 
@@ -67,11 +68,11 @@ def test_async_save_never_writes_the_tracker(run, tmp_path):
         pass
     assert latest(run, db)["step"] == 6  # settling: still in-progress
     age(run)
-    doc = json.loads(cli("scan", "--json", run, catalog=db).stdout)
+    doc = json.loads(ckpt_audit("scan", "--json", run, catalog=db).stdout)
     behind = [f for r in doc["runs"] for f in r["findings"] if f["code"] == "tracker-behind"]
     assert behind and "step 8" in behind[0]["message"]
     assert latest(run, db)["step"] == 8  # whole beyond a lagging tracker
-    fix = json.loads(cli("fix-tracker", "--json", "--yes", run, catalog=db).stdout)
+    fix = json.loads(ckpt_audit("fix-tracker", "--json", "--yes", run, catalog=db).stdout)
     assert (fix["problem"], fix["new_step"], fix["written"]) == ("behind", 8, True)
     assert (run / TRACKER).read_text() == "8"
 
@@ -82,10 +83,10 @@ def test_async_save_of_a_fresh_run_has_no_tracker_at_all(run, tmp_path):
         shutil.rmtree(older)
     age(run)
     db = tmp_path / "c.db"
-    doc = json.loads(cli("scan", "--json", run, catalog=db).stdout)
+    doc = json.loads(ckpt_audit("scan", "--json", run, catalog=db).stdout)
     [f] = [f for r in doc["runs"] for f in r["findings"] if f["code"] == "untracked-complete"]
     assert "step 6" in f["message"]
-    assert cli("fix-tracker", "--yes", run, catalog=db).returncode == 0
+    assert ckpt_audit("fix-tracker", "--yes", run, catalog=db).returncode == 0
     assert (run / TRACKER).read_text() == "6"
 
 
@@ -109,18 +110,18 @@ def test_megatron_tracker_repair_and_gate(megatron, tmp_path):
     db = tmp_path / "c.db"
     step = megatron / "global_step_1"
     # the tree is in the pre-v2 layout, which verl >= 0.9.1 refuses: no answer until verl's own script migrates it
-    gate = cli("latest", megatron, catalog=db)
+    gate = ckpt_audit("latest", megatron, catalog=db)
     assert gate.returncode == 1 and "megatron-old-layout" in gate.stderr
     if find_spec("verl") is None:
         return
     migrate(step / "actor")
     age(megatron)
-    assert cli("latest", megatron, catalog=db).stdout.strip() == str(step)
+    assert ckpt_audit("latest", megatron, catalog=db).stdout.strip() == str(step)
     set_tracker(megatron, None)
-    doc = json.loads(cli("scan", "--json", megatron, catalog=db).stdout)
+    doc = json.loads(ckpt_audit("scan", "--json", megatron, catalog=db).stdout)
     assert doc["runs"][0]["checkpoints"][0]["status"] == "complete"
     assert "untracked-complete" in [f["code"] for f in doc["runs"][0]["findings"]]
-    fix = cli("fix-tracker", "--yes", megatron, catalog=db)
+    fix = ckpt_audit("fix-tracker", "--yes", megatron, catalog=db)
     assert fix.returncode == 0, fix.stderr
     assert (megatron / TRACKER).read_text() == "1"
 
@@ -131,11 +132,11 @@ def test_megatron_published_before_finalize_with_a_remote_copy(megatron, tmp_pat
     (megatron / "config.yaml").write_text("trainer:\n  default_hdfs_dir: hdfs://nn/user/me/exp\n")
     next(megatron.glob("global_step_1/actor/dist_ckpt/metadata.json")).unlink()
     age(megatron)
-    doc = json.loads(cli("scan", "--json", megatron, catalog=db).stdout)
+    doc = json.loads(ckpt_audit("scan", "--json", megatron, catalog=db).stdout)
     [remote] = [f for f in doc["runs"][0]["findings"] if f["code"] == "remote-copy-unfinished"]
     assert "hdfs://nn/user/me/exp" in remote["message"]
-    gate = cli("latest", megatron, catalog=db)
+    gate = ckpt_audit("latest", megatron, catalog=db)
     assert gate.returncode == 1 and "megatron-metadata-missing" in gate.stderr
-    fix = cli("fix-tracker", "--yes", megatron, catalog=db)
+    fix = ckpt_audit("fix-tracker", "--yes", megatron, catalog=db)
     assert fix.returncode == 1 and "no complete checkpoint" in fix.stderr
     assert (megatron / TRACKER).read_text() == "1"  # left as it was: there is nothing better to name

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import unprivileged
 from scan_trees import base_run, flip_payload_byte, rewrite_zip, run_copy, shard, steps_of  # noqa: F401
 
 from ckpt_audit.catalog import open_catalog, read_previous
@@ -298,16 +299,7 @@ def test_sft_shards_directly_in_the_step_directory(run_copy):
     assert "missing-rank" in codes(do_scan(run_copy))
 
 
-def _unprivileged() -> list[str] | None:
-    """A command prefix under which chmod 000 is honoured: nothing when not root; for root, setpriv dropping the
-    capabilities that bypass file permissions; None when neither is possible."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"] if setpriv else None
-
-
-@pytest.mark.skipif(_unprivileged() is None, reason="running as root without setpriv: chmod 000 cannot be enforced")
+@pytest.mark.skipif(unprivileged() is None, reason="running as root without setpriv: chmod 000 cannot be enforced")
 def test_unreadable_file_becomes_a_finding(run_copy):
     victim = shard(steps_of(run_copy)[0], "model", 0)
     victim.chmod(0)
@@ -316,7 +308,7 @@ def test_unreadable_file_becomes_a_finding(run_copy):
         "print(json.dumps(sorted({(f.code, f.path) for f in r.all_findings})))"
     )
     out = subprocess.run(
-        [*_unprivileged(), sys.executable, "-c", code, str(run_copy)], capture_output=True, text=True, timeout=60
+        [*unprivileged(), sys.executable, "-c", code, str(run_copy)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     assert ["unreadable", str(victim)] in json.loads(out.stdout)
@@ -344,6 +336,21 @@ def test_fsdp_config_that_is_not_json(run_copy):
     (steps_of(run_copy)[0] / "actor" / "fsdp_config.json").write_text("{world_size: 2")
     r = do_scan(run_copy)
     assert "fsdp-config-invalid" in codes(r)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [('{"world_size": 2}', 2), ('{"world_size": 0}', None), ('{"world_size": true}', None), ("{world", None)],
+)
+def test_verify_reads_the_config_world_size_as_the_scan_does(tmp_path, text, expected):
+    """One parser for fsdp_config.json's world_size: verify's mesh check takes the scan's (a 0 or a bool the scan
+    calls fsdp-config-invalid is no world size to compare a DeviceMesh with either)."""
+    from ckpt_audit.layouts.verl_fsdp import config_world_size
+    from ckpt_audit.rules.shards import parse_fsdp_config
+
+    (tmp_path / "fsdp_config.json").write_text(text)
+    assert config_world_size(str(tmp_path)) == expected == parse_fsdp_config("c", text)[0]
+    assert config_world_size(str(tmp_path / "absent")) is None
 
 
 def test_no_fsdp_config_is_noted(run_copy):

@@ -13,21 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 
 from ckpt_audit.killpoints import CATALOG_KILL_AFTER_ENV
 
 COMMIT_OP = 5  # record_scan's counted steps: scans row, runs+checkpoints, files+history+findings, summaries, commit
-
-
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ckpt_audit.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def tree_digest(root: Path) -> dict[str, tuple[str, int]]:
@@ -60,7 +50,7 @@ def scanned_then_broken(verl_run, tmp_path_factory) -> tuple[Path, Path, tuple]:
     run = base / "tree" / verl_run.parent.name / verl_run.name
     shutil.copytree(verl_run, run, symlinks=True)
     cat = base / "first.db"
-    assert cli("scan", str(run), "--catalog", str(cat)).returncode == 0
+    assert ckpt_audit("scan", str(run), "--catalog", str(cat)).returncode == 0
     (run / "global_step_2" / "actor" / "optim_world_size_2_rank_1.pt").unlink()
     return run, cat, catalog_state(cat)
 
@@ -72,7 +62,7 @@ def test_a_scan_killed_at_any_statement_leaves_tree_and_catalog_whole(scanned_th
     shutil.copy2(first, cat)
     before = tree_digest(run)
 
-    killed = cli("scan", str(run), "--catalog", str(cat), env={CATALOG_KILL_AFTER_ENV: str(kill_after)})
+    killed = ckpt_audit("scan", str(run), "--catalog", str(cat), env={CATALOG_KILL_AFTER_ENV: str(kill_after)})
     assert killed.returncode == -9, killed.stderr
     assert tree_digest(run) == before  # a scan never writes the tree, killed or not
 
@@ -82,10 +72,10 @@ def test_a_scan_killed_at_any_statement_leaves_tree_and_catalog_whole(scanned_th
     else:
         assert state[0] == old_state[0] + 1
         assert [(step, status) for step, status, _ in state[1]] == [(2, "incomplete"), (4, "complete"), (6, "complete")]
-    listed = cli("ls", "--json", "--catalog", str(cat))
+    listed = ckpt_audit("ls", "--json", "--catalog", str(cat))
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["runs"][0]["n_checkpoints"] == 3
 
-    again = cli("scan", str(run), "--catalog", str(cat))
+    again = ckpt_audit("scan", str(run), "--catalog", str(cat))
     assert again.returncode == 1, again.stderr  # the missing optimizer shard is an error finding
     assert [(s, st) for s, st, _ in catalog_state(cat)[1]] == [(2, "incomplete"), (4, "complete"), (6, "complete")]

@@ -16,20 +16,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit, unprivileged
 from scan_trees import flip_payload_byte
-
-SETPRIV = shutil.which("setpriv")
-UNPRIVILEGED = [] if os.geteuid() != 0 else [SETPRIV, "--bounding-set=-dac_override,-dac_read_search"]
 
 
 def cli(*args: str, catalog: Path, unprivileged: bool = False) -> subprocess.CompletedProcess:
-    prefix = UNPRIVILEGED if unprivileged else []
-    return subprocess.run(
-        [*prefix, sys.executable, "-m", "ckpt_audit.cli", *args, "--catalog", str(catalog)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return ckpt_audit(*args, "--catalog", catalog, as_user=unprivileged)
 
 
 def ls_run(run: Path, catalog: Path) -> dict:
@@ -172,7 +164,7 @@ def test_tui_browses_a_catalog_it_cannot_write(locked_down):
         asyncio.run(main())
     """)
     out = subprocess.run(
-        [*UNPRIVILEGED, sys.executable, "-c", script, str(cat)],
+        [*(unprivileged() or []), sys.executable, "-c", script, str(cat)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -80,3 +80,25 @@ def test_open_session_never_waits_and_checks_roots_first(tmp_path):
         assert recorded.scan_id == 1 and recorded.result.runs == ()
     with open_session(catalog) as session:  # the lock was released on the way out (flock: a second hold would fail)
         assert session.previous == {}  # the catalog exists now and lists no file
+
+
+@pytest.mark.slow
+def test_prune_hands_back_the_preview_whole_and_reports_through_one_progress(verl_run, copy_run, tmp_path):
+    """Session.prune takes plan_prune's preview as it is (scan, reclaim dirs, executor ride in it), records the
+    scan it came from, and reports each deletion through the one Progress shape: (done, total, line)."""
+    import time
+
+    from ckpt_audit.session.terms import KeepLast, Policy
+
+    run = copy_run(verl_run)
+    calls: list[tuple[int, int, str]] = []
+    with open_session(tmp_path / "c.db", roots=[run]) as s:
+        preview = s.plan_prune(Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
+        assert preview.scanned is not None and preview.executor is None and str(run) in preview.reclaim_dirs
+        done = s.prune(preview, confirmed=True, progress=lambda *call: calls.append(call))
+    gone = sorted(i.path for i in preview.plan.delete)
+    assert len(gone) == 2 and done.result is not None and not any(Path(p).exists() for p in gone)
+    deleted = [c for c in calls if c[2].startswith("deleted: ")]
+    assert [c[2] for c in deleted] == [f"deleted: {p}" for p in gone] and all(c[1] >= 2 for c in calls)
+    assert [c[0] for c in calls] == list(range(1, len(calls) + 1))
+    assert sqlite3.connect(tmp_path / "c.db").execute("SELECT COUNT(*) FROM scans").fetchone() == (1,)

@@ -340,7 +340,7 @@ def test_catalog_mode_and_locked_catalog(tree, tmp_path):
     drive(second, script)
 
 
-def test_cli_tui_rejects_missing_root_and_imports_textual_lazily(tmp_path):
+def test_cli_tui_rejects_missing_root_in_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["tui", str(tmp_path / "nope")], standalone_mode=False)
     assert result.exit_code != 0
     proc = subprocess.run(
@@ -351,5 +351,3 @@ def test_cli_tui_rejects_missing_root_and_imports_textual_lazily(tmp_path):
     )
     assert proc.returncode == 3
     assert proc.stderr.strip().count("\n") == 0 and "not a directory" in proc.stderr
-    code = "import sys, tui.command; assert 'textual' not in sys.modules"
-    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

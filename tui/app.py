@@ -14,9 +14,10 @@ from textual.binding import Binding
 
 from ckpt_audit.cli.common import CommandError, require_torch
 from ckpt_audit.models import Checkpoint, ScanResult, Severity, format_size
+from ckpt_audit.session import catalog_runs
 from tui.activity import ActivityBar
 from tui.screens.armed import ArmedModal
-from tui.snapshot import Snapshot, catalog_runs, scan_roots, verify_paths
+from tui.snapshot import Snapshot, scan_roots, verify_paths
 
 THROTTLE_NS = 100_000_000  # progress reaches the UI at most ten times a second
 
@@ -156,15 +157,10 @@ class AuditApp(App[None]):
 
     @work(thread=True, group="io", exit_on_error=False)
     def _prune_job(self, plan) -> None:
-        from ckpt_audit.lifecycle.prune import Action
-        from ckpt_audit.session import open_session
+        from ckpt_audit.session import open_session, preview_of
+        from ckpt_audit.session.terms import Action
 
-        total = len(plan.delete)
-        done = 0
-
-        def progress(outcome) -> None:
-            nonlocal done
-            done += 1
+        def progress(done: int, total: int, _line: str = "", /) -> None:
             self.call_from_thread(self._show, f"deleting {done}/{total}", done, total)
 
         planned = {i.run_path for i in (*plan.delete, *plan.keep)}
@@ -174,8 +170,7 @@ class AuditApp(App[None]):
             with open_session(self.catalog_path) as session:
                 # what the plan counts on is re-read now, after confirmation; a changed verdict: nothing is deleted
                 done = session.prune(
-                    plan,
-                    runs,
+                    preview_of(plan, runs),
                     confirmed=True,
                     progress=progress,
                     reread_progress=self._progress("re-reading survivors"),
@@ -219,7 +214,7 @@ class AuditApp(App[None]):
                     to,
                     dtype=dtype,
                     protected_roots=self.scan_targets(),
-                    progress=lambda done, total, _name: tick(done, total),
+                    progress=tick,
                 )
         except Exception as exc:  # noqa: BLE001 - ExportError carries a one-line reason
             return self._failed("exporting", exc)
@@ -259,7 +254,7 @@ class AuditApp(App[None]):
     def _progress(self, label: str):
         last = 0
 
-        def tick(done: int, total: int) -> None:
+        def tick(done: int, total: int, _item: str = "", /) -> None:  # a session.Progress
             nonlocal last
             now = time.monotonic_ns()
             if now - last >= THROTTLE_NS or done >= total:

@@ -9,17 +9,14 @@ they never overlap a cron run.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckpt_audit.lifecycle.links import Links, links_for
 from ckpt_audit.models import Run, ScanResult
-from ckpt_audit.session import browse
-
-Progress = Callable[[int, int], None]
+from ckpt_audit.session import Progress, browse, catalog_nodes
+from ckpt_audit.session.terms import Links, links_for
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,16 +35,6 @@ class Snapshot:
         return next((r for r in self.runs if r.path == path), None)
 
 
-def catalog_runs(catalog_path: Path) -> tuple[str, ...]:
-    """The run directories the catalog knows (still present at its last scan)."""
-    if not catalog_path.exists():
-        return ()
-    from ckpt_audit.catalog import read_catalog
-
-    with read_catalog(catalog_path) as cat:  # browsing needs no write access to the catalog or its directory
-        return tuple(r["path"] for r in cat.runs() if os.path.isdir(r["path"]))
-
-
 def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> Snapshot:
     """Scan `roots`, reusing the hashes the catalog holds, and record the scan unless the catalog is locked."""
     result, unrecorded = browse(roots, catalog_path, progress=progress)
@@ -63,19 +50,6 @@ def scan_roots(roots: Sequence[str], catalog_path: Path | None, *, progress: Pro
         nodes=catalog_nodes(catalog_path),
         links=links_for(roots, result.runs),
     )
-
-
-def catalog_nodes(catalog_path: Path | None) -> dict[str, tuple[str, ...]]:
-    """Which Ray node holds each file, as the last `scan --ray` recorded it; {} without one (or a catalog)."""
-    if catalog_path is None or not catalog_path.exists():
-        return {}
-    from ckpt_audit.catalog import CatalogError, read_catalog
-
-    try:
-        with read_catalog(catalog_path) as cat:
-            return cat.file_nodes()
-    except CatalogError:
-        return {}
 
 
 def verify_paths(paths: Sequence[str], catalog_path: Path | None, *, progress: Progress | None = None) -> ScanResult:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ckpt_audit import units
 from ckpt_audit.exitcodes import ExitCode
+
+if TYPE_CHECKING:
+    from click._termui_impl import ProgressBar
 
 SCHEMA_VERSION = 1
 CATALOG_ENV = "CKPT_AUDIT_CATALOG"
@@ -78,6 +83,40 @@ def session(ctx: click.Context, roots, catalog: str | None) -> Iterator:
     except Locked as exc:
         click.echo(f"ckpt-audit: {exc}", err=True)
         ctx.exit(int(ExitCode.LOCKED))
+
+
+class Bar:
+    """The CLI's one progress bar (a session.Progress) on stderr, only when stderr is a terminal (never in cron mail
+    or pipes): a `with` block, or `close()` when done."""
+
+    def __init__(self, label: str, *, enabled: bool) -> None:
+        self.label = label
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar: ProgressBar[Any] | None = None
+        self.done = 0
+
+    def __call__(self, done: int, total: int, item: str = "", /) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(
+                length=max(total, 1), label=self.label, file=sys.stderr, item_show_func=lambda i: (i or "")[:60]
+            )
+            self.bar.__enter__()
+        self.bar.length = max(total, done, 1)  # a total may grow as it is found (export's tensors)
+        self.bar.update(done - self.done, item)
+        self.done = done
+
+    def __enter__(self) -> Bar:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
 
 
 def emit_json(document: dict) -> None:

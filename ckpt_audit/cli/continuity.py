@@ -131,29 +131,28 @@ def continuity_command(
         ckpt-audit continuity tensorboard_log/my_project/my_exp --metric actor/pg_loss
         ckpt-audit continuity metrics.jsonl --junit-xml continuity.xml   # a CI test report per resume
     """
-    from ckpt_audit.continuity.audit import audit_log
-    from ckpt_audit.continuity.metrics import MetricsError, read_metrics
     from ckpt_audit.models import Severity
+    from ckpt_audit.session import SessionError
+    from ckpt_audit.session.continuity import audit_metrics
 
     for p in metrics:
         if not (p.is_file() or p.is_dir()):
             raise CommandError(f"{p}: no such file or directory")
     check_junit_writable(junit_xml)
     try:
-        log = read_metrics(metrics)
-        checkpoints = _catalog_checkpoints(catalog, run_path, metrics) if catalog is not None else ()
-        result = audit_log(
-            log,
+        result = audit_metrics(
+            metrics,
+            catalog_path=catalog,
+            run_path=run_path,
             metric=metric,
             resume_at=resume_at,
-            checkpoints=checkpoints,
             window=window,
             threshold=threshold,
             after=after,
             time_gap_s=time_gap,
             judge_checkpoints=at_checkpoints,
         )
-    except MetricsError as exc:
+    except SessionError as exc:
         raise CommandError(str(exc)) from None
     if plot_path is not None:
         write_plot(plot_path, result)
@@ -183,40 +182,6 @@ def write_plot(path: Path, result) -> None:
         path.write_text(render_svg(result), encoding="utf-8")
     except OSError as exc:
         raise CommandError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def _catalog_checkpoints(catalog: Path, run_path: Path | None, metrics) -> tuple:
-    from ckpt_audit.catalog import CatalogError, read_catalog
-    from ckpt_audit.continuity.metrics import MetricsError
-    from ckpt_audit.continuity.resume_points import CheckpointRef
-
-    if not catalog.is_file():
-        raise MetricsError(f"catalog {catalog} does not exist (run ckpt-audit scan first)")
-    try:
-        with read_catalog(catalog) as cat:
-            runs = cat.runs()
-            if run_path is not None:
-                wanted = os.path.realpath(run_path)
-                run = next((r for r in runs if os.path.realpath(r["path"]) == wanted), None)
-            else:
-                files = {os.path.realpath(p) for p in metrics}
-                run = next(
-                    (r for r in runs if r["metrics_path"] and os.path.realpath(r["metrics_path"]) in files), None
-                )
-                if run is None:
-                    dirs = {os.path.dirname(f) for f in files}
-                    run = next((r for r in runs if os.path.realpath(r["path"]) in dirs), None)
-            if run is None:
-                raise MetricsError(
-                    f"no run in catalog {catalog} for {run_path or ', '.join(map(str, metrics))}; name it with --run"
-                )
-            rows = cat.checkpoints(run["path"])
-    except CatalogError as exc:
-        raise MetricsError(str(exc)) from None
-    return tuple(
-        CheckpointRef(step=int(r["step"]), complete=r["status"] == "complete", mtime_ns=int(r["mtime_ns"] or 0))
-        for r in rows
-    )
 
 
 def _around(line: str, cut: int) -> str:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import CommandError, catalog_option, emit_json, session
+from ckpt_audit.cli.common import Bar, CommandError, catalog_option, emit_json, session
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -156,7 +155,7 @@ def export_command(
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf --dtype bf16 --max-shard-size 2GB --force
         ckpt-audit export ./out/checkpoint-500 --weights fp32 --to ./hf-fp32
     """
-    from ckpt_audit.lifecycle.export import ExportError, ExportRefused
+    from ckpt_audit.session.export_terms import ExportError, ExportRefused
     from ckpt_audit.units import parse_size
 
     if check_dir is not None:
@@ -175,7 +174,7 @@ def export_command(
         load_bytes = parse_size(max_load_size)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--max-load-size") from None
-    bar = _Progress(enabled=not as_json)
+    bar = Bar("exporting", enabled=not as_json)
     try:
         with session(ctx, (), catalog) as s:  # the catalog's lock, as every other command that writes it
             result = s.export(
@@ -189,7 +188,7 @@ def export_command(
                 allow_corrupt=allow_corrupt,
                 allow_unverified=allow_unverified,
                 max_load_size=load_bytes,
-                progress=bar.update,
+                progress=bar,
                 engine=engine,
                 weights=weights,
                 hf_config=hf_config,
@@ -256,21 +255,3 @@ def _checked(result) -> str:
     else:
         model = "config.json agrees with the tensors"
     return f"{back}; {source}; {model}; {result.model_load}"
-
-
-class _Progress:
-    """Tensor count on stderr, only when stderr is a terminal."""
-
-    def __init__(self, *, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.shown = False
-
-    def update(self, done: int, total: int, name: str) -> None:
-        if self.enabled:
-            click.echo(f"\r{done}/{total} {name[:60]:<60}", err=True, nl=False)
-            self.shown = True
-
-    def close(self) -> None:
-        if self.shown:
-            click.echo("", err=True)
-            self.shown = False

@@ -48,7 +48,7 @@ def fix_tracker_command(ctx: click.Context, run, yes, in_progress_window, as_jso
         ckpt-audit fix-tracker /ckpts/proj/exp          # dry run: what is wrong and what it would write
         ckpt-audit fix-tracker --yes /ckpts/proj/exp    # rewrite it (old content kept beside it)
     """
-    from ckpt_audit.lifecycle.tracker_fix import FixError
+    from ckpt_audit.session.tracker_terms import FixError
 
     with session(ctx, [run], catalog) as s:
         plan = s.plan_fix_tracker(run, in_progress_window_s=in_progress_window)

@@ -77,7 +77,6 @@ def latest_command(
         ckpt-audit latest --json /ckpts/proj/exp | jq '.passed_over[].reasons'
         tag=$(ckpt-audit latest --verified --print tag /ckpts/ds/save_dir) || exit 1   # load_checkpoint(tag=$tag)
     """
-    from ckpt_audit.layouts.deepspeed import NAME as DEEPSPEED
     from ckpt_audit.session import SessionError, latest
 
     max_age_ns = max_age if max_age is not None else period or 0
@@ -92,10 +91,9 @@ def latest_command(
     except SessionError as exc:
         raise CommandError(str(exc)) from None
     g = answer.gate
-    deepspeed = answer.run.layout == DEEPSPEED
-    if what == "tag" and not deepspeed:  # only DeepSpeed's load takes a tag
+    if what == "tag" and not answer.takes_tag:  # only DeepSpeed's load takes a tag
         raise click.UsageError(f"--print tag: {answer.run.path} is a {answer.run.layout} run, not a DeepSpeed one")
-    tag = g.chosen.path.rsplit("/", 1)[-1] if g.chosen is not None and deepspeed else None
+    tag = answer.tag
     code = ExitCode.OK if g.chosen is not None else ExitCode.FINDINGS
     if as_json:
         chosen = g.chosen

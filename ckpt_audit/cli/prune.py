@@ -108,8 +108,8 @@ def prune_command(
         ckpt-audit prune /ckpts --keep-last 2 --keep-every 1000 --keep-best 1 --metric loss --yes
         ckpt-audit prune runs/ --keep-within 7d --pin runs/p/e/global_step_500 --json --yes
     """
-    from ckpt_audit.lifecycle.retention import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy
     from ckpt_audit.session import PlanError
+    from ckpt_audit.session.terms import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy
 
     # click's Path has made s3://b of a URL s3:/b. docs/remote.md: not yet, rather than a prune without its invariants
     if any(str(r).startswith(("s3:/", "gs:/")) for r in roots):
@@ -125,9 +125,9 @@ def prune_command(
     if keep_best is not None:
         rules.append(KeepBest(n=keep_best, metric=metric, mode=mode))  # the session reads the metric's values
     policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
-    cluster = None
     if ray_address is not None:
-        from ckpt_audit.cli.ray_prune import plan_on_cluster, report_nodes, require_ray
+        from ckpt_audit.cli.ray_prune import report_nodes, require_ray
+        from ckpt_audit.session.cluster import plan_prune_on_cluster
 
         require_ray(ctx)
 
@@ -136,14 +136,14 @@ def prune_command(
             # the preview is checked for a person to read (--dry-run, the prompt); --yes reads once, just before acting
             check = dry_run or not yes
             if ray_address is not None:
-                preview, cluster = plan_on_cluster(
+                preview = plan_prune_on_cluster(
                     s, roots, policy, pins=pins, address=ray_address, now_ns=time.time_ns(), check=check
                 )
             else:
                 preview = s.plan_prune(policy, pins=pins, now_ns=time.time_ns(), check=check)
         except PlanError as exc:
             raise click.UsageError(str(exc)) from None
-        roots, plan, trash = list(s.roots), preview.plan, list(preview.trash)
+        roots, plan, trash, cluster = list(s.roots), preview.plan, list(preview.trash), preview.executor
         if not as_json:
             _render_plan(plan, trash)
             _render_check(preview.check, "" if preview.checked else "immediately before the first deletion")
@@ -166,16 +166,7 @@ def prune_command(
             ):
                 click.echo("nothing deleted", err=True)
                 ctx.exit(int(ExitCode.OK))
-        done = s.prune(
-            plan,
-            preview.check.runs,
-            confirmed=not yes,
-            scanned=preview.scanned,
-            reclaim_dirs=preview.reclaim_dirs,
-            progress=None if as_json else _progress,
-            reread=None if cluster is None else cluster.reread,
-            execute=None if cluster is None else cluster.execute,
-        )
+        done = s.prune(preview, confirmed=not yes, progress=None if as_json else _progress)
     check, outcome = done.check, done.result
     if not as_json:
         _render_check(check, "just now, " + ("immediately before the first deletion" if yes else "after confirmation"))
@@ -195,8 +186,8 @@ def prune_command(
 
 
 def _finish(ctx, as_json, check, trash, outcome, *, roots, cluster=None) -> None:
-    from ckpt_audit.lifecycle.prune import Action
     from ckpt_audit.models import format_size
+    from ckpt_audit.session.terms import Action
 
     if as_json:
         emit_json(_document(check, trash, outcome, roots, cluster))
@@ -227,8 +218,8 @@ def _document(check, trash, outcome, roots, cluster=None) -> dict:
 
 
 def _render_plan(plan, trash) -> None:
-    from ckpt_audit.lifecycle.retention import EXPLAIN
     from ckpt_audit.models import format_size
+    from ckpt_audit.session.terms import EXPLAIN
 
     click.echo(f"policy: {plan.policy.describe()}")
     rows = [("DELETE", i) for i in plan.delete] + [("keep", i) for i in plan.keep]
@@ -264,5 +255,5 @@ def _render_check(check, when: str) -> None:
             click.echo(f"    {f.code}: {f.path}: {f.message}")
 
 
-def _progress(outcome) -> None:
-    click.echo(f"{outcome.action}: {outcome.path}" + (f" ({outcome.detail})" if outcome.detail else ""), err=True)
+def _progress(_done: int, _total: int, line: str = "", /) -> None:
+    click.echo(line, err=True)  # each outcome's line, as it happens

@@ -1,4 +1,5 @@
-"""scan --ray: the node-local placement on a Ray cluster (ckpt_audit.cluster), recorded and rendered as a scan."""
+"""scan --ray: the node-local placement on a Ray cluster (ckpt_audit.session.cluster), recorded and rendered as a
+scan."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import click
 
 from ckpt_audit.cli.common import (
-    CommandError,
     check_junit_writable,
     emit_json,
     session,
@@ -39,32 +39,30 @@ def run_ray_scan(
     """Map on every alive node (each reusing the catalog's facts about its own copies), reduce here, judge over
     the union, record which node holds what. Without Ray, or with --deep: one line, exit 2."""
     from ckpt_audit import report
-    from ckpt_audit.cluster import ray_scan
+    from ckpt_audit.session.cluster import RayUnavailable, require_ray, scan_on_cluster
 
     if deep:
         click.echo(f"ckpt-audit: {DEEP_REFUSED}", err=True)
         ctx.exit(int(ExitCode.USAGE))
     try:
-        ray_scan.import_ray()
-    except ray_scan.RayUnavailable as exc:
+        require_ray()
+    except RayUnavailable as exc:
         click.echo(f"ckpt-audit: {exc}", err=True)
         ctx.exit(int(ExitCode.USAGE))
     check_junit_writable(junit_xml)
     threshold = report.FAIL_ON[fail_on]
-    logical = [os.path.abspath(os.fspath(r)) for r in roots]
-    options = ray_scan.NodeScanOptions(workers=workers, rehash=rehash, scrub=scrub)
     with session(ctx, roots, catalog) as s:
-        memory = _node_memory(s.catalog_path)
-        result = ray_scan.scan_cluster(
-            logical,
+        recorded = scan_on_cluster(
+            s,
+            roots,
             address=address,
             in_progress_window_s=in_progress_window,
-            options=options,
-            memory=memory,
-            gone_after_s=ray_scan.DEFAULT_GONE_AFTER_S if gone_after_ns is None else gone_after_ns / 1e9,
-            deep=s.kept_deep(),
+            workers=workers,
+            rehash=rehash,
+            scrub=scrub,
+            gone_after_s=None if gone_after_ns is None else gone_after_ns / 1e9,
         )
-        scan_id = s.record(result, rehash=rehash)
+    result, scan_id = recorded.result, recorded.scan_id
     if metrics_file is not None:
         write_metrics_file(metrics_file, result, scrub)
     code = ExitCode.FINDINGS if report.failing(result, threshold) else ExitCode.OK
@@ -82,16 +80,3 @@ def run_ray_scan(
 
 
 DEEP_REFUSED = "scan --ray --deep is not supported: run `ckpt-audit verify` on each node (docs/ray.md)"
-
-
-def _node_memory(catalog_path):
-    """What the catalog knows of each node's copies (none without a catalog)."""
-    from ckpt_audit.catalog.manifest import CatalogError
-    from ckpt_audit.catalog.node_memory import NodeMemory, read_nodes
-
-    if catalog_path is None:
-        return NodeMemory(facts={}, last_answered_ns={})
-    try:
-        return read_nodes(catalog_path)
-    except CatalogError as exc:
-        raise CommandError(str(exc)) from None

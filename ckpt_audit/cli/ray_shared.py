@@ -3,7 +3,6 @@ one (cli/ray.py). Shared is the local scan (cli/scan.run_scan) with the reads sp
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import click
@@ -21,20 +20,15 @@ def run_if_shared(
     exit 2 (as node-local). --deep is left to node-local, which refuses it."""
     if placement == "node-local" or deep:
         return False
-    from ckpt_audit.cluster import ray_scan, shared
+    from ckpt_audit.session.cluster import RayUnavailable, shared_reader
 
     try:
-        ray = ray_scan.import_ray()
-    except ray_scan.RayUnavailable as exc:
+        reader = shared_reader(roots, address=address, placement=placement)
+    except RayUnavailable as exc:
         click.echo(f"ckpt-audit: {exc}", err=True)
         ctx.exit(int(ExitCode.USAGE))
-    if not ray.is_initialized():
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    logical = [os.path.realpath(os.path.abspath(os.fspath(r))) for r in roots]
-    chosen, nodes = shared.resolve_placement(ray, placement, logical)
-    if chosen != "shared":
+    if reader is None:
         return False
-    reader = shared.RayReader(nodes=nodes)
 
     def extra() -> dict:
         return {"ray": True, "placement": placement_doc(reader)}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ import click
 from ckpt_audit.cli.common import (
     DURATION,
     SIZE,
+    Bar,
     CommandError,
     catalog_option,
     check_junit_writable,
@@ -27,7 +27,7 @@ from ckpt_audit.exitcodes import ExitCode
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 
 if TYPE_CHECKING:
-    from click._termui_impl import ProgressBar
+    pass
 
 
 def scan_options(f):
@@ -183,7 +183,7 @@ def scan_command(
         ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
         ckpt-audit scan --junit-xml scan.xml /ckpts                  # CI: one test case per checkpoint
     """
-    from ckpt_audit.scan.scrub import ScrubPolicy
+    from ckpt_audit.session import ScrubPolicy
 
     # for this command only (click closes them with its context: a test's CliRunner runs many in one process)
     if store_checksums:
@@ -255,7 +255,8 @@ def run_scan(
     check_junit_writable(junit_xml)
     options = dict(workers=workers, rehash=rehash, in_progress_window_s=in_progress_window, scrub=scrub)
     with session(ctx, paths, catalog) as s:
-        with _progress(enabled=not as_json and not quiet) as progress:
+        with Bar("hashing", enabled=not as_json and not quiet) as bar:
+            progress = bar if bar.enabled else None
             done = (
                 s.verify(paths, progress=progress, **options)
                 if deep
@@ -279,29 +280,6 @@ def run_scan(
         for line in report.render_text(result, quiet=quiet, fail_on=threshold):
             click.echo(line)
     ctx.exit(int(code))
-
-
-class _progress:
-    """A byte progress bar on stderr, only when stderr is a terminal (never in cron mail or pipes)."""
-
-    def __init__(self, *, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.bar: ProgressBar[int] | None = None
-        self.done = 0
-
-    def __enter__(self):
-        return self.update if self.enabled else None
-
-    def update(self, done: int, total: int) -> None:
-        if self.bar is None:
-            self.bar = click.progressbar(length=max(total, 1), label="hashing", file=sys.stderr)
-            self.bar.__enter__()
-        self.bar.update(done - self.done)
-        self.done = done
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from ckpt_audit.codes import finding
 from ckpt_audit.layouts import TextRead, component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
+from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules import megatron_v2, save_order, shards, status, tracker
 from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
@@ -242,6 +243,19 @@ class VerlFsdp:
             mtime_ns=mtime,
         )
         return replace(ckpt, findings=ckpt.findings + shards.check_step(ckpt, sft=sft))
+
+
+def config_world_size(role_dir: str) -> int | None:
+    """The world_size a component's fsdp_config.json names, read now and parsed as the scan parses it
+    (rules.shards.parse_fsdp_config; verify's mesh check): None when absent, unreadable or unusable (the scan
+    says why)."""
+    path = f"{role_dir}/fsdp_config.json"
+    try:
+        with open(path, "rb") as f:
+            text = f.read(bounded_json.MAX_FILE + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return shards.parse_fsdp_config(path, text)[0]
 
 
 def _hf_checkpoint(d: str, tree: Tree) -> bool:

@@ -71,7 +71,7 @@ from ckpt_audit.lifecycle.export_guard import (
     step_and_run,
 )
 from ckpt_audit.lifecycle.export_model import Load, check_config, load_with_transformers, source_config_problem
-from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, StreamUnsupported
+from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, StreamUnsupported, output_shards
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
@@ -937,28 +937,8 @@ def _export(
 
 
 def _write_model(tmp: Path, tensors: list[_Tensor], target, max_shard_size: int, tick, ranges, torch) -> None:
-    groups: list[list[_Tensor]] = [[]]
-    size = 0
-    for t in tensors:
-        n = _nbytes(t, target, torch)
-        if groups[-1] and size + n > max_shard_size:
-            groups.append([])
-            size = 0
-        groups[-1].append(t)
-        size += n
-    if len(groups) == 1:
-        _write_file(tmp / "model.safetensors", groups[0], target, tick, ranges, torch)
-        return
-    weight_map = {}
-    for i, group in enumerate(groups, 1):
-        name = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+    for name, group in output_shards(tensors, lambda t: _nbytes(t, target, torch), max_shard_size, tmp):
         _write_file(tmp / name, group, target, tick, ranges, torch)
-        weight_map.update({t.name: name for t in group})
-    index = {
-        "metadata": {"total_size": sum(_nbytes(t, target, torch) for t in tensors)},
-        "weight_map": dict(sorted(weight_map.items())),
-    }
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _write_file(path: Path, tensors: list[_Tensor], target, tick, ranges, torch) -> None:

@@ -28,9 +28,10 @@ import json
 import mmap
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import xxhash
 
@@ -38,6 +39,14 @@ from ckpt_audit.readers import safetensors_header
 from ckpt_audit.readers.pt import PtStructure, TensorInfo, read_pt_structure
 from ckpt_audit.readers.ptzip import ZipEntry, ZipFormatError, payload_offset
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
+
+
+class _Named(Protocol):  # an output tensor of either engine (Planned here, export._Tensor)
+    @property
+    def name(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Named)
 
 try:  # isal's crc32 runs ~4x faster than the system zlib's (bench/README.md, bench_hash)
     from isal.isal_zlib import crc32 as _crc32
@@ -371,7 +380,7 @@ def export_tensors(
             )
         hashes: dict[str, tuple[int, str]] = {}
         written: list[tuple[Path, list[Planned], _Written]] = []
-        for rel, group in _groups(base, target, max_shard_size, tmp):
+        for rel, group in output_shards(base, lambda t: t.nbytes(target), max_shard_size, tmp):
             written.append((tmp / rel, group, _write_file(tmp / rel, group, target, maps, tick, check_crc)))
         if lora:
             (tmp / "lora_adapter").mkdir()
@@ -395,12 +404,16 @@ def export_tensors(
     )
 
 
-def _groups(tensors: list[Planned], target, max_shard_size: int, tmp: Path) -> Iterator[tuple[str, list[Planned]]]:
-    """model.safetensors, or model-i-of-n files and their index, split as the torch engine splits them."""
-    groups: list[list[Planned]] = [[]]
+def output_shards(
+    tensors: Sequence[T], nbytes: Callable[[T], int], max_shard_size: int, tmp: Path
+) -> Iterator[tuple[str, list[T]]]:
+    """The output files of both engines, as save_pretrained names them: model.safetensors, or model-i-of-n files
+    (a new one begun before a tensor that would take the current one past `max_shard_size`) and, once every file
+    has been yielded, their index in `tmp`."""
+    groups: list[list[T]] = [[]]
     size = 0
     for t in tensors:
-        n = t.nbytes(target)
+        n = nbytes(t)
         if groups[-1] and size + n > max_shard_size:
             groups.append([])
             size = 0
@@ -415,7 +428,7 @@ def _groups(tensors: list[Planned], target, max_shard_size: int, tmp: Path) -> I
         yield name, group
         weight_map.update({t.name: name for t in group})
     index = {
-        "metadata": {"total_size": sum(t.nbytes(target) for t in tensors)},
+        "metadata": {"total_size": sum(nbytes(t) for t in tensors)},
         "weight_map": dict(sorted(weight_map.items())),
     }
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

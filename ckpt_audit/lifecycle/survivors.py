@@ -18,15 +18,15 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
-from ckpt_audit.codes import finding
+from ckpt_audit.codes import UNREAD_CODES, finding
 from ckpt_audit.lifecycle.latest import resumes_as_is
-from ckpt_audit.lifecycle.prune import Action, Outcome
+from ckpt_audit.lifecycle.prune import Action, Outcome, PruneResult
 from ckpt_audit.lifecycle.retention import PrunePlan, Reason, plan_prune
 from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
 from ckpt_audit.readers import hashing
 from ckpt_audit.rules import files as file_rules
-from ckpt_audit.rules.status import UNREAD_CODES
 from ckpt_audit.units import format_utc
 
 Progress = Callable[[int, int], None]  # (bytes re-read, bytes to re-read in this round)
@@ -110,6 +110,26 @@ class SurvivorCheck:
             f"{format_size(self.bytes_reread)} in {files} file(s): "
             + ("all match the scan" if not bad else f"{len(bad)} FAILED, plan recomputed")
         )
+
+
+class Executor(Protocol):
+    """Who re-reads a checkpoint and carries a plan out when not this process (`reread` and prune.execute here;
+    prune --ray: cluster.ray_prune.Cluster, on the nodes holding each checkpoint)."""
+
+    def reread(self, ckpt: Checkpoint, **options) -> Reread: ...
+
+    def execute(
+        self,
+        plan: PrunePlan,
+        *,
+        catalog=None,
+        progress: Callable[[Outcome], None] | None = None,
+        reclaim_dirs: Iterable[str] = (),
+        exec_id: str | None = None,
+        reread: Iterable[Outcome] = (),
+    ) -> PruneResult:
+        """As lifecycle.prune.execute."""
+        ...
 
 
 def verify_plan(

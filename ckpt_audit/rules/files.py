@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ckpt_audit.codes import finding
+from ckpt_audit.codes import ITEM_PICKLE_CODES, ZIP_RULE_CODES, finding
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.readers.problem import Problem
 
@@ -29,26 +29,6 @@ def reads_structure(path: str, *, kind: str, is_zip: bool, zip_error: Problem | 
 # Kinds the layouts name that are never torch.save zips though their bytes may start like one: a .distcp is
 # torch.save blobs back to back (verify checks its byte ranges against .metadata). The zip rules skip them.
 NOT_TORCH_ZIP = frozenset({FileKind.DISTCP})
-# what the zip rules (a digest's zip error, CRCs, prefix) and the structure rules can say of a file
-ZIP_RULE_CODES = frozenset(
-    {
-        "bad-zip",
-        "truncated",
-        "not-a-zip",
-        "zip-prefix-mismatch",
-        "not-a-torch-archive",
-        "bad-pickle",
-        "storage-size-mismatch",
-        "crc-mismatch",
-        "unsafe-pickle",
-        "legacy-pickle-format",
-        "raw-pickle",
-    }
-)
-
-
-# what the scan says of a .distcp's items' pickles (read_item_pickles), which the zip rules never said of one
-ITEM_PICKLE_CODES = frozenset({"unsafe-pickle", "pickle-over-bounds"})
 
 
 def judged_as(kind: FileKind, findings: Iterable[Finding]) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from ckpt_audit.codes import CODES, finding
+from ckpt_audit.codes import CODES, UNREAD_CODES, UNSAFE_CODES, finding
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S, Checkpoint, FileKind, Finding, Severity, Status
 
 if TYPE_CHECKING:
@@ -49,25 +49,6 @@ def is_in_progress(ckpt: Checkpoint, *, tracker_step: int | None, ctx: ScanConte
     committed = tracker_step is not None and ckpt.step <= tracker_step
     return recent and not committed
 
-
-# what says "this entry was not read", as opposed to "this entry was read and is bad": a checkpoint holding one is
-# unknown, and unknown is never disposable (a broken link was read: its target is missing)
-UNREAD_CODES = frozenset(
-    {
-        "unreadable",
-        "symlink-outside-root",
-        "symlink-loop",
-        "file-vanished",
-        "non-utf8-name",
-        "remote-unverified",  # an object store's object judged by its listing alone (ckpt_audit.remote)
-        "upload-in-progress",
-    }
-)
-
-
-# what says "resuming from this would run code": a pickle that names a global outside the allowlist, or one whose
-# load would exhaust memory or the stack (pickle-over-bounds)
-UNSAFE_CODES = frozenset({"unsafe-pickle", "pickle-over-bounds"})
 
 # verdicts from worst to best: the first that applies is the status (verify's rejudge keeps the same order)
 PRECEDENCE = (

@@ -75,7 +75,6 @@ def demo_command(ctx: click.Context, directory: Path, world_size: int) -> None:
         ckpt-audit demo /tmp/demo && ckpt-audit ls --catalog /tmp/demo/catalog.db
     """
     from ckpt_audit import report
-    from ckpt_audit.scan import scan
     from ckpt_audit.session import Locked, SessionError, open_session
 
     require_torch("demo", TRAINER_MODULES)  # before the directory is made
@@ -85,8 +84,9 @@ def demo_command(ctx: click.Context, directory: Path, world_size: int) -> None:
         run = build_demo_tree(directory, world_size=world_size)
     except ImportError as exc:
         raise CommandError(f"the demo needs the reference trainer (harness) and torch: {exc}") from None
-    result = scan([run.parent.parent])  # a fresh read, whatever an earlier demo recorded
     try:
+        with open_session(None, roots=[run.parent.parent]) as fresh:  # no catalog: a fresh read, whatever an
+            result = fresh.scan(record=False).result  # earlier demo recorded
         with open_session(directory / "catalog.db") as session:
             session.record(result)
     except SessionError as exc:

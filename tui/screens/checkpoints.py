@@ -16,8 +16,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static
 
-from ckpt_audit.lifecycle.retention import EXPLAIN, KeepEvery, KeepLast, Policy, PrunePlan, plan_prune
 from ckpt_audit.models import Checkpoint, Run, format_size
+from ckpt_audit.session.terms import EXPLAIN, KeepEvery, KeepLast, Policy, PrunePlan, plan_prune
 from tui import cells
 from tui.activity import ActivityBar
 from tui.snapshot import Snapshot

@@ -14,8 +14,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, DataTable, Label
 
-from ckpt_audit.lifecycle.retention import PrunePlan
 from ckpt_audit.models import format_size
+from ckpt_audit.session.terms import PrunePlan
 from tui import cells
 from tui.screens.armed import ArmedModal
 

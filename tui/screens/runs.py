@@ -10,8 +10,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from ckpt_audit.lifecycle.retention import read_metric
 from ckpt_audit.models import Run
+from ckpt_audit.session.terms import read_metric
 from ckpt_audit.units import format_size
 from tui import cells
 from tui.activity import ActivityBar
@@ -78,7 +78,7 @@ class RunsScreen(Screen):
         if not series:
             return ""
         try:
-            from ckpt_audit.continuity import sparkline
+            from ckpt_audit.continuity.sparkline import sparkline
         except ImportError:  # continuity is optional to this view: a missing curve beats a dead screen
             return ""
         values = [series[s] for s in sorted(series)]

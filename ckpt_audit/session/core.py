@@ -1,18 +1,8 @@
-"""The one service layer under both front ends: a catalog held under its lock, with the actions as calls.
-
-The CLI and the TUI do the same thing for the same action because both call these: `scan`, `verify`,
-`plan_prune` then `prune`, `export` (and `record` for a scan made elsewhere). Every catalog write either front end
-makes goes through a `Session`, which exists only while its lock (ckpt_audit/lock.py) is held, so a write never
-overlaps a cron run.
-Front ends only parse, call, render and map errors to exit codes; nothing here prints.
+"""The session itself: a catalog held under its lock, with the actions as calls (see ckpt_audit.session).
 
 Opening: `with open_session(catalog_path, roots=...) as s:` checks the roots, probes the catalog, then holds the
 lock for the whole body; it raises SessionError (a bad root or catalog: exit 3) or lock.Locked (exit 4) and
 never waits. The catalog itself is opened on first write, so a scan reads files before sqlite_utils is imported.
-
-Reads never wait for the lock: `browse` scans with the catalogued hashes (a WAL read, fine while a cron run
-writes) and records through a session only if the lock is free; `latest` (the resume gate) does the same for one
-run; `reading` opens the catalog read-only for `ls`, `show` and viewers.
 
 A new action is one more method (as `plan_fix_tracker` then `fix_tracker`): do the work, write through
 `self.catalog`.
@@ -25,29 +15,37 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ckpt_audit import lock
-from ckpt_audit.answers import LatestAnswer, Pruned, PrunePreview, Recorded, TrackerPlan, TrackerWrite
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
 from ckpt_audit.scan import Reader, ScanError, check_root
 from ckpt_audit.scan import scan as scan_roots
+from ckpt_audit.scan.scrub import ScrubPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
+    from ckpt_audit.answers import Pruned, PrunePreview, Recorded, TrackerPlan, TrackerWrite
     from ckpt_audit.catalog.store import Catalog
     from ckpt_audit.lifecycle.export import ExportResult
-    from ckpt_audit.lifecycle.prune import Outcome, PruneResult
+    from ckpt_audit.lifecycle.prune import Outcome
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
+    from ckpt_audit.lifecycle.survivors import Executor, SurvivorCheck
     from ckpt_audit.models import FileFacts, Run, ScanResult
     from ckpt_audit.rules.deep_verdict import DeepVerdict
-    from ckpt_audit.scan.scrub import ScrubPolicy
 
-Progress = Callable[[int, int], None]
 StrPath = str | os.PathLike[str]  # a catalog path as the front ends hold it (the CLI: str; the TUI: Path)
 Locked = lock.Locked
+
+
+class Progress(Protocol):
+    """The one progress callback every action takes and every front end's bar implements: `done` of `total` units
+    (bytes read by scan, verify and a survivor re-read; tensors written by export; plan items acted on by prune)
+    and, where there is one, the item just finished (a tensor's name, a prune outcome's one-line account).
+    Callers of fewer arguments (the scan's (done, total)) fit it as they are."""
+
+    def __call__(self, done: int, total: int, item: str = "", /) -> None: ...
 
 
 class SessionError(Exception):
@@ -129,11 +127,12 @@ class Session:
                 scrub=scrub,
                 now_ns=now_ns,
                 reader=reader,
-                deep=_kept_deep(self.catalog_path, conn=verdicts.connection() if verdicts is not None else None),
+                deep=read_kept_deep(self.catalog_path, conn=verdicts.connection() if verdicts is not None else None),
             )
         finally:
             if verdicts is not None:
                 verdicts.close()  # the kept runs' rows (LaterRows) reopen it if a report asks for them
+        from ckpt_audit.answers import Recorded  # after the reads: off the scan's start-up (issue 16)
 
         return Recorded(result=result, scan_id=self.record(result, rehash=rehash) if record else None)
 
@@ -149,7 +148,9 @@ class Session:
     ) -> Recorded:
         """Scan `paths`, then deepen, and record it. `rehash` True: every file is re-read by content whatever its
         stat says, as `ckpt-audit verify` does unless --trust-cache."""
-        result = _verify(
+        from ckpt_audit.answers import Recorded
+
+        result = verify_paths(
             paths,
             workers=workers,
             rehash=rehash,
@@ -162,7 +163,7 @@ class Session:
 
     def kept_deep(self) -> dict[str, DeepVerdict]:
         """The deep verdicts the catalog keeps, read now: every judgement but verify's own binds to them."""
-        return _kept_deep(self.catalog_path)
+        return read_kept_deep(self.catalog_path)
 
     def record(self, result: ScanResult, *, rehash: bool = False) -> int | None:
         """Record a scan made elsewhere (the demo's, a browse); returns its scan id (None without a catalog)."""
@@ -175,16 +176,18 @@ class Session:
         *,
         pins: Iterable[str] = (),
         now_ns: int,
-        scanned: ScanResult | None = None,
-        reread: Callable | None = None,
         check: bool = True,
+        scanned: ScanResult | None = None,
+        executor: Executor | None = None,
     ) -> PrunePreview:
-        """Scan the session's roots (not recorded: prune records its scan only once it deletes), fill any best-N
-        rule with its metric's values, plan, and (`check`) re-read what the plan counts on, so the plan shown is
-        the checked one. Writes nothing. Raises PlanError. prune --ray passes the cluster's union scan (`scanned`)
-        and its nodes' re-read (`reread`)."""
+        """The executable plan: scan the session's roots (not recorded: prune records its scan only once it
+        deletes), fill any best-N rule with its metric's values, plan, and (`check`) re-read what the plan counts
+        on, so the plan shown is the checked one. Writes nothing; hand the preview back whole to `prune`. Raises
+        PlanError. `scanned` / `executor`: a scan made elsewhere and who re-reads and deletes (prune --ray's union
+        scan and its nodes: session.cluster.plan_prune_on_cluster)."""
         import dataclasses
 
+        from ckpt_audit.answers import PrunePreview
         from ckpt_audit.lifecycle.links import links_for
         from ckpt_audit.lifecycle.prune import find_trash
         from ckpt_audit.lifecycle.retention import KeepBest, metric_problem, plan_prune, read_metric
@@ -209,55 +212,52 @@ class Session:
         links = links_for(self.roots, runs)
         plan = plan_prune(runs, policy, now_ns=now_ns, pins=pin_paths, links=links)
         # the plan shown (and asked about) is the one whose survivors were re-read
-        survivors = self.check_survivors(plan, runs, reread=reread) if check else SurvivorCheck(plan=plan, runs=runs)
+        reread = None if executor is None else executor.reread
+        survivors = verify_plan(plan, runs, read=reread) if check else SurvivorCheck(plan=plan, runs=runs)
         reclaim = tuple(sorted({r.path for r in runs} | {os.path.dirname(c.path) for r in runs for c in r.checkpoints}))
         return PrunePreview(
-            scanned=scanned, check=survivors, checked=check, trash=tuple(find_trash(reclaim)), reclaim_dirs=reclaim
+            scanned=scanned,
+            check=survivors,
+            checked=check,
+            trash=tuple(find_trash(reclaim)),
+            reclaim_dirs=reclaim,
+            executor=executor,
         )
-
-    def check_survivors(
-        self, plan: PrunePlan, runs: Sequence[Run], *, progress: Progress | None = None, reread: Callable | None = None
-    ):
-        """Re-read what `plan` counts on (lifecycle.survivors.verify_plan); nothing is written."""
-        from ckpt_audit.lifecycle.survivors import verify_plan
-
-        return verify_plan(plan, runs, progress=progress, read=reread)
 
     def prune(
         self,
-        plan: PrunePlan,
-        runs: Sequence[Run],
+        preview: PrunePreview,
         *,
         confirmed: bool,
-        scanned: ScanResult | None = None,
-        reclaim_dirs: Iterable[str] = (),
-        progress: Callable[[Outcome], None] | None = None,
+        progress: Progress | None = None,
         reread_progress: Progress | None = None,
-        reread: Callable | None = None,
-        execute: Callable[..., PruneResult] | None = None,
     ) -> Pruned:
-        """Re-read what `plan` counts on now, immediately before the first deletion (`check_survivors`), then delete
-        the checked plan crash-safely, logged in the catalog. Both front ends call this once they may act: after a
-        person confirmed `plan` (`confirmed`: if the re-read changes what goes, nothing is deleted and the result is
-        None) or at once (prune --yes: the checked plan is executed). First the scan the plan came from
-        (`scanned`) is recorded and what the re-read found is kept (a failure must outlive the next cached scan).
-        `reread` / `execute`: who re-reads a checkpoint and who carries the plan out (prune --ray: the nodes)."""
+        """Carry out `preview` (plan_prune's, or `preview_of` a plan made elsewhere): re-read what its plan counts on
+        now, immediately before the first deletion, then delete the checked plan crash-safely, logged in the
+        catalog. Both front ends call this once they may act: after a person confirmed the plan (`confirmed`: if
+        the re-read changes what goes, nothing is deleted and the result is None) or at once (prune --yes: the
+        checked plan is executed). First the scan the plan came from is recorded and what the re-read found is kept
+        (a failure must outlive the next cached scan). `progress`: each outcome as it happens, counted against
+        the checkpoints the checked plan deletes, its line as the item."""
+        from ckpt_audit.answers import Pruned
         from ckpt_audit.catalog.lifecycle import LifecycleLog
         from ckpt_audit.lifecycle import prune
 
-        check = self.check_survivors(plan, runs, progress=reread_progress, reread=reread)
+        plan, executor = preview.plan, preview.executor
+        reread = None if executor is None else executor.reread
+        check = verify_plan(plan, preview.check.runs, progress=reread_progress, read=reread)
         cat = self.catalog
         if cat is not None:
-            if scanned is not None:
-                cat.record_scan(scanned)
+            if preview.scanned is not None:
+                cat.record_scan(preview.scanned)
             cat.record_rereads(check.rereads)
         if confirmed and {i.path for i in check.plan.delete} != {i.path for i in plan.delete}:
             return Pruned(check=check, result=None)
-        result = (execute or prune.execute)(
+        result = (prune.execute if executor is None else executor.execute)(
             check.plan,
             catalog=None if cat is None else LifecycleLog(cat.db),
-            reclaim_dirs=reclaim_dirs,
-            progress=progress,
+            reclaim_dirs=preview.reclaim_dirs,
+            progress=None if progress is None else _per_outcome(progress, len(check.plan.delete)),
             reread=check.outcomes(),
         )
         return Pruned(check=check, result=result)
@@ -280,6 +280,7 @@ class Session:
     ) -> TrackerPlan:
         """Scan `run` (recorded: the catalog sees the run now), read its tracker and plan the repair
         (lifecycle.tracker_fix.plan_fix). Writes no tracker. Raises SessionError when `run` is not one run."""
+        from ckpt_audit.answers import TrackerPlan
         from ckpt_audit.lifecycle.tracker_fix import plan_fix, read_state, tracker_of
 
         scanned = self.scan([run], in_progress_window_s=in_progress_window_s)
@@ -296,6 +297,7 @@ class Session:
         the scan's verdict may come from a stat cache that never sees bit rot), record what that read, and only if
         it holds rewrite the tracker as `plan.fix` says (needed, not refused), logged in the catalog
         (tracker_fixes). Raises tracker_fix.FixError."""
+        from ckpt_audit.answers import TrackerWrite
         from ckpt_audit.lifecycle.survivors import reread
         from ckpt_audit.lifecycle.tracker_fix import apply_fix
 
@@ -342,102 +344,31 @@ def open_session(catalog_path: StrPath | None, *, roots: Sequence[str | Path] = 
         raise SessionError(str(exc)) from None
 
 
-def browse(
-    roots: Sequence[str], catalog_path: StrPath | None, *, deep: bool = False, progress: Progress | None = None
-) -> tuple[ScanResult, str]:
-    """Scan (`deep`: verify, re-reading every file) `roots` without waiting for the lock, reusing the catalogued
-    hashes, then record it if the lock is free. Returns the result and "" or why it was not recorded: a busy
-    catalog is no error for a viewer (the cron run that holds it records its own scan)."""
-    previous = _previous(catalog_path)
-    if deep:
-        result = _verify(roots, previous=previous, progress=progress, rehash=True)
-    else:
-        result = scan_roots(list(roots), previous=previous, progress=progress, deep=_kept_deep(catalog_path))
-    return result, record_if_free(result, catalog_path)
+def run_named(result: ScanResult, run: str | Path) -> Run:
+    """The run `run` names in a scan of it; a path that is not one run directory is a SessionError (exit 3)."""
+    from ckpt_audit.remote import is_remote, normal
+
+    real = normal(str(run)) if is_remote(run) else os.path.realpath(run)
+    match = [r for r in result.runs if r.path == real]
+    if match:
+        return match[0]
+    if len(result.runs) > 1:
+        raise SessionError(f"{real} holds {len(result.runs)} runs; name one of them")
+    if result.runs:
+        raise SessionError(f"{real} is not a run directory (its run is {result.runs[0].path})")
+    raise SessionError(f"{real} is not a checkpoint run (no tracker, no global_step_N)")
 
 
-def record_if_free(result: ScanResult, catalog_path: StrPath | None) -> str:
-    """Record `result` through a session if the lock is free; "" or why it was not recorded."""
-    if catalog_path is None:
-        return "no catalog"
-    try:
-        with open_session(catalog_path) as session:
-            session.record(result)
-    except lock.Locked:
-        return "catalog locked by another run"
-    except sqlite3.OperationalError as exc:  # a writer outside the lock kept the database busy
-        return f"catalog busy ({exc})"
-    except (OSError, SessionError) as exc:  # a catalog this user may read but not write: browsing goes on
-        return f"catalog not writable ({getattr(exc, 'strerror', None) or exc})"
-    return ""
+def verify_paths(paths: Sequence[str | Path], **options) -> ScanResult:
+    from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
+
+    return verify(list(paths), **options)
 
 
-def latest(
-    run: str | Path,
-    catalog_path: StrPath | None,
-    *,
-    verified: bool = False,
-    max_age_ns: int = 0,
-    in_progress_window_s: float = IN_PROGRESS_WINDOW_S,
-) -> LatestAnswer:
-    """The resume gate for `run` (lifecycle.latest.gate): scan it with the catalogued hashes (a stale or absent
-    catalog still gives a true answer); with `verified`, read the candidate by content now (hash + CRC of every
-    file against the catalog; `max_age_ns` > 0: unless it was read within that age), falling back to the next
-    one when that read fails; then record the scans if the lock is free: a job script's gate never waits for, nor
-    fails on, a cron scan holding the lock or a catalog it may not write. Raises SessionError when `run` is not one
-    run."""
-    from ckpt_audit.lifecycle.latest import gate, oldest_verified
+def read_kept_deep(catalog_path: StrPath | None, *, conn: sqlite3.Connection | None = None) -> dict[str, DeepVerdict]:
+    from ckpt_audit.catalog.deep_verdicts import read_deep_verdicts
 
-    previous = _previous_or_empty(catalog_path)
-    deep = _kept_deep_or_empty(catalog_path)
-    started = time.time_ns()  # a file read by content from here on was read "now"
-    try:
-        real = check_root(run)
-        result = scan_any([real], previous=previous, in_progress_window_s=in_progress_window_s, deep=deep)
-    except ScanError as exc:
-        raise SessionError(str(exc)) from None
-    the_run = run_named(result, run)
-    scans = [result]
-
-    def read_at(scan: ScanResult) -> dict[str, int | None]:
-        # when each file was last read by content; with no max age only this call's reads count (never a catalog
-        # time, which a clock stepped back could place after `started`)
-        return {p: f.verified_ns for p, f in scan.file_facts.items() if max_age_ns or not f.reused}
-
-    verified_at = read_at(result)
-    reread: set[str] = set()
-    while True:
-        g = gate(
-            the_run,
-            verified=verified_at if verified else None,
-            now_ns=started,
-            max_age_ns=max_age_ns,
-            reread=frozenset(reread),
-        )
-        if g.reread is None:
-            break
-        # read the candidate by content now; what that read finds (hash drift, a bad CRC) is its verdict
-        focused = scan_any(
-            [g.reread.path], previous=previous, in_progress_window_s=in_progress_window_s, rehash=True, deep=deep
-        )
-        scans.append(focused)
-        fresh = {c.path: c for r in focused.runs for c in r.checkpoints}
-        the_run = replace(the_run, checkpoints=tuple(fresh.get(c.path, c) for c in the_run.checkpoints))
-        verified_at.update(read_at(focused))
-        reread.add(g.reread.path)
-    not_recorded = ""
-    for s in scans:
-        if not_recorded := record_if_free(s, catalog_path):
-            break
-    return LatestAnswer(
-        run=the_run,
-        gate=g,
-        verified_ns=None if g.chosen is None else oldest_verified(g.chosen, verified_at),
-        reread=tuple(sorted(reread)),
-        files_reused=scans[0].files_reused,
-        files_read=sum(s.files_hashed for s in scans),
-        not_recorded=not_recorded,
-    )
+    return read_deep_verdicts(catalog_path, conn=conn)
 
 
 def scan_any(roots: Sequence[str | Path], **options) -> ScanResult:
@@ -460,71 +391,31 @@ def scan_any(roots: Sequence[str | Path], **options) -> ScanResult:
         raise ScanError(str(exc)) from None
 
 
-def run_named(result: ScanResult, run: str | Path) -> Run:
-    """The run `run` names in a scan of it; a path that is not one run directory is a SessionError (exit 3)."""
-    from ckpt_audit.remote import is_remote, normal
+def preview_of(plan: PrunePlan, runs: Sequence[Run]) -> PrunePreview:
+    """A plan made from a scan already recorded (the TUI's, from its snapshot) as a preview `Session.prune` takes:
+    not re-read yet, no trash to reclaim beyond the plan's own run directories."""
+    from ckpt_audit.answers import PrunePreview
+    from ckpt_audit.lifecycle.survivors import SurvivorCheck
 
-    real = normal(str(run)) if is_remote(run) else os.path.realpath(run)
-    match = [r for r in result.runs if r.path == real]
-    if match:
-        return match[0]
-    if len(result.runs) > 1:
-        raise SessionError(f"{real} holds {len(result.runs)} runs; name one of them")
-    if result.runs:
-        raise SessionError(f"{real} is not a run directory (its run is {result.runs[0].path})")
-    raise SessionError(f"{real} is not a checkpoint run (no tracker, no global_step_N)")
+    check = SurvivorCheck(plan=plan, runs=tuple(runs))
+    return PrunePreview(scanned=None, check=check, checked=False, trash=(), reclaim_dirs=())
 
 
-@contextlib.contextmanager
-def reading(catalog_path: StrPath) -> Iterator[Catalog]:
-    """The catalog opened read-only, without the lock: `ls`, `show` and viewers answer while a cron run writes (a
-    WAL read), for a user who can write neither the catalog nor its directory. Raises SessionError."""
-    from ckpt_audit.catalog import CatalogError, read_catalog
+def verify_plan(plan: PrunePlan, runs: Sequence[Run], **options) -> SurvivorCheck:
+    """Re-read what `plan` counts on (lifecycle.survivors.verify_plan); nothing is written."""
+    from ckpt_audit.lifecycle.survivors import verify_plan
 
-    try:
-        cat = read_catalog(catalog_path)
-    except CatalogError as exc:
-        raise SessionError(str(exc)) from None
-    with cat:
-        yield cat
+    return verify_plan(plan, runs, **options)
 
 
-def _verify(paths: Sequence[str | Path], **options) -> ScanResult:
-    from ckpt_audit.verify import verify  # torch, lazily: only deep checks need it
+def _per_outcome(progress: Progress, total: int) -> Callable[[Outcome], None]:
+    """prune.execute's per-outcome callback as a Progress: the count so far and the outcome's line."""
+    done = 0
 
-    return verify(list(paths), **options)
+    def tick(outcome: Outcome) -> None:
+        nonlocal done
+        done += 1
+        detail = f" ({outcome.detail})" if outcome.detail else ""
+        progress(done, max(total, done), f"{outcome.action}: {outcome.path}{detail}")
 
-
-def _previous(catalog_path: StrPath | None) -> dict | None:
-    """The catalogued facts to reuse by stat (a WAL read: fine while a cron scan writes); None without a catalog."""
-    if catalog_path is None or not os.path.exists(catalog_path):
-        return None
-    from ckpt_audit.catalog.manifest import read_previous
-
-    return read_previous(catalog_path)
-
-
-def _kept_deep(catalog_path: StrPath | None, *, conn: sqlite3.Connection | None = None) -> dict[str, DeepVerdict]:
-    from ckpt_audit.catalog.deep_verdicts import read_deep_verdicts
-
-    return read_deep_verdicts(catalog_path, conn=conn)
-
-
-def _kept_deep_or_empty(catalog_path: StrPath | None) -> dict[str, DeepVerdict]:
-    """The kept deep verdicts; {} when the catalog is absent or unreadable (as _previous_or_empty)."""
-    from ckpt_audit.catalog.manifest import CatalogError
-
-    try:
-        return _kept_deep(catalog_path)
-    except CatalogError:
-        return {}
-
-
-def _previous_or_empty(catalog_path: StrPath | None) -> dict:
-    """The catalogued facts; {} when the catalog is absent or unreadable (the run is then read in full)."""
-    from ckpt_audit.catalog.manifest import CatalogError
-
-    try:
-        return _previous(catalog_path) or {}
-    except CatalogError:
-        return {}
+    return tick

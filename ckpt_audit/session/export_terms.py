@@ -1,0 +1,6 @@
+"""What `Session.export` raises (kept apart from session.terms: the export's modules cost ~50 ms to import, which
+only an export should pay)."""
+
+from ckpt_audit.lifecycle.export_guard import ExportError, ExportRefused
+
+__all__ = ["ExportError", "ExportRefused"]
