@@ -24,12 +24,12 @@ def compare_command(ctx: click.Context, source, copy, as_json) -> None:
         aws s3 cp --recursive --checksum-algorithm CRC64NVME /ckpts/proj/exp s3://bucket/proj/exp
         ckpt-audit compare /ckpts/proj/exp s3://bucket/proj/exp && ckpt-audit prune ... /ckpts/proj/exp
     """
-    from ckpt_audit.remote import RemoteError
-    from ckpt_audit.remote.compare import compare
+    from ckpt_audit.session import SessionError
+    from ckpt_audit.session.stores import compare
 
     try:
         n, diffs = compare(source, copy)
-    except (RemoteError, OSError) as exc:
+    except SessionError as exc:
         raise CommandError(str(exc)) from None
     code = ExitCode.FINDINGS if diffs else ExitCode.OK
     if as_json:

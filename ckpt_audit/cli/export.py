@@ -220,7 +220,7 @@ def export_command(
 
 def _check(ctx, step_dir, hf_dir, *, role, hf_config, weights, as_json) -> None:
     """`export --check`: reads only, so no catalog lock."""
-    from ckpt_audit.lifecycle.export import ExportError, check_export
+    from ckpt_audit.session.export_terms import ExportError, check_export
 
     try:
         report = check_export(step_dir, hf_dir, role=role, hf_config=hf_config, weights=weights)

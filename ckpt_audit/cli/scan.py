@@ -187,11 +187,11 @@ def scan_command(
 
     # for this command only (click closes them with its context: a test's CliRunner runs many in one process)
     if store_checksums:
-        from ckpt_audit.readers.hashing import store_checksums_on
+        from ckpt_audit.session.stores import store_checksums_on
 
         ctx.with_resource(store_checksums_on())
     if read_data:
-        from ckpt_audit.remote.scan import read_data_on
+        from ckpt_audit.session.stores import read_data_on
 
         ctx.with_resource(read_data_on())
     scrub = None if no_scrub else ScrubPolicy(period_ns=scrub_period, budget_bytes=scrub_budget)
@@ -403,9 +403,9 @@ def show_command(path, as_json, catalog) -> None:
 
 def _target(path: str) -> str:
     """What the catalog keys `path` by: a URL as given (s3://…, docs/remote.md), a local path made absolute."""
-    from ckpt_audit.remote import is_remote, normal
+    from ckpt_audit.session.stores import catalog_key
 
-    return normal(path) if is_remote(path) else os.path.abspath(path).rstrip("/")
+    return catalog_key(path)
 
 
 def verified_ago(ns: int | None) -> str:
