@@ -226,6 +226,8 @@ def pt_from_json(doc: str | None) -> tuple[PtFacts | None, bool]:
     # file of every run; a common.pt read before its flags were kept is read again
     if "content_metadata" in pt.top_keys and not pt.meta:
         return pt, False
+    if "num_experts" in pt.top_keys and "num_experts" not in dict(pt.meta):
+        return pt, False  # a DeepSpeed MoE model states read before its expert counts were kept: read again
     return pt, not missing or (missing == {"meta"} and "ds_version" not in pt.top_keys)
 
 
