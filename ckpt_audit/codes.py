@@ -824,6 +824,13 @@ _TABLE: tuple[Code, ...] = (
         "behind): load_checkpoint never opens it, zero_to_fp32 may trip over it",
     ),
     Code(
+        code="ds-pipe-layer-gap",
+        severity=W,
+        explanation="a DeepSpeed pipeline tag has no layer_XX file for an index between others and nothing it "
+        "records says whether that layer has state: a function layer has no file, a module's missing file makes its "
+        "stage's load_checkpoint fail",
+    ),
+    Code(
         code="ds-moe-ep-unknown",
         severity=W,
         explanation="a ZeRO-0 MoE checkpoint whose files do not record the expert-parallel size (no optimizer "

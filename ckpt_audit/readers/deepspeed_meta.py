@@ -7,6 +7,9 @@ the `zero_stage` (a ZeroStageEnum record) and `partition_count` (an int, or one 
 MoE model states (engine._save_moe_checkpoint): `num_experts`, one per DeepSpeed MoE layer in module order (an int in
 the old one-layer format), `ds_autoep_layers` when AutoEP layers wrote them, and, at ZeRO-0 where the optimizer is in
 the model states, the expert-parallel size in the name DeepSpeed gives the experts' parameter group (`ep_size_N`).
+Pipeline model states (a PipelineEngine's; its layers are in `layer_XX-*model_states.pt`): `module` is None, the
+tensor-slice degree is `checkpoint_parallel_dimensions`' `tp_degree`, and at ZeRO >= 1 `param_shapes` names the
+stage's parameters `<layer index>.<name>`: the layers with parameters that stage owns.
 The layout judges the checkpoint's degrees and its consistency by these, never by file indices.
 """
 
@@ -49,6 +52,21 @@ def read_meta(tree: Any) -> tuple[tuple[str, int | str], ...]:
     ]
     if eps:
         out["ep_size"] = max(eps)  # the load reads the expert-parallel rank of the largest group
+    if "module" in tree and tree["module"] is None:
+        out["pipeline"] = 1
+        shapes = tree.get("param_shapes")
+        layers = {
+            int(head)
+            for g in (shapes if isinstance(shapes, list) else ())
+            if isinstance(g, dict)
+            for k in g
+            if isinstance(k, str) and (head := k.split(".", 1)[0]).isdigit() and len(head) < 10
+        }
+        if layers:
+            out["pipe_layers"] = f"[{','.join(map(str, sorted(layers)))}]"
+    dims = tree.get("checkpoint_parallel_dimensions")
+    if isinstance(dims, dict) and _is_int(tp := dims.get("tp_degree")):
+        out["tp_degree"] = tp
     osd = tree.get("optimizer_state_dict")
     if isinstance(osd, dict):
         rec: Any = osd.get("zero_stage")
