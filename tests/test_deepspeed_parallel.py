@@ -65,8 +65,8 @@ def test_moe_tree_is_complete_with_every_expert_file_deepspeed_wrote(moe_dir, tm
 @pytest.mark.parametrize("cut", ["layer_1_expert_3_mp_rank_00_model_states.pt", EXPP[1]])
 def test_missing_expert_or_expert_parallel_optimizer_file_is_incomplete(moe_dir, tmp_path, cut):
     # DeepSpeed (--probe on this cut): rank 0 loads; rank 1, which holds expert 3 of layer 1 and is expert-parallel
-    # rank 1, raises FileNotFoundError on the file. Neither is the highest index of its kind across the tag: the
-    # count comes from num_experts=[2, 4] and the experts' optimizer group ep_size_2
+    # rank 1, raises FileNotFoundError on the file. Each is the highest index of its kind, which a count by the
+    # highest index found would miss: the count comes from num_experts=[2, 4] and the experts' group ep_size_2
     (moe_dir / "global_step2" / cut).unlink()
     age(moe_dir)
     doc = scan_json(moe_dir.parent, tmp_path / "c.db")
