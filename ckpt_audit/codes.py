@@ -824,6 +824,20 @@ _TABLE: tuple[Code, ...] = (
         "behind): load_checkpoint never opens it, zero_to_fp32 may trip over it",
     ),
     Code(
+        code="ds-pipe-layer-gap",
+        severity=W,
+        explanation="a DeepSpeed pipeline tag has no layer_XX file for an index between others and nothing it "
+        "records says whether that layer has state: a function layer has no file, a module's missing file makes its "
+        "stage's load_checkpoint fail",
+    ),
+    Code(
+        code="ds-moe-ep-unknown",
+        severity=W,
+        explanation="a ZeRO-0 MoE checkpoint whose files do not record the expert-parallel size (no optimizer "
+        "group named ep_size_N): only expert-parallel rank 0's expp_rank optimizer file is required, so a "
+        "missing one of another rank is not seen",
+    ),
+    Code(
         code="ds-tag-unplaced",
         severity=W,
         explanation="a tag with a custom name whose files record no single global_steps (its model states are "

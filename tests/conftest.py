@@ -215,6 +215,8 @@ SLOW_FIXTURES = frozenset(
         "ds_z1",
         "ds_z0",
         "hf_ds",
+        "ds_moe",  # test_deepspeed_parallel: DeepSpeed's own MoE layers and PipelineModule (2 gloo ranks)
+        "ds_pipe",
         "ds_export",  # test_export_zero: ZeRO 1/2/3 trees DeepSpeed writes for the export
         "openrlhf_tree",  # test_deepspeed_openrlhf: OpenRLHF's save sequence on two real DeepSpeed engines
         "ray_cluster",  # tests/ray_cluster.py: the session's local Ray cluster (tens of seconds to start)

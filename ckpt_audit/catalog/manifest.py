@@ -240,6 +240,12 @@ def pt_from_json(doc: str | None) -> tuple[PtFacts | None, bool]:
     # file of every run; a common.pt read before its flags were kept is read again
     if "content_metadata" in pt.top_keys and not pt.meta:
         return pt, False
+    # DeepSpeed model states read before their expert counts or parallel dimensions (pipeline) were kept: read again
+    meta = dict(pt.meta)
+    if ("num_experts" in pt.top_keys and "num_experts" not in meta) or (
+        "checkpoint_parallel_dimensions" in pt.top_keys and "tp_degree" not in meta
+    ):
+        return pt, False
     return pt, not missing or (missing == {"meta"} and "ds_version" not in pt.top_keys)
 
 

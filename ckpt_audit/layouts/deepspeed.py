@@ -4,6 +4,9 @@
 <save_dir>/<tag>/mp_rank_MM_model_states.pt         ZeRO 0-2: module weights and engine state, one per mp rank
                  zero_pp_rank_D_mp_rank_MM_model_states.pt      ZeRO-3: one per dp rank too
                  [bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt  ZeRO >= 1: one optimizer partition per dp rank
+                 layer_L_expert_E_mp_rank_MM_model_states.pt  MoE: one per expert of each MoE layer
+                 expp_rank_R_mp_rank_MM_optim_states.pt      MoE at ZeRO-0: the optimizer per expert-parallel rank
+                 layer_XX[-model_YY]-model_states.pt         PipelineModule: one layer's weights per tensor slice
 <save_dir>/zero_to_fp32.py                          DeepSpeed's converter, copied next to the tags
 <save_dir>/latest_universal, <tag>/zero/            a universal checkpoint (ds_to_universal) and the tag naming it
 
@@ -37,9 +40,9 @@ def is_tag(d: str, tree: Tree) -> bool:
 
 
 def classify(name: str) -> FileKind:
-    if rules.OPTIM_RE.fullmatch(name):
+    if rules.OPTIM_RE.fullmatch(name) or rules.EXPP_RE.fullmatch(name):
         return FileKind.OPTIM
-    if rules.MODEL_RE.fullmatch(name) or rules.ZERO3_MODEL_RE.fullmatch(name):
+    if any(r.fullmatch(name) for r in (rules.MODEL_RE, rules.ZERO3_MODEL_RE, rules.EXPERT_RE, rules.PIPE_LAYER_RE)):
         return FileKind.MODEL
     return FileKind.OTHER
 

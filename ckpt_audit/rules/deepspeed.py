@@ -7,6 +7,21 @@ its own `[bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt`, one spelling for all
 it). The checkpoint's data-parallel degree is the model states' `dp_world_size` (the engine refuses another world
 size), the model-parallel degree its `mp_world_size`: the grid is read from those, never from the highest file
 index, so a missing last rank is found and a leftover rank from a larger world is not taken for part of the save.
+
+A model with DeepSpeed MoE layers (engine._save_moe_checkpoint / load_moe_state_dict): the model states record
+`num_experts`, one count per MoE layer in module order, and the load opens
+`layer_L_expert_E_mp_rank_MM_model_states.pt` for every layer L and global expert id E < num_experts[L] across the
+expert-parallel ranks (the old one-layer format: an int, and `expert_E_mp_rank_MM_model_states.pt`). At ZeRO-0 each
+rank also opens `expp_rank_R_mp_rank_MM_optim_states.pt` for its expert-parallel rank R (ZeRO >= 1 keeps the
+optimizer in its partitions and writes none): R < the expert-parallel size, which the files record only as the name
+of the experts' optimizer group (`ep_size_N`), capped by dp_world_size as deepspeed.utils.groups caps it.
+
+A PipelineModule (runtime/pipe/module.py save_state_dict / load_state_dir): the model states (`module` None, one
+mp_rank_MM per pipeline stage x tensor slice) hold no weights; each layer with state is
+`layer_XX[-model_YY]-model_states.pt`, one per tensor-slice rank YY < tp_degree, and each stage's load asserts a file
+for every layer it owns that has state (a function layer has none). What records which layers those are: at ZeRO >= 1
+each stage's `param_shapes` (its parameters named `<layer>.<name>`), so those are required exactly; a layer without
+parameters, or any layer at ZeRO-0, is recorded nowhere, so an index missing between files is only a warning.
 """
 
 from __future__ import annotations
@@ -27,6 +42,10 @@ UNIVERSAL_OPTIM = "optimizer_state.pt"
 MODEL_RE = re.compile(r"mp_rank_(\d{2,9})_model_states\.pt")
 ZERO3_MODEL_RE = re.compile(r"zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_model_states\.pt")
 OPTIM_RE = re.compile(r"(bf16_)?zero_pp_rank_(\d{1,9})_mp_rank_(\d{2,9})_optim_states\.pt")
+EXPERT_RE = re.compile(r"(?:layer_(\d{1,9})_)?expert_(\d{1,9})_mp_rank_(\d{2,9})_model_states\.pt")
+PIPE_LAYER_RE = re.compile(r"layer_(\d{2,9})(?:-model_(\d{2,9}))?-model_states\.pt")
+EXPP_RE = re.compile(r"expp_rank_(\d{1,9})_mp_rank_(\d{2,9})_optim_states\.pt")
+MAX_EXPERT_FILES = 1 << 20  # beyond any MoE save (1024 experts x 64 layers x 16 mp ranks): a count not to expand
 STEP_TAG_RE = re.compile(r"(?:best_)?global_step(\d{1,19})")  # engine's default tag, and OpenRLHF's best_ tags
 # OpenRLHF (openrlhf/utils/deepspeed/deepspeed.py save_ckpt): PPO saves the actor's and the critic's engines into
 # <ckpt.path>/_actor and <ckpt.path>/_critic under one tag, writes <tag>/metric.json after each DeepSpeed save, and
@@ -35,22 +54,28 @@ OPENRLHF_PAIR = {"_actor": "_critic", "_critic": "_actor"}
 METRIC_JSON = "metric.json"
 HF_EXPORT_SUFFIX = "_hf"
 # what every file of one save records alike (partition_count is checked against dp_world_size below)
-SAME_KEYS = ("ds_version", "zero_stage", "dp_world_size", "mp_world_size", "global_steps", "partition_count")
+SAME_KEYS = (
+    *("ds_version", "zero_stage", "dp_world_size", "mp_world_size", "global_steps", "partition_count"),
+    *("num_experts", "ep_size", "pipeline", "tp_degree"),
+)
 
 
 def is_shard(name: str) -> bool:
-    return bool(MODEL_RE.fullmatch(name) or ZERO3_MODEL_RE.fullmatch(name) or OPTIM_RE.fullmatch(name))
+    return any(r.fullmatch(name) for r in (MODEL_RE, ZERO3_MODEL_RE, OPTIM_RE, EXPERT_RE, EXPP_RE, PIPE_LAYER_RE))
 
 
 def rank_of(name: str) -> int | None:
-    """The data-parallel rank of a zero_pp_rank_D file, the model-parallel rank of an mp_rank_MM file."""
+    """The data-parallel rank of a zero_pp_rank_D file, the expert-parallel rank of an expp_rank_R file, the
+    model-parallel rank of an mp_rank_MM file."""
     if m := ZERO3_MODEL_RE.fullmatch(name):
         return int(m.group(1))
     if m := OPTIM_RE.fullmatch(name):
         return int(m.group(2))
+    if m := EXPP_RE.fullmatch(name):
+        return int(m.group(1))
     if m := MODEL_RE.fullmatch(name):
         return int(m.group(1))
-    return None
+    return None  # an expert's file: read by whichever rank holds that expert
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +83,12 @@ class Degrees:
     stage: int
     dp: int
     mp: int
+    experts: tuple[int, ...] | int | None = None  # num_experts: one count per MoE layer, or the old format's int
+    ep: int | None = None  # the expert-parallel size, when the files record it
+    autoep: bool = False  # AutoEP layers: at ZeRO-3 their experts are in the ZeRO partitions, no expert files
+    pipeline: bool = False  # a PipelineModule's: its weights are in layer_XX files
+    tp: int = 1  # the tensor-slice degree (checkpoint_parallel_dimensions' tp_degree)
+    layers: frozenset[int] = frozenset()  # the pipeline layers the stages' param_shapes record
 
 
 def check_tag(
@@ -138,7 +169,18 @@ def check_tag(
                 )
             )
         return None, tuple(out)
-    deg = Degrees(stage=stage, dp=dp, mp=mp)
+    experts, ep = _one(seen.get("num_experts")), _one(seen.get("ep_size"))
+    deg = Degrees(
+        stage=stage,
+        dp=dp,
+        mp=mp,
+        experts=tuple(map(int, experts.strip("[]").split(","))) if isinstance(experts, str) else experts,
+        ep=ep if isinstance(ep, int) and ep > 0 else None,
+        autoep=bool(seen.get("autoep")),
+        pipeline=bool(seen.get("pipeline")),
+        tp=tp if isinstance(tp := _one(seen.get("tp_degree")), int) and 0 < tp <= mp else 1,  # a slice of mp
+        layers=frozenset(int(i) for v in seen.get("pipe_layers", {}) for i in str(v).strip("[]").split(",") if i),
+    )
     out += _grid(tag_dir, deg, frozenset(metas), universal)
     return deg, tuple(out)
 
@@ -164,6 +206,31 @@ def _grid(tag_dir: str, deg: Degrees, names: frozenset[str], universal: bool = F
         need = {f"zero_pp_rank_{d}_mp_rank_{m}_model_states.pt" for d in range(deg.dp) for m in mps}
     else:
         need = {f"mp_rank_{m}_model_states.pt" for m in mps}
+    expert_files = (deg.experts if isinstance(deg.experts, int) else sum(deg.experts or ())) * deg.mp
+    if expert_files > MAX_EXPERT_FILES:  # a count no save writes (a crafted or damaged file): not judged by it
+        out.append(
+            finding(
+                "ds-degrees-unknown",
+                tag_dir,
+                f"the model states' num_experts and mp_world_size add up to {expert_files} expert files, more "
+                "than any save writes; which files a resume needs cannot be told",
+            )
+        )
+    else:
+        need |= _moe_need(deg, mps)
+    if deg.pipeline:
+        pipe_need, pipe_found = _pipe(tag_dir, deg, names)
+        need |= pipe_need
+        out += pipe_found
+    if deg.experts is not None and deg.stage == 0 and deg.ep is None:
+        out.append(
+            finding(
+                "ds-moe-ep-unknown",
+                tag_dir,
+                "MoE at ZeRO-0: no optimizer group records the expert-parallel size (ep_size_N), so only "
+                "expp_rank_0's optimizer file is required",
+            )
+        )
     optim = {n for n in names if OPTIM_RE.fullmatch(n)}
     spellings = {n.startswith("bf16_") for n in optim}
     if len(spellings) > 1:
@@ -184,8 +251,11 @@ def _grid(tag_dir: str, deg: Degrees, names: frozenset[str], universal: bool = F
             finding(
                 "ds-missing-shard",
                 at(n),
-                f"missing: ZeRO-{deg.stage} with dp_world_size={deg.dp}, mp_world_size={deg.mp} needs it; "
-                "that rank's load_checkpoint raises FileNotFoundError",
+                f"missing: pipeline layer {m.group(1)} of a stage's param_shapes (tp_degree={deg.tp}): that "
+                "stage's load_checkpoint fails on it (AssertionError when no file of the layer is left)"
+                if (m := PIPE_LAYER_RE.fullmatch(n))
+                else f"missing: ZeRO-{deg.stage} with dp_world_size={deg.dp}, mp_world_size={deg.mp}"
+                f"{_moe_text(deg)} needs it; that rank's load_checkpoint raises FileNotFoundError",
                 rank=rank_of(n),
             )
         )
@@ -201,6 +271,65 @@ def _grid(tag_dir: str, deg: Degrees, names: frozenset[str], universal: bool = F
             )
         )
     return out
+
+
+def _moe_need(deg: Degrees, mps: list[str]) -> set[str]:
+    """The MoE files load_checkpoint opens for the experts the model states record (none for a dense model)."""
+    if deg.experts is None or (deg.autoep and deg.stage == 3):
+        return set()
+    if isinstance(deg.experts, int):  # the old format's load: expert_E for E < num_experts
+        need = {f"expert_{e}_mp_rank_{m}_model_states.pt" for e in range(deg.experts) for m in mps}
+    else:
+        need = {
+            f"layer_{layer}_expert_{e}_mp_rank_{m}_model_states.pt"
+            for layer, n in enumerate(deg.experts)
+            for e in range(n)
+            for m in mps
+        }
+    if deg.stage == 0:
+        need |= {f"expp_rank_{r}_mp_rank_{m}_optim_states.pt" for r in range(min(deg.ep or 1, deg.dp)) for m in mps}
+    return need
+
+
+def _pipe(tag_dir: str, deg: Degrees, names: frozenset[str]) -> tuple[set[str], list[Finding]]:
+    """(the layer files a pipeline's load opens, as far as the files record them; a warning for each index missing
+    between them, or a finding when there is no layer file at all)."""
+    present = {int(m.group(1)): m.group(2) is not None for n in names if (m := PIPE_LAYER_RE.fullmatch(n))}
+    if not present and not deg.layers:
+        return set(), [
+            finding(
+                "ds-missing-shard", tag_dir, "a pipeline's model states but no layer_* file: its weights are nowhere"
+            )
+        ]
+    # topologies with a tensor-slice axis name it in every layer file (layer_XX-model_YY); without one, none does
+    sliced = deg.tp > 1 or any(present.values())
+    known = deg.layers | set(present)
+    need = {
+        f"layer_{i:02d}-model_{y:02d}-model_states.pt" if sliced else f"layer_{i:02d}-model_states.pt"
+        for i in known
+        for y in range(deg.tp)
+    }
+    ordered = sorted(known)
+    gaps = [(a + 1, b - 1) for a, b in zip([-1, *ordered], ordered) if b > a + 1]  # runs of absent indices
+    if not gaps:
+        return need, []
+    runs = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in gaps[:5]) + (", ..." if len(gaps) > 5 else "")
+    return need, [
+        finding(
+            "ds-pipe-layer-gap",
+            f"{tag_dir}/layer_{gaps[0][0]:02d}-*model_states.pt",
+            f"no file for pipeline layer(s) {runs} between others: a layer without state (a function) has none, a "
+            "module's missing file makes its stage's load_checkpoint fail (AssertionError); the files do not record "
+            "which",
+        )
+    ]
+
+
+def _moe_text(deg: Degrees) -> str:
+    if deg.experts is None:
+        return ""
+    n = deg.experts if isinstance(deg.experts, int) else list(deg.experts)
+    return f", num_experts={n}" + (f", expert-parallel size {deg.ep}" if deg.ep else "")
 
 
 def _one(values: Mapping[int | str, list[str]] | None) -> int | str | None:
