@@ -110,6 +110,14 @@ def test_expert_files_follow_the_recorded_counts_and_the_old_format():
     huge = {**MOE_META, "num_experts": "[1000000000]", "ep_size": 4}
     deg, found = rules.check_tag("/r/global_step2", 2, {"mp_rank_00_model_states.pt": huge})
     assert [f.code for f in found if f.code != "ds-missing-shard"] == ["ds-degrees-unknown"]
+    # nor are degrees no save writes: a billion data-parallel ranks would be a billion optimizer-shard names
+    for degrees in (
+        {"dp_world_size": 10**9},
+        {"mp_world_size": 10**9},
+        {"dp_world_size": 2**11, "mp_world_size": 2**10},
+    ):
+        deg, found = rules.check_tag("/r/global_step2", 2, {"mp_rank_00_model_states.pt": {**MOE_META, **degrees}})
+        assert deg is None and [f.code for f in found] == ["ds-degrees-unknown"], degrees
     # the old one-layer format records an int and names expert_E files; ZeRO >= 1 writes no expp files
     meta = {**MOE_META, "zero_stage": 1, "num_experts": 2, "partition_count": 4}
     optims = {

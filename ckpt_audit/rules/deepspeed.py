@@ -46,6 +46,7 @@ EXPERT_RE = re.compile(r"(?:layer_(\d{1,9})_)?expert_(\d{1,9})_mp_rank_(\d{2,9})
 PIPE_LAYER_RE = re.compile(r"layer_(\d{2,9})(?:-model_(\d{2,9}))?-model_states\.pt")
 EXPP_RE = re.compile(r"expp_rank_(\d{1,9})_mp_rank_(\d{2,9})_optim_states\.pt")
 MAX_EXPERT_FILES = 1 << 20  # beyond any MoE save (1024 experts x 64 layers x 16 mp ranks): a count not to expand
+MAX_GRID_FILES = 1 << 20  # beyond any save's dp x mp grid of model-state files (a million ranks): not expanded
 STEP_TAG_RE = re.compile(r"(?:best_)?global_step(\d{1,19})")  # engine's default tag, and OpenRLHF's best_ tags
 # OpenRLHF (openrlhf/utils/deepspeed/deepspeed.py save_ckpt): PPO saves the actor's and the critic's engines into
 # <ckpt.path>/_actor and <ckpt.path>/_critic under one tag, writes <tag>/metric.json after each DeepSpeed save, and
@@ -169,6 +170,9 @@ def check_tag(
                 )
             )
         return None, tuple(out)
+    if dp * mp > MAX_GRID_FILES:  # a crafted or damaged file: its grid (optimizer shards: dp x mp) is not expanded
+        why = f"dp_world_size={dp} and mp_world_size={mp} make a grid of {dp * mp} files, more than any save writes"
+        return None, (*out, finding("ds-degrees-unknown", tag_dir, f"{why}; which files a resume needs cannot be told"))
     experts, ep = _one(seen.get("num_experts")), _one(seen.get("ep_size"))
     deg = Degrees(
         stage=stage,
