@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import click
 
@@ -13,7 +12,7 @@ from ckpt_audit.exitcodes import ExitCode
 
 
 @click.command("prune")
-@click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("roots", nargs=-1, required=True, type=click.Path())  # a str: an s3:// URL stays whole
 @click.option(
     "--keep-last", type=click.IntRange(0), metavar="N", help="Keep the last N complete checkpoints of each run."
 )
@@ -34,7 +33,7 @@ from ckpt_audit.exitcodes import ExitCode
     "--pin",
     "pins",
     multiple=True,
-    type=click.Path(path_type=Path),
+    type=click.Path(),
     metavar="STEP_DIR",
     help="Never delete this checkpoint (repeatable).",
 )
@@ -48,6 +47,12 @@ from ckpt_audit.exitcodes import ExitCode
 )
 @click.option("--dry-run", is_flag=True, help="Show the plan and exit 0 without deleting or asking.")
 @click.option("-y", "--yes", is_flag=True, help="Delete without asking (cron).")
+@click.option(
+    "--read-data",
+    is_flag=True,
+    help="s3:// roots: read every object by content (download) for the plan and the survivor re-read, instead of "
+    "by store checksum (docs/remote.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (plan and outcome) to stdout.")
 @click.option(
     "--ray",
@@ -74,6 +79,7 @@ def prune_command(
     stale_after,
     dry_run,
     yes,
+    read_data,
     as_json,
     ray_address,
     catalog,
@@ -106,11 +112,14 @@ def prune_command(
         ckpt-audit prune runs/ --keep-within 7d --pin runs/p/e/global_step_500 --json --yes
     """
     from ckpt_audit.lifecycle.retention import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy
+    from ckpt_audit.remote import is_remote
     from ckpt_audit.session import PlanError
 
-    # click's Path has made s3://b of a URL s3:/b. docs/remote.md: not yet, rather than a prune without its invariants
-    if any(str(r).startswith(("s3:/", "gs:/")) for r in roots):
-        raise click.UsageError("prune does not act on s3:// or gs:// roots yet; prune the local copy after `compare`")
+    remote = None  # remote roots: ckpt_audit.remote.prune re-reads and deletes (docs/remote.md)
+    if any(is_remote(r) for r in roots) and (ray_address is not None or not all(is_remote(r) for r in roots)):
+        raise click.UsageError("s3:// roots are pruned on their own: not with local roots, not with --ray")
+    if read_data and not is_remote(roots[0]):
+        raise click.UsageError("--read-data is for s3:// roots (a local prune re-reads by content already)")
 
     rules: list = []
     if keep_last is not None:
@@ -132,7 +141,13 @@ def prune_command(
         try:
             # the preview is checked for a person to read (--dry-run, the prompt); --yes reads once, just before acting
             check = dry_run or not yes
-            if ray_address is not None:
+            if is_remote(roots[0]):
+                from ckpt_audit.remote.prune import plan_remote
+
+                preview, remote = plan_remote(
+                    s, policy, pins=pins, now_ns=time.time_ns(), check=check, read_data=read_data
+                )
+            elif ray_address is not None:
                 preview, cluster = plan_on_cluster(
                     s, roots, policy, pins=pins, address=ray_address, now_ns=time.time_ns(), check=check
                 )
@@ -170,8 +185,8 @@ def prune_command(
             scanned=preview.scanned,
             reclaim_dirs=preview.reclaim_dirs,
             progress=None if as_json else _progress,
-            reread=None if cluster is None else cluster.reread,
-            execute=None if cluster is None else cluster.execute,
+            reread=None if (hooks := cluster or remote) is None else hooks.reread,
+            execute=None if hooks is None else hooks.execute,
         )
     check, outcome = done.check, done.result
     if not as_json:

@@ -59,6 +59,7 @@ class Store:
     def objects(self, url: str) -> list[Obj]:
         """Every object at or below the prefix `url` (an object named exactly `url` is no root: not listed)."""
         path = _path(url)
+        self.fs.invalidate_cache(path)  # a listing again is the store's answer now, never s3fs's cached one
         try:
             found = self._call(self.fs.find, path, detail=True)
         except FileNotFoundError:
@@ -113,6 +114,15 @@ class Store:
     def download(self, url: str, dest: str) -> None:
         self._got()
         self._call(self.fs.get_file, _path(url), dest)
+
+    # ---------------------------------------------------------------------------------------- writes
+
+    def delete(self, url: str) -> None:
+        """Delete exactly the object `url` (one DeleteObject; remote prune, ckpt_audit.remote.prune). In a
+        versioned bucket this adds a delete marker: the old version stays until the bucket's lifecycle rules
+        expire it."""
+        bucket, key = _split(url)
+        self._call(self.fs.call_s3, "delete_object", Bucket=bucket, Key=key)
 
     def _got(self) -> None:
         with self._lock:  # the remote scan reads on a thread pool
