@@ -13,6 +13,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from forked_cli import ForkedCli
 from test_remote import BUCKET, multipart, s3, statuses, upload, uploaded  # noqa: F401 - fixtures
 
 from ckpt_audit.cli import cli
@@ -152,16 +153,18 @@ def test_object_added_under_a_planned_step_after_the_scan_keeps_that_step(s3, up
 
 
 @pytest.mark.slow  # a prune process per deletion
-def test_prune_killed_after_each_deletion_leaves_no_step_that_looks_complete(s3, uploaded):
+def test_prune_killed_after_each_deletion_leaves_no_step_that_looks_complete(s3, uploaded, tmp_path):
     client, _ = s3
     local, catalog, _ = uploaded
     runner = CliRunner()
+    forked = ForkedCli(tmp_path, preload=("s3fs", "ckpt_audit.remote.prune", "ckpt_audit.cli.prune"))
     for k in range(1, step_objects(local) + 1):  # --keep-last 2 deletes step 2: a kill after each of its deletions
         root = f"s3://{BUCKET}/kill{k}"
         prefix = f"kill{k}/demo/exp"
         upload(client, local, prefix)
         before = keys(client, f"kill{k}")
-        proc = prune_cli(root, "--keep-last", "2", "--yes", catalog=catalog, kill_after=k)
+        args = ("prune", root, "--keep-last", "2", "--yes", "--catalog", str(catalog))
+        proc = forked(*args, env={KILL_AFTER_ENV: str(k)})
         assert proc.returncode == -9, (k, proc.stderr[-2000:])
         left = keys(client, f"kill{k}")
         assert len(before - left) == k, k  # exactly k objects went, all of step 2
@@ -179,6 +182,7 @@ def test_prune_killed_after_each_deletion_leaves_no_step_that_looks_complete(s3,
         )  # fmt: skip
         assert res.exit_code == 0 and json.loads(res.stdout)["step"] == 6, (k, res.output)
 
-        again = prune_cli(root, "--keep-last", "2", "--yes", catalog=catalog)  # the next prune finishes it
-        assert again.returncode == 0, (k, again.stderr[-2000:])
+        again = runner.invoke(cli, list(args))  # the next prune finishes it
+        assert again.exit_code == 0, (k, again.output[-2000:])
         assert keys(client, f"kill{k}") == before - under(before, f"{prefix}/global_step_2"), k
+    forked.close()

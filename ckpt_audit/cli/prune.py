@@ -101,6 +101,10 @@ def prune_command(
 
     Without --yes the plan is shown and you are asked; when stdin is not a terminal prune refuses (exit 2).
 
+    s3:// roots (docs/remote.md): the same plan; survivors re-read by store checksum (--read-data: by content);
+    each step's prefix listed again, then exactly its listed objects deleted one by one, a rank shard first, so
+    that an interrupted prune leaves it incomplete.
+
     Exit codes: 0 done (or nothing to do, or --dry-run), 1 a checkpoint the plan counted on failed its
     re-read (plan recomputed), 2 usage (or refused to prompt), 3 error (bad root or catalog, or a deletion
     failed), 4 another run holds the catalog lock, 130 interrupted.
@@ -110,6 +114,7 @@ def prune_command(
         ckpt-audit prune /ckpts --keep-last 3 --dry-run
         ckpt-audit prune /ckpts --keep-last 2 --keep-every 1000 --keep-best 1 --metric loss --yes
         ckpt-audit prune runs/ --keep-within 7d --pin runs/p/e/global_step_500 --json --yes
+        ckpt-audit prune s3://bucket/ckpts --keep-last 5 --yes
     """
     from ckpt_audit.lifecycle.retention import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy
     from ckpt_audit.remote import is_remote

@@ -90,7 +90,10 @@ class Store:
 
         async def every() -> list:
             sem = asyncio.Semaphore(HEAD_CONCURRENCY)  # made inside the loop it serves
-            return await asyncio.gather(*(one(sem, u) for u in urls))
+            # one HEAD alone first: on a fresh client, concurrent first requests each set up what one would
+            # (3.5 s instead of 0.3 s for 12 HEADs here)
+            first = await one(sem, urls[0])
+            return [first, *await asyncio.gather(*(one(sem, u) for u in urls[1:]))]
 
         return dict(zip(urls, self._call(sync, self.fs.loop, every), strict=True)) if urls else {}
 
