@@ -120,7 +120,6 @@ def prune_command(
     from ckpt_audit.remote import is_remote
     from ckpt_audit.session import PlanError
 
-    remote = None  # remote roots: ckpt_audit.remote.prune re-reads and deletes (docs/remote.md)
     if any(is_remote(r) for r in roots) and (ray_address is not None or not all(is_remote(r) for r in roots)):
         raise click.UsageError("s3:// roots are pruned on their own: not with local roots, not with --ray")
     if read_data and not is_remote(roots[0]):
@@ -137,6 +136,7 @@ def prune_command(
         rules.append(KeepBest(n=keep_best, metric=metric, mode=mode))  # the session reads the metric's values
     policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
     cluster = None
+    hooks = None  # who re-reads and deletes, if not this process on local disks: the Ray nodes or the store
     if ray_address is not None:
         from ckpt_audit.cli.ray_prune import plan_on_cluster, report_nodes, require_ray
 
@@ -149,13 +149,14 @@ def prune_command(
             if is_remote(roots[0]):
                 from ckpt_audit.remote.prune import plan_remote
 
-                preview, remote = plan_remote(
+                preview, hooks = plan_remote(
                     s, policy, pins=pins, now_ns=time.time_ns(), check=check, read_data=read_data
                 )
             elif ray_address is not None:
                 preview, cluster = plan_on_cluster(
                     s, roots, policy, pins=pins, address=ray_address, now_ns=time.time_ns(), check=check
                 )
+                hooks = cluster
             else:
                 preview = s.plan_prune(policy, pins=pins, now_ns=time.time_ns(), check=check)
         except PlanError as exc:
@@ -190,7 +191,7 @@ def prune_command(
             scanned=preview.scanned,
             reclaim_dirs=preview.reclaim_dirs,
             progress=None if as_json else _progress,
-            reread=None if (hooks := cluster or remote) is None else hooks.reread,
+            reread=None if hooks is None else hooks.reread,
             execute=None if hooks is None else hooks.execute,
         )
     check, outcome = done.check, done.result

@@ -191,15 +191,16 @@ def listed_under(facts: Mapping[str, FileFacts], step: str) -> dict[str, tuple[i
 
 
 def deletion_order(ckpt: Checkpoint, listed: Mapping[str, object]) -> list[str]:
-    """The step's listed keys, first the one whose absence makes the layout call it incomplete: the highest rank
-    shard of its first ranked component (a missing rank), else its first planned file; then the rest, by key.
-    Every later state lacks that object too, so the step stays incomplete until its last object goes."""
-    ranked = sorted(
-        (f for c in ckpt.components for f in c.files if f.rank is not None and f.path in listed),
-        key=lambda f: (-(f.rank or 0), f.path),
-    )
-    planned = sorted(f.path for f in ckpt.all_files if f.path in listed)
-    first = [ranked[0].path] if ranked else planned[:1]
+    """The step's listed keys, first those whose absence makes the layout call it incomplete: the highest rank
+    shard of each component (a missing rank; each, so that no component left whole can pass for the step once
+    another is gone), else its first planned file; then the rest, by key. Every later state lacks them too."""
+    first: list[str] = []
+    for c in ckpt.components:
+        ranked = [f for f in c.files if f.rank is not None and f.path in listed]
+        if ranked:
+            first.append(min(ranked, key=lambda f: (-(f.rank or 0), f.path)).path)
+    if not first:
+        first = sorted(f.path for f in ckpt.all_files if f.path in listed)[:1]
     return first + sorted(set(listed) - set(first))
 
 
