@@ -186,3 +186,22 @@ def test_prune_killed_after_each_deletion_leaves_no_step_that_looks_complete(s3,
         assert again.exit_code == 0, (k, again.output[-2000:])
         assert keys(client, f"kill{k}") == before - under(before, f"{prefix}/global_step_2"), k
     forked.close()
+
+
+@pytest.mark.slow
+def test_the_first_deletion_is_one_the_layout_misses_and_a_harmless_one_is_refused(s3, uploaded):
+    """The order's guard: the layout's own judgement of the listing without the first object to go."""
+    from ckpt_audit.remote.prune import complete_without, deletion_order, listed_under
+
+    client, _ = s3
+    local, catalog, _ = uploaded
+    upload(client, local, "order/demo/exp")
+    cm, _s, preview, _hooks = planned(catalog, f"s3://{BUCKET}/order", "2")
+    cm.__exit__(None, None, None)
+    [item] = preview.plan.delete
+    facts = preview.scanned.file_facts
+    order = deletion_order(item.checkpoint, listed_under(facts, item.path))
+    assert order[0].endswith("_world_size_2_rank_1.pt") and len(order) == len(set(order)) == step_objects(local)
+    assert complete_without(item, facts, order[:1]) is None
+    # data.pt is optional to the verl layout: deleting it first would leave a step that passes for whole
+    assert "looking complete" in complete_without(item, facts, [f"{item.path}/data.pt"])
