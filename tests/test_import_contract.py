@@ -35,7 +35,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckpt_audit.catalog", "ckpt_audit.report", "ckpt_audit.report_junit", "ckpt_audit.metrics_textfile"),
     # cluster: the scan's map half placed on Ray nodes; above the scanner it runs, below the session that drives it
     # object stores: the remote scan drives the scanner's reduce and readers (ckpt_audit.remote, docs/remote.md)
-    ("ckpt_audit.cluster", "ckpt_audit.remote.scan", "ckpt_audit.remote.store", "ckpt_audit.remote.compare"),
+    (
+        "ckpt_audit.cluster",
+        "ckpt_audit.remote.scan",
+        "ckpt_audit.remote.store",
+        "ckpt_audit.remote.compare",
+        "ckpt_audit.remote.prune",
+    ),
     ("ckpt_audit.session", "ckpt_audit.answers"),  # answers: what the session's actions return
     ("ckpt_audit.cli", "ckpt_audit.__main__"),
 )

@@ -1,6 +1,6 @@
 """Object-store roots against a real S3 server (moto's standalone server, started by this module) through the real
 clients (boto3 uploads the way trainers do, s3fs reads): remote scan, checksums without downloads, partial uploads,
-`compare`, and prune's refusal. Objects read are counted in the server's own request log."""
+and `compare` (prune: test_remote_prune.py). Objects read are counted in the server's own request log."""
 
 from __future__ import annotations
 
@@ -233,11 +233,13 @@ def test_compare_exact_copy_and_each_difference(s3, uploaded):
     assert "checksum differs" in diffs[shard] and "only in" in diffs["global_step_2/data.pt"]
 
 
-def test_prune_refuses_remote_roots(tmp_path):
+def test_prune_refuses_remote_with_local_roots_and_read_data_on_local(tmp_path):
     res = CliRunner().invoke(
-        cli, ["prune", "s3://bucket/ckpts", "--keep-last", "1", "--catalog", str(tmp_path / "c.db")]
+        cli, ["prune", "s3://bucket/ckpts", str(tmp_path), "--keep-last", "1", "--catalog", str(tmp_path / "c.db")]
     )
     assert res.exit_code == 2 and "s3://" in res.output
+    res = CliRunner().invoke(cli, ["prune", str(tmp_path), "--read-data", "--catalog", str(tmp_path / "c.db")])
+    assert res.exit_code == 2 and "--read-data" in res.output
 
 
 def test_compare_of_a_missing_directory_is_an_error(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import click
 
@@ -13,7 +12,7 @@ from ckpt_audit.exitcodes import ExitCode
 
 
 @click.command("prune")
-@click.argument("roots", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("roots", nargs=-1, required=True, type=click.Path())  # a str: an s3:// URL stays whole
 @click.option(
     "--keep-last", type=click.IntRange(0), metavar="N", help="Keep the last N complete checkpoints of each run."
 )
@@ -37,7 +36,7 @@ from ckpt_audit.exitcodes import ExitCode
     "--pin",
     "pins",
     multiple=True,
-    type=click.Path(path_type=Path),
+    type=click.Path(),
     metavar="STEP_DIR",
     help="Never delete this checkpoint (repeatable).",
 )
@@ -51,6 +50,12 @@ from ckpt_audit.exitcodes import ExitCode
 )
 @click.option("--dry-run", is_flag=True, help="Show the plan and exit 0 without deleting or asking.")
 @click.option("-y", "--yes", is_flag=True, help="Delete without asking (cron).")
+@click.option(
+    "--read-data",
+    is_flag=True,
+    help="s3:// roots: read every object by content (download) for the plan and the survivor re-read, instead of "
+    "by store checksum (docs/remote.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (plan and outcome) to stdout.")
 @click.option(
     "--ray",
@@ -77,6 +82,7 @@ def prune_command(
     stale_after,
     dry_run,
     yes,
+    read_data,
     as_json,
     ray_address,
     catalog,
@@ -98,6 +104,10 @@ def prune_command(
 
     Without --yes the plan is shown and you are asked; when stdin is not a terminal prune refuses (exit 2).
 
+    s3:// roots (docs/remote.md): the same plan; survivors re-read by store checksum (--read-data: by content);
+    each step's prefix listed again, then exactly its listed objects deleted one by one, a rank shard first, so
+    that an interrupted prune leaves it incomplete.
+
     Exit codes: 0 done (or nothing to do, or --dry-run), 1 a checkpoint the plan counted on failed its
     re-read (plan recomputed), 2 usage (or refused to prompt), 3 error (bad root or catalog, or a deletion
     failed), 4 another run holds the catalog lock, 130 interrupted.
@@ -107,13 +117,16 @@ def prune_command(
         ckpt-audit prune /ckpts --keep-last 3 --dry-run
         ckpt-audit prune /ckpts --keep-last 2 --keep-every 1000 --keep-best 1 --metric loss --yes
         ckpt-audit prune runs/ --keep-within 7d --pin runs/p/e/global_step_500 --json --yes
+        ckpt-audit prune s3://bucket/ckpts --keep-last 5 --yes
     """
     from ckpt_audit.session import PlanError
+    from ckpt_audit.session.stores import is_remote
     from ckpt_audit.session.terms import KeepBest, KeepEvery, KeepLast, KeepWithin, Policy
 
-    # click's Path has made s3://b of a URL s3:/b. docs/remote.md: not yet, rather than a prune without its invariants
-    if any(str(r).startswith(("s3:/", "gs:/")) for r in roots):
-        raise click.UsageError("prune does not act on s3:// or gs:// roots yet; prune the local copy after `compare`")
+    if any(is_remote(r) for r in roots) and (ray_address is not None or not all(is_remote(r) for r in roots)):
+        raise click.UsageError("s3:// roots are pruned on their own: not with local roots, not with --ray")
+    if read_data and not is_remote(roots[0]):
+        raise click.UsageError("--read-data is for s3:// roots (a local prune re-reads by content already)")
 
     rules: list = []
     if keep_last is not None:
@@ -135,7 +148,13 @@ def prune_command(
         try:
             # the preview is checked for a person to read (--dry-run, the prompt); --yes reads once, just before acting
             check = dry_run or not yes
-            if ray_address is not None:
+            if is_remote(roots[0]):
+                from ckpt_audit.session.stores import plan_prune_remote
+
+                preview = plan_prune_remote(
+                    s, policy, pins=pins, now_ns=time.time_ns(), check=check, read_data=read_data
+                )
+            elif ray_address is not None:
                 preview = plan_prune_on_cluster(
                     s, roots, policy, pins=pins, address=ray_address, now_ns=time.time_ns(), check=check
                 )
@@ -143,7 +162,8 @@ def prune_command(
                 preview = s.plan_prune(policy, pins=pins, now_ns=time.time_ns(), check=check)
         except PlanError as exc:
             raise click.UsageError(str(exc)) from None
-        roots, plan, trash, cluster = list(s.roots), preview.plan, list(preview.trash), preview.executor
+        roots, plan, trash = list(s.roots), preview.plan, list(preview.trash)
+        cluster = preview.executor if ray_address is not None else None  # the Ray nodes, reported after the prune
         if not as_json:
             _render_plan(plan, trash)
             _render_check(preview.check, "" if preview.checked else "immediately before the first deletion")

@@ -324,7 +324,7 @@ class Cluster:
         }
 
     # the survivor check, each node re-reading its own part
-    def reread(self, ckpt: Checkpoint, **_ignored) -> Reread:
+    def reread(self, ckpt: Checkpoint, *, workers: int = 2, progress=None) -> Reread:  # noqa: ARG002 - on the nodes
         parts = {n: (p,) for n in self.nodes if (p := node_part(ckpt, n, self.copies)) is not None}
         got, silent = self._call(reread_on_this_node, parts)
         found = [f for r in got.values() for f in r.findings]

@@ -116,7 +116,9 @@ class Executor(Protocol):
     """Who re-reads a checkpoint and carries a plan out when not this process (`reread` and prune.execute here;
     prune --ray: cluster.ray_prune.Cluster, on the nodes holding each checkpoint)."""
 
-    def reread(self, ckpt: Checkpoint, **options) -> Reread: ...
+    def reread(self, ckpt: Checkpoint, *, workers: int = 2, progress: Progress | None = None) -> Reread:
+        """As `reread` below, where the checkpoint's bytes are."""
+        ...
 
     def execute(
         self,

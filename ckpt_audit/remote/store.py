@@ -59,6 +59,7 @@ class Store:
     def objects(self, url: str) -> list[Obj]:
         """Every object at or below the prefix `url` (an object named exactly `url` is no root: not listed)."""
         path = _path(url)
+        self.fs.invalidate_cache(path)  # a listing again is the store's answer now, never s3fs's cached one
         try:
             found = self._call(self.fs.find, path, detail=True)
         except FileNotFoundError:
@@ -89,7 +90,10 @@ class Store:
 
         async def every() -> list:
             sem = asyncio.Semaphore(HEAD_CONCURRENCY)  # made inside the loop it serves
-            return await asyncio.gather(*(one(sem, u) for u in urls))
+            # one HEAD alone first: on a fresh client, concurrent first requests each set up what one would
+            # (3.5 s instead of 0.3 s for 12 HEADs here)
+            first = await one(sem, urls[0])
+            return [first, *await asyncio.gather(*(one(sem, u) for u in urls[1:]))]
 
         return dict(zip(urls, self._call(sync, self.fs.loop, every), strict=True)) if urls else {}
 
@@ -113,6 +117,15 @@ class Store:
     def download(self, url: str, dest: str) -> None:
         self._got()
         self._call(self.fs.get_file, _path(url), dest)
+
+    # ---------------------------------------------------------------------------------------- writes
+
+    def delete(self, url: str) -> None:
+        """Delete exactly the object `url` (one DeleteObject; remote prune, ckpt_audit.remote.prune). In a
+        versioned bucket this adds a delete marker: the old version stays until the bucket's lifecycle rules
+        expire it."""
+        bucket, key = _split(url)
+        self._call(self.fs.call_s3, "delete_object", Bucket=bucket, Key=key)
 
     def _got(self) -> None:
         with self._lock:  # the remote scan reads on a thread pool

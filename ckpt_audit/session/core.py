@@ -205,7 +205,9 @@ class Session:
                 rule = dataclasses.replace(rule, values=values)
             rules.append(rule)
         known = {c.path for r in runs for c in r.checkpoints}
-        pin_paths = frozenset(os.path.realpath(p) for p in pins)
+        from ckpt_audit.remote import is_remote, normal
+
+        pin_paths = frozenset(normal(str(p)) if is_remote(p) else os.path.realpath(p) for p in pins)
         if unknown := sorted(pin_paths - known):
             raise PlanError(f"--pin {unknown[0]} matches no scanned checkpoint")
         policy = dataclasses.replace(policy, rules=tuple(rules))

@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from ckpt_audit.readers.hashing import store_checksums_on
 from ckpt_audit.remote import RemoteError, is_remote, normal
-from ckpt_audit.session.core import SessionError
+from ckpt_audit.session.core import Session, SessionError
 
-__all__ = ["catalog_key", "compare", "read_data_on", "store_checksums_on"]
+if TYPE_CHECKING:
+    from ckpt_audit.lifecycle.retention import Policy
+
+__all__ = ["catalog_key", "compare", "is_remote", "plan_prune_remote", "read_data_on", "store_checksums_on"]
 
 
 def compare(source: str, copy: str):
@@ -26,14 +30,31 @@ def compare(source: str, copy: str):
 
 
 @contextmanager
-def read_data_on() -> Iterator[None]:
-    """While inside, a remote scan downloads and reads every object (`scan --read-data`)."""
+def read_data_on(on: bool = True) -> Iterator[None]:
+    """While inside (`on`), a remote scan downloads and reads every object (`scan --read-data`)."""
     from ckpt_audit.remote.scan import read_data_on as reading
 
-    with reading():
+    with reading(on):
         yield
 
 
 def catalog_key(path: str) -> str:
     """What the catalog keys `path` by: a URL as given (s3://…), a local path made absolute."""
     return normal(path) if is_remote(path) else os.path.abspath(path).rstrip("/")
+
+
+def plan_prune_remote(session: Session, policy: Policy, *, pins, now_ns: int, check: bool, read_data: bool):
+    """Session.plan_prune for s3:// roots: the session's remote scan (`read_data`: every object read by content),
+    planned and checked by the session with the store as re-reader and executor (remote.prune.RemotePrune)."""
+    from ckpt_audit.remote.prune import RemotePrune
+
+    with read_data_on(read_data):
+        scanned = session.scan(now_ns=now_ns, record=False).result
+    return session.plan_prune(
+        policy,
+        pins=pins,
+        now_ns=now_ns,
+        scanned=scanned,
+        executor=RemotePrune(scanned, read_data=read_data),
+        check=check,
+    )
