@@ -7,7 +7,9 @@ engine (no torch: bytes copied from the shards' zip entries in 8 MiB blocks, CRC
 bounded chunks; then checked as a model and, where transformers is installed, loaded by transformers in a child
 process, whose peak RSS is shown beside the export's), the same without that load (`stream-no-load`: --max-load-size
 0) and with --no-verify, the torch engine (the oracle), and `source-check` alone (the re-read
-of every source file that every export starts with). A second checkpoint 4x as large is exported by the stream
+of every source file that every export starts with). `stream-jobs1` / `stream-jobs2`: the export cut into about 4
+output shards, written and read back by one process or by two workers (--jobs 2), no transformers load; their wall
+ratio is printed. A second checkpoint 4x as large is exported by the stream
 engine too: its peak RSS must stay the small one's (constant memory).
 
 Each variant is a fresh process, timed whole from outside (interpreter start and imports included: what a cron job
@@ -28,7 +30,7 @@ and what it waited for (cp, sync), from RUSAGE_CHILDREN: on a shared box the ste
 e.g. `git archive HEAD~3 ckpt_audit | tar -x -C DIR`) first on PYTHONPATH, interleaved with `stream` in every round.
 
 Usage: python bench/bench_export.py [--mb 400] [--world-size 2] [--repeat 3] [--no-large] [--no-bytecode]
-       [--step DIR] [--only stream,cp] [--before DIR] [--dim0]
+       [--step DIR] [--only stream,cp,stream-jobs1,stream-jobs2] [--before DIR] [--dim0]
 """
 
 from __future__ import annotations
@@ -154,6 +156,11 @@ def child(variant: str, step: str, out: str) -> None:
         export_checkpoint(step, out, verify=variant != "stream-no-verify", engine=engine, **load)
         if engine == "stream":
             assert "torch" not in sys.modules, "the stream engine imported torch"
+    elif variant in ("stream-jobs1", "stream-jobs2"):  # about 4 output shards, written by 1 or 2 processes
+        from ckpt_audit.lifecycle.export import export_checkpoint
+
+        shard = _shard_bytes(Path(step)) // 4 + 1
+        export_checkpoint(step, out, max_load_size=0, max_shard_size=shard, jobs=int(variant[-1]))
     elif variant == "merge":
         _verl_style(Path(step) / "actor", Path(out))
     elif variant == "cp":
@@ -268,7 +275,7 @@ def main() -> None:
             + ("" if big is None else f"; 4x: {_shard_bytes(big) / 2**20:.0f} MiB")
         )
         variants = ["import-torch", "merge", "cp", "stream", "stream-no-load", "stream-no-verify", "torch"]
-        variants.append("source-check")
+        variants += ["source-check", "stream-jobs1", "stream-jobs2"]
         if big is not None:
             variants.append("stream-4x")
         if args.before:
@@ -307,6 +314,11 @@ def _largest(mb: int) -> int:
 
 def _ratios(med: dict[str, dict[str, float]], big: bool) -> None:
     print()
+    if (j1 := med.get("stream-jobs1")) and (j2 := med.get("stream-jobs2")):
+        print(
+            f"--jobs 2 / --jobs 1 (about 4 shards, no transformers load): wall {j2['seconds'] / j1['seconds']:.2f}x "
+            f"on {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+        )
     s = med.get("stream")
     if s is None:
         return

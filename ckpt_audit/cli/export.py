@@ -52,6 +52,14 @@ from ckpt_audit.exitcodes import ExitCode
     metavar="SIZE",
     help="Split the safetensors past this size, with model.safetensors.index.json.",
 )
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Write (and read back) this many output shards at once, one local process each; the files are the same "
+    "as with 1. Useful with several shards (--max-shard-size) on a machine with spare cores and disk.",
+)
 @click.option("--no-verify", is_flag=True, help="Skip reading the export back and comparing it with the shards.")
 @click.option(
     "--allow-corrupt",
@@ -108,6 +116,7 @@ def export_command(
     weights,
     check_dir,
     hf_config,
+    jobs,
     as_json,
     catalog,
 ) -> None:
@@ -192,6 +201,7 @@ def export_command(
                 engine=engine,
                 weights=weights,
                 hf_config=hf_config,
+                jobs=jobs,
             )
     except ExportRefused as exc:
         bar.close()

@@ -191,6 +191,7 @@ def export_checkpoint(
     engine: str = "auto",
     weights: str | None = None,
     hf_config: str | Path | None = None,
+    jobs: int = 1,
 ) -> ExportResult:
     """Merge `step_dir`'s `role` into a HuggingFace directory at `to`. Raises ExportError with a one-line reason,
     ExportRefused (nothing touched) when `to` or the source fails a safety check.
@@ -214,6 +215,9 @@ def export_checkpoint(
     `weights` ("fp32" | "module"): a DeepSpeed ZeRO checkpoint (a tag dir, or a dir whose `latest` names one) exports
     its fp32 master weights (the default) or the module's own weights (export_zero); an HF Trainer checkpoint with
     HF weights exports those unless `weights` is given.
+
+    `jobs`: the stream engine writes and reads back that many output files at once, one worker process each
+    (export_stream._in_workers); the files are the same bytes as with 1.
     """
     if engine not in ENGINES:
         raise ExportError(f"unknown engine {engine!r} (use {', '.join(ENGINES)})")
@@ -275,14 +279,15 @@ def export_checkpoint(
         fallback = ""
         result = None
         if zero is not None:  # streamed only: the torch engine has no DeepSpeed source
+            crc = refused is None
             result = _export_streamed(
-                role_dir, src, tmp, out, dtype=dtype, check_crc=refused is None, **args, weights=weights or "fp32"
+                role_dir, src, tmp, out, dtype=dtype, check_crc=crc, jobs=jobs, **args, weights=weights or "fp32"
             )
         elif engine != "torch":
             try:
                 # --allow-corrupt: the CRCs already failed and the user took the bytes as they are
                 crc = refused is None
-                result = _export_streamed(role_dir, src, tmp, out, dtype=dtype, check_crc=crc, **args)
+                result = _export_streamed(role_dir, src, tmp, out, dtype=dtype, check_crc=crc, jobs=jobs, **args)
             except StreamUnsupported as why:
                 if kind == MEGATRON:
                     raise ExportError(f"{why}: not supported (the torch engine reads no dist_ckpt either)") from None
@@ -404,6 +409,7 @@ def _export_streamed(
     progress,
     hf_dir,
     ops,
+    jobs: int = 1,
     weights: str | None = None,
 ) -> ExportResult:
     """The stream engine (export_stream): tensor bytes copied from the shards in blocks, no torch. `weights`: the
@@ -435,6 +441,7 @@ def _export_streamed(
             check_crc=check_crc,
             tick=tick,
             read_tick=ops.tick,  # one tensor read back
+            jobs=jobs,
         )
     except es.StreamError as exc:
         raise ExportError(str(exc)) from None

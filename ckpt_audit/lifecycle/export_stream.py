@@ -353,8 +353,10 @@ def export_tensors(
     check_crc: bool = True,
     tick: Callable[[str], None],
     read_tick: Callable[[], None],
+    jobs: int = 1,
 ) -> Outcome:
-    """Write the plan's tensors under `tmp` (model*.safetensors, lora_adapter/adapter_model.safetensors)."""
+    """Write the plan's tensors under `tmp` (model*.safetensors, lora_adapter/adapter_model.safetensors). `jobs` > 1:
+    each output file is written and read back by one of that many worker processes (_in_workers)."""
     for t in plan.tensors:
         if (dst := t.out_dtype(target)) != t.dtype and (t.dtype, dst) not in EXACT_CASTS:
             raise StreamUnsupported(f"{t.name}: a {t.dtype} to {dst} cast")
@@ -378,21 +380,26 @@ def export_tensors(
                 f"LoRA adapter ({len(lora)} tensors) exported to lora_adapter/ beside the model; it is "
                 "NOT fused into the base weights"
             )
-        hashes: dict[str, tuple[int, str]] = {}
-        written: list[tuple[Path, list[Planned], _Written]] = []
-        for rel, group in output_shards(base, lambda t: t.nbytes(target), max_shard_size, tmp):
-            written.append((tmp / rel, group, _write_file(tmp / rel, group, target, maps, tick, check_crc)))
+        shards = output_shards(base, lambda t: t.nbytes(target), max_shard_size, tmp)
+        files = [(tmp / rel, group) for rel, group in shards]
         if lora:
             (tmp / "lora_adapter").mkdir()
-            path = tmp / "lora_adapter" / "adapter_model.safetensors"
-            written.append((path, lora, _write_file(path, lora, target, maps, tick, check_crc)))
-    syncing = _Syncing([path for path, _group, _w in written])  # the disk's wait beside the read-back's CPU
-    try:
-        for path, group, w in written:
-            got = _read_back(path, group, w, read_tick) if verify else w.file_hash
-            hashes[str(path.relative_to(tmp))] = (w.size, got)
-    finally:
-        syncing.join(raise_error=sys.exc_info()[0] is None)
+            files.append((tmp / "lora_adapter" / "adapter_model.safetensors", lora))
+        parallel = jobs > 1 and len(files) > 1
+        if parallel:
+            done = _in_workers(files, jobs, target, check_crc, verify, tick, read_tick)
+        else:
+            written = [_write_file(path, group, target, maps, tick, check_crc) for path, group in files]
+    if not parallel:
+        syncing = _Syncing([path for path, _group in files])  # the disk's wait beside the read-back's CPU
+        try:
+            done = [
+                (w.size, _read_back(path, group, w, read_tick) if verify else w.file_hash)
+                for (path, group), w in zip(files, written)
+            ]
+        finally:
+            syncing.join(raise_error=sys.exc_info()[0] is None)
+    hashes = {str(path.relative_to(tmp)): got for (path, _group), got in zip(files, done)}
     return Outcome(
         dtype=target or _dominant_float(base),
         tensors=len(base) + len(lora),
@@ -432,6 +439,53 @@ def output_shards(
         "weight_map": dict(sorted(weight_map.items())),
     }
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _in_workers(files, jobs: int, target, check_crc: bool, verify: bool, tick, read_tick) -> list[tuple[int, str]]:
+    """Each output file written and read back by a worker process (`export --jobs`): the files are independent
+    once planned, so N processes copy N shards at once. Progress ticks when a file is done. The first failure is
+    raised as the worker raised it; the others are cancelled and the running ones awaited, so nothing writes
+    under the work directory after this returns or raises."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    from concurrent.futures.process import BrokenProcessPool
+
+    # never fork: the caller's source check runs on a thread beside this
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    done: dict[int, tuple[int, str]] = {}
+    pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=mp.get_context(method))
+    try:
+        running = {
+            pool.submit(_write_and_read_back, path, group, target, check_crc, verify): i
+            for i, (path, group) in enumerate(files)
+        }
+        for fut in cf.as_completed(running):
+            i = running[fut]
+            done[i] = fut.result()
+            for t in files[i][1]:
+                tick(t.name)
+                if verify:
+                    read_tick()
+    except BrokenProcessPool:  # killed (SIGBUS on a source truncated under its map, out of memory)
+        raise StreamError("an export worker process died (a source file truncated or out of memory?)") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [done[i] for i in range(len(files))]
+
+
+def _write_and_read_back(path: Path, group: list[Planned], target, check_crc: bool, verify: bool) -> tuple[int, str]:
+    """A worker's share of `export --jobs`: one output file, as export_tensors writes and reads back each."""
+    with Maps() as maps:
+        w = _write_file(path, group, target, maps, _no_tick, check_crc)
+    syncing = _Syncing([path])
+    try:
+        return w.size, _read_back(path, group, w, _no_tick) if verify else w.file_hash
+    finally:
+        syncing.join(raise_error=sys.exc_info()[0] is None)
+
+
+def _no_tick(*_args) -> None:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
