@@ -173,7 +173,7 @@ EXECUTE = (
 @pytest.mark.parametrize("mode", [0o555, 0o000], ids=["read-only-dir", "unreadable-dir"])
 def test_execution_never_half_deletes_a_tree_it_cannot_remove(run, tmp_path, mode):
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     plan = plan_prune(scan([str(run)]).runs, Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
     assert [i.step for i in plan.delete] == [2, 4]
@@ -457,7 +457,7 @@ def test_a_link_made_after_the_plan_is_found_before_the_rename(run, tmp_path):
     from ckpt_audit.lifecycle.links import find_links
     from ckpt_audit.lifecycle.prune import Action, execute
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     root = str(run.parent.parent)
     plan = plan_prune(
@@ -601,7 +601,7 @@ def test_a_half_done_trash_is_left_marked_without_failing_later_prunes_then_fini
 @needs_setpriv
 def test_a_refusal_found_only_after_the_rename_renames_the_tree_back(run, tmp_path, flags_ok):
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     plan = plan_prune(scan([str(run)]).runs, Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
     (tmp_path / "plan.pkl").write_bytes(pickle.dumps(plan))
@@ -657,7 +657,7 @@ def test_the_tui_plan_keeps_a_linked_step_and_its_prune_deletes_only_the_rest(ru
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop FOWNER")
 def test_a_sticky_directory_holding_someone_elses_file_is_found_before_the_rename(run, tmp_path):
     from ckpt_audit.lifecycle.retention import KeepLast, Policy, plan_prune
-    from ckpt_audit.scanner import scan
+    from ckpt_audit.scan import scan
 
     plan = plan_prune(scan([str(run)]).runs, Policy(rules=(KeepLast(n=1),)), now_ns=time.time_ns())
     (tmp_path / "plan.pkl").write_bytes(pickle.dumps(plan))
