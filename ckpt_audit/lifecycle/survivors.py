@@ -24,7 +24,7 @@ from ckpt_audit.codes import UNREAD_CODES, finding
 from ckpt_audit.lifecycle.latest import resumes_as_is
 from ckpt_audit.lifecycle.prune import Action, Outcome, PruneResult
 from ckpt_audit.lifecycle.retention import PrunePlan, Reason, plan_prune
-from ckpt_audit.models import Checkpoint, Finding, Run, Status, format_size
+from ckpt_audit.models import Checkpoint, FileKind, Finding, Run, Status, format_size
 from ckpt_audit.readers import hashing
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.units import format_utc
@@ -224,19 +224,7 @@ def _compare(path: str, was, got: hashing.FileDigest | OSError) -> list[Finding]
     )
     if moved:  # rewritten since the scan: a new verdict needs a new scan, the old one is stale either way
         return [finding("file-changed-during-scan", path, "size, mtime or inode moved since the scan")]
-    out = [
-        f
-        for f in file_rules.digest_findings(
-            path,
-            kind=was.kind,
-            size=got.size_bytes,
-            zip_error=got.zip_error,
-            crc_bad=got.crc_bad_entries,
-            prefix=got.prefix,
-            changed=False,
-        )
-        if f.code != "zip-prefix-mismatch"
-    ]  # a name fact the scan already judged; not a content failure
+    out = content_findings(path, was.kind, got)
     if was.hash is not None and got.hash != was.hash:
         out.append(
             finding(
@@ -246,6 +234,21 @@ def _compare(path: str, was, got: hashing.FileDigest | OSError) -> list[Finding]
             )
         )
     return out
+
+
+def content_findings(path: str, kind: FileKind, got: hashing.FileDigest) -> list[Finding]:
+    """What a re-read's digest says of a file's content (the zip rules: truncation, CRCs); its name facts (the
+    zip prefix) were judged by the scan and are no content failure."""
+    found = file_rules.digest_findings(
+        path,
+        kind=kind,
+        size=got.size_bytes,
+        zip_error=got.zip_error,
+        crc_bad=got.crc_bad_entries,
+        prefix=got.prefix,
+        changed=False,
+    )
+    return [f for f in found if f.code != "zip-prefix-mismatch"]
 
 
 def _status_for(found: Sequence[Finding]) -> Status:

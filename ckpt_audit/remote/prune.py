@@ -30,7 +30,7 @@ from ckpt_audit.layouts import load_layouts
 from ckpt_audit.layouts.tracker import resume_step, tracker_path
 from ckpt_audit.lifecycle.prune import Action, Outcome, PruneLog, PruneResult
 from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
-from ckpt_audit.lifecycle.survivors import Reread
+from ckpt_audit.lifecycle.survivors import Reread, content_findings
 from ckpt_audit.models import Checkpoint, FileFacts, Finding, ScanResult, ShardFile, Status
 from ckpt_audit.remote import RemoteError
 from ckpt_audit.remote.scan import tree_of
@@ -87,7 +87,6 @@ class RemotePrune:
     def _read_back(self, was: ShardFile) -> tuple[list[Finding], int]:
         """The object downloaded and digested: (findings against the scan's hash and CRCs, bytes read)."""
         from ckpt_audit.readers.hashing import digest_file
-        from ckpt_audit.rules.files import digest_findings
 
         url = was.path
         with tempfile.TemporaryDirectory(prefix="ckpt-audit-reread-") as tmp:
@@ -101,19 +100,7 @@ class RemotePrune:
                 return [finding("unreadable", url, f"cannot re-read: {exc}")], 0
         if was.hash is None:
             return [finding("remote-unverified", url, "the scan recorded no hash of it to compare with")], 0
-        out = [
-            f
-            for f in digest_findings(
-                url,
-                kind=was.kind,
-                size=got.size_bytes,
-                zip_error=got.zip_error,
-                crc_bad=got.crc_bad_entries,
-                prefix=got.prefix,
-                changed=False,
-            )
-            if f.code != "zip-prefix-mismatch"  # a name fact the scan already judged
-        ]
+        out = content_findings(url, was.kind, got)
         if got.hash != was.hash or got.size_bytes != was.size_bytes:
             out.append(finding("remote-checksum-mismatch", url, "its content changed since the scan (xxh3 differs)"))
         return out, got.size_bytes
