@@ -13,6 +13,7 @@ Cut by concern:
 - reads: `browse`, `latest` (the resume gate), `reading` and the catalog facts viewers show; none waits for the lock.
 - cluster: scan --ray and prune --ray, with ckpt_audit.cluster as the injected reader and executor.
 - continuity: `ckpt-audit continuity`'s audit of a metrics log, with the catalog's checkpoints.
+- stores: s3:// roots as the CLI reaches them: compare, the scan's switches, a remote prune's plan.
 - terms (export_terms, tracker_terms): the nouns a front end passes in or matches on (prune policies, outcome
   kinds, errors), each module imported only by the command that needs it.
 """
