@@ -272,6 +272,7 @@ def test_store_checksums_are_the_stores_values(tmp_path):
     import zlib
 
     import google_crc32c  # the test extra installs it (and awscrt, with the s3 extra)
+
     data = os.urandom(3 * hashing.CHUNK + 12345)
     p = tmp_path / "shard.bin"
     p.write_bytes(data)
