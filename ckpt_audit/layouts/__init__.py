@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import NamedTuple, Protocol
 
-from ckpt_audit.models import Component, FileKind, Run, ShardFile, from_slots
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status, from_slots
 from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
 
@@ -121,6 +121,35 @@ def component_for(
         if comp is not None:
             return comp
     return None
+
+
+def one_component_checkpoint(
+    run_dir: str,
+    step: int,
+    step_dir: str,
+    *,
+    layout: str,
+    world_size: int | None,
+    files: Sequence[ShardFile],
+    file_findings: Sequence[Finding],
+    findings: Sequence[Finding],
+    tree: Tree,
+) -> Checkpoint:
+    """A checkpoint whose step directory is its one component (a DeepSpeed tag, HF Trainer's checkpoint-N,
+    torchtitan's step-N), to be judged by rules.status.judge. Its age is its newest entry's, directories included:
+    an empty step folder made a second ago is young."""
+    comp = Component(
+        role="", path=step_dir, layout=layout, world_size=world_size, files=tuple(files), findings=tuple(file_findings)
+    )
+    return Checkpoint(
+        run_path=run_dir,
+        step=step,
+        path=step_dir,
+        status=Status.INCOMPLETE,  # placeholder; status.judge decides
+        components=(comp,),
+        findings=tuple(findings),
+        mtime_ns=max([tree.newest_dir_mtime_ns(step_dir), *(f.mtime_ns for f in files)]),
+    )
 
 
 def shard_file(facts: FileFacts, kind: FileKind, rank: int | None, world_size: int | None = None) -> ShardFile:

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import TextRead, shard_file
+from ckpt_audit.layouts import TextRead, one_component_checkpoint, shard_file
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import deepspeed as rules
 from ckpt_audit.rules import hf_trainer as hf_rules
@@ -168,23 +168,16 @@ def tag_checkpoint(run_dir: str, tag_dir: str, tree: Tree, facts: Mapping[str, F
         step = steps.pop() if len(steps) == 1 else None
     if step is None or step > MAX_STEP:
         return None
-    comp = models.Component(
-        role="",
-        path=tag_dir,
+    return one_component_checkpoint(
+        run_dir,
+        step,
+        tag_dir,
         layout=NAME,
         world_size=degrees.dp * degrees.mp if degrees else None,
-        files=tuple(files),
-        findings=tuple(file_findings),
-    )
-    mtime = max([tree.newest_dir_mtime_ns(tag_dir), *(f.mtime_ns for f in files)])
-    return models.Checkpoint(
-        run_path=run_dir,
-        step=step,
-        path=tag_dir,
-        status=Status.INCOMPLETE,  # placeholder; status.judge decides
-        components=(comp,),
+        files=files,
+        file_findings=file_findings,
         findings=found,
-        mtime_ns=mtime,
+        tree=tree,
     )
 
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import TextRead, deepspeed, shard_file
+from ckpt_audit.layouts import TextRead, deepspeed, one_component_checkpoint, shard_file
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, Status
 from ckpt_audit.rules import hf_trainer as rules
 from ckpt_audit.rules import status
@@ -156,25 +156,17 @@ class HfTrainer:
             or ADAPTER_NAMES & set(tree.file_names(f"{step_dir}/{s}"))
             for s in subdirs
         )
-        comp = models.Component(
-            role="",
-            path=step_dir,
+        return one_component_checkpoint(
+            run_dir,
+            step,
+            step_dir,
             layout=NAME,
             world_size=rules.world_size(names),
-            files=tuple(files),
-            findings=tuple(file_findings),
-        )
-        # its age is its newest entry's, directories included: an empty checkpoint-N/ made a second ago is young
-        mtime = max([tree.newest_dir_mtime_ns(step_dir), *(f.mtime_ns for f in files)])
-        return models.Checkpoint(
-            run_path=run_dir,
-            step=step,
-            path=step_dir,
-            status=Status.INCOMPLETE,  # placeholder; status.judge decides
-            components=(comp,),
+            files=files,
+            file_findings=file_findings,
             findings=rules.check_checkpoint(step_dir, step, names, subdirs, texts, weights_below=below, headers=headers)
             + deepspeed.trainer_state_findings(step_dir, tree, facts),
-            mtime_ns=mtime,
+            tree=tree,
         )
 
 

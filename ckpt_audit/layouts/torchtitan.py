@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import TextRead, shard_file
+from ckpt_audit.layouts import TextRead, one_component_checkpoint, shard_file
 from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA, check_byte_ranges, check_dcp_dir, check_model_keys
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import status
@@ -137,16 +137,16 @@ class Torchtitan:
             found.extend(check_byte_ranges(step_dir, tree, facts))
             found.extend(check_model_keys(step_dir, facts))
         found.extend(_model_only(step_dir, step, facts, hf_only=hf_only))
-        comp = models.Component(
-            role="", path=step_dir, layout=NAME, world_size=ws, files=tuple(files), findings=tuple(found)
-        )
-        ckpt = models.Checkpoint(
-            run_path=run_dir,
-            step=step,
-            path=step_dir,
-            status=Status.INCOMPLETE,  # placeholder; status.judge decides
-            components=(comp,),
-            mtime_ns=max([tree.newest_dir_mtime_ns(step_dir), *(f.mtime_ns for f in files)]),
+        ckpt = one_component_checkpoint(
+            run_dir,
+            step,
+            step_dir,
+            layout=NAME,
+            world_size=ws,
+            files=files,
+            file_findings=found,
+            findings=(),
+            tree=tree,
         )
         # DCP renames .metadata into place last: until then the folder is uncommitted (in progress while young)
         return status.judge(ckpt, tracker_step=step if _committed(step_dir, tree) else None, ctx=ctx)
