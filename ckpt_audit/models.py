@@ -28,7 +28,7 @@ def from_slots(cls: type[_T], values: Sequence[object]) -> _T:
     """An instance of the frozen slotted dataclass `cls` from its field values in slot order, without its
     `__init__`: for what the scan rebuilds by the thousand (catalog rows, cached run verdicts, a Ray node's answers).
     Only those row builders use it (layouts.shard_file, catalog.manifest.facts_of_rows, catalog.verdicts,
-    verdict_cache.light_facts, reduce_as_tuple); tests/test_slot_builders.py fails when a field order they rely on
+    scan.verdicts.light_facts, reduce_as_tuple); tests/test_slot_builders.py fails when a field order they rely on
     changes. Anywhere else, call the class.
 
     The frozen `__init__` sets each field through object.__setattr__, ~9 us an object on this VM; here an unfrozen

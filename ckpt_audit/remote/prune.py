@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckpt_audit.codes import finding
+from ckpt_audit.codes import UNREAD_CODES, finding
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.layouts import load_layouts
 from ckpt_audit.layouts.tracker import resume_step, tracker_path
@@ -35,7 +35,6 @@ from ckpt_audit.models import Checkpoint, FileFacts, Finding, ScanResult, ShardF
 from ckpt_audit.remote import RemoteError
 from ckpt_audit.remote.scan import tree_of
 from ckpt_audit.remote.store import Obj, Store
-from ckpt_audit.rules.status import UNREAD_CODES
 
 Progress = Callable[[int, int], None]
 

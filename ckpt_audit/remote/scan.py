@@ -31,6 +31,7 @@ from ckpt_audit.layouts import enclosing_step_dir, file_kind, load_layouts
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S, FileFacts, Finding, many_objects
 from ckpt_audit.remote import RemoteError, normal
 from ckpt_audit.remote.store import Head, Obj, Store
+from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.scan.pipeline import _in_focus
 from ckpt_audit.scan.read import _wants_text
 from ckpt_audit.tree import Tree
@@ -63,8 +64,6 @@ def scan_remote(
     """Scan remote `roots` (URLs) into a ScanResult, as scan.scan does a local tree. A root at or inside a step
     directory scans that checkpoint with its run (scan.focus_of); `rehash` (latest --verified's re-read of its
     candidate) reads the objects as `read_data` does."""
-    from ckpt_audit.rules.status import ScanContext  # made on first use (models.made_on_first_use)
-
     started = time.time_ns()
     now = now_ns if now_ns is not None else started
     read_data = (_READ_DATA[0] if read_data is None else read_data) or rehash

@@ -27,7 +27,7 @@ from ckpt_audit.scan.scrub import ScrubPolicy
 from ckpt_audit.scan.walk import walk, without_trash
 from ckpt_audit.tree import FileFacts, Tree
 
-if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on_first_use): start-up, issue 16
+if TYPE_CHECKING:
     from pathlib import Path
 
     from ckpt_audit.models import ScanResult, ShardFile

@@ -8,18 +8,15 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TypeGuard
 
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import text_files
-from ckpt_audit.models import DcpFacts, FileKind, Finding
+from ckpt_audit.models import DcpFacts, FileKind, Finding, ShardFile
 from ckpt_audit.readers import hashing, safetensors_header
 from ckpt_audit.readers.pool import map_unordered
 from ckpt_audit.rules import files as file_rules
 from ckpt_audit.tree import FileFacts, PtFacts
-
-if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on_first_use): start-up, issue 16
-    from ckpt_audit.models import ShardFile
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total), called on the scanning thread
 # How the files a scan must read get read: (paths, walk stats, previous facts, kinds, workers=, now_ns=) ->

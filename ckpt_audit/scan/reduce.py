@@ -9,13 +9,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import ckpt_audit.scan.verdicts as vc
+from ckpt_audit.codes import UNREAD_CODES
 from ckpt_audit.layouts import Layout, load_layouts
-from ckpt_audit.models import Finding
-from ckpt_audit.rules.status import UNREAD_CODES
+from ckpt_audit.models import Finding, ScanResult
 from ckpt_audit.tree import FileFacts, Tree
 
-if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on_first_use): start-up, issue 16
-    from ckpt_audit.models import ScanResult
+if TYPE_CHECKING:
     from ckpt_audit.rules.status import ScanContext
     from ckpt_audit.tree import Partial
 
@@ -69,8 +68,6 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
     )
     # a walk finding inside a checkpoint (or on a run's tracker) now belongs to it: report it once
     attached = {f for run in runs for f in (*run.findings, *(x for c in run.checkpoints for x in c.findings))}
-    from ckpt_audit.models import ScanResult  # made on first use: off start-up
-
     return ScanResult(
         roots=tuple(p.root for p in partials),
         runs=runs,

@@ -20,19 +20,15 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import TYPE_CHECKING
 
 import ckpt_audit.scan.verdicts as vc
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, file_kind
-from ckpt_audit.models import FileKind, Finding, format_size
+from ckpt_audit.models import FileKind, Finding, Run, ShardFile, format_size
 from ckpt_audit.readers import hashing
 from ckpt_audit.scan.read import reused, vouched
 from ckpt_audit.scan.scrub import ScrubPlan, ScrubPolicy, plan_scrub
 from ckpt_audit.tree import FileFacts, Tree
-
-if TYPE_CHECKING:  # made on first use, after the files are read (models.made_on_first_use)
-    from ckpt_audit.models import Run, ShardFile
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

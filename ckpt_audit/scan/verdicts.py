@@ -36,12 +36,11 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import xxhash  # already loaded by the readers; hashlib's OpenSSL start-up costs ~4 ms
 
 from ckpt_audit import __version__
-from ckpt_audit.models import FileFacts, Finding, from_slots
+from ckpt_audit.models import FileFacts, Finding, Run, from_slots
 from ckpt_audit.readers import RULES
 from ckpt_audit.tree import Tree
 
-if TYPE_CHECKING:  # made on first use, after the scan's reads (models.made_on_first_use)
-    from ckpt_audit.models import Run
+if TYPE_CHECKING:
     from ckpt_audit.rules.deep_verdict import DeepVerdict
 
 # bump when a rule or layout change would judge the same inputs differently (a new release changes the key anyway,
