@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,7 @@ def build_cached(tmp_path_factory, name: str, writer, key: str | None = None, **
     with open(cache / f"{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent session waits for this build instead of doubling it
         if final.is_dir() and _intact(final):
+            os.utime(lock.name)  # last use, read by the sweep of stale trees below
             return final
         shutil.rmtree(final, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
@@ -110,11 +112,29 @@ def build_cached(tmp_path_factory, name: str, writer, key: str | None = None, **
             os.rename(staging, final)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        for stale in cache.glob(f"{name}-*"):  # trees built by older harness code
-            if stale.is_dir() and stale != final and stale.name.count("-") == final.name.count("-"):
-                shutil.rmtree(stale, ignore_errors=True)
-                stale.with_name(stale.name + ".lock").unlink(missing_ok=True)
+        _sweep_stale(cache, name, final)
     return final
+
+
+STALE_AFTER_S = 2 * 86400
+
+
+def _sweep_stale(cache: Path, name: str, final: Path) -> None:
+    """Trees under other keys of `name` (older harness code) unused for two days. Not sooner: another checkout of
+    the project (a worktree, a branch) may be using its own key right now, and deleting its tree under its tests
+    would fail them or make the two checkouts rebuild each other's trees in turn."""
+    now = time.time()
+    for stale in cache.glob(f"{name}-*"):
+        lock = stale.with_name(stale.name + ".lock")
+        if not stale.is_dir() or stale == final or stale.name.count("-") != final.name.count("-"):
+            continue
+        try:
+            idle = now - lock.stat().st_mtime
+        except FileNotFoundError:
+            idle = now - stale.stat().st_mtime
+        if idle > STALE_AFTER_S:
+            shutil.rmtree(stale, ignore_errors=True)
+            lock.unlink(missing_ok=True)
 
 
 def _run_dir(tree: Path, params: dict) -> Path:
