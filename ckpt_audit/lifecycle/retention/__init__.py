@@ -11,6 +11,9 @@ could not be read in full are kept.
 values (`read_metric()` reads them with continuity's metrics reader; `metric_problem()` refuses a metric that
 would rank nothing). `ckpt_audit.lifecycle.survivors` re-reads what a plan counts on before
 `ckpt_audit.lifecycle.prune.execute()` carries it out.
+
+Its modules: `reasons` (why a checkpoint stays or goes), `policy` (the keep rules), `plan` (`plan_prune`), `metric`
+(keep-best's values). Importers use the names below.
 """
 
 from ckpt_audit.lifecycle.retention.metric import metric_problem, read_metric
