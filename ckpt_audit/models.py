@@ -133,7 +133,7 @@ class Finding:
     """One defect found: a registered code (ckpt_audit.codes) with its severity, where, and a one-line message."""
 
     severity: Severity
-    code: str  # stable slug, e.g. "missing-rank"; registered in ckpt_audit/codes.py, documented in docs/codes.md
+    code: str  # stable slug, e.g. "missing-rank"; registered in ckpt_audit/codes/, documented in docs/codes.md
     path: str
     message: str
     rank: int | None = None

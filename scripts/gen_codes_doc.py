@@ -19,11 +19,11 @@ COMMAND = "python scripts/gen_codes_doc.py"
 
 HEADER = f"""# Finding codes
 
-<!-- Generated from ckpt_audit/codes.py by `{COMMAND}`; do not edit by hand. -->
+<!-- Generated from ckpt_audit/codes/ by `{COMMAND}`; do not edit by hand. -->
 
 Every finding ckpt-audit reports (`scan`, `verify`, `continuity`, and in JSON as `"code"`) has a stable slug,
-registered once in [`ckpt_audit/codes.py`](../ckpt_audit/codes.py) with its severity and what it means. Findings at
-or above `--fail-on` (default `error`) make a command exit 1 ([exit codes](cli.md#exit-codes)).
+registered once in the registry [`ckpt_audit/codes/`](../ckpt_audit/codes/__init__.py) with its severity and what it
+means. Findings at or above `--fail-on` (default `error`) make a command exit 1 ([exit codes](cli.md#exit-codes)).
 
 **status** marks the codes whose `error` makes a checkpoint `corrupt` (damaged bytes). Any other error makes it
 `incomplete`, except `unsafe-pickle` (`unsafe`) and the codes for an entry that could not be read (`unknown`, never

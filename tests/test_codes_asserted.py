@@ -201,6 +201,15 @@ def test_every_code_the_scanner_can_emit_is_registered():
     assert len(emitted) > 30 and sorted(emitted - set(CODES)) == []
 
 
+def test_no_code_is_registered_in_two_families():
+    """CODES is one dict over the families' tables (codes/shards.py, codes/deep.py, ...): a slug entered in two of
+    them would silently keep only the later entry."""
+    from ckpt_audit.codes import FAMILIES
+
+    slugs = [c.code for family in FAMILIES for c in family.TABLE]
+    assert len(slugs) > 100 and sorted({s for s in slugs if slugs.count(s) > 1}) == []
+
+
 def test_every_code_flag_names_registered_codes():
     """The flag sets beside the registry (unread, unsafe, zip-rule, ...) name only registered codes: a misspelt
     code in one would silently never match a finding."""

@@ -271,7 +271,7 @@ def test_codes_doc_is_generated_from_the_registry():
     spec.loader.exec_module(gen)
     current = (REPO / "docs" / "codes.md").read_text()
     assert current == gen.render(), (
-        "docs/codes.md differs from ckpt_audit/codes.py: run `python scripts/gen_codes_doc.py`"
+        "docs/codes.md differs from ckpt_audit/codes/: run `python scripts/gen_codes_doc.py`"
     )
 
 

@@ -1,4 +1,5 @@
-"""The SQLite catalog of scans (see store.py); `manifest` holds the torch- and sqlite_utils-free fast path."""
+"""The SQLite catalog of scans: store.py opens and writes it, queries.py reads it; `manifest` holds the torch- and
+sqlite_utils-free fast path."""
 
 from __future__ import annotations
 

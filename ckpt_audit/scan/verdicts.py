@@ -4,7 +4,7 @@ A run's verdict (`layouts.build_run`) is a function of its subtree (directory an
 the facts of its files, and the scan's clock against the in-progress window. The key hashes all of it:
 
     the tool's version, VERDICT_FORMAT, the readers' RULES and the judging code's files (size and mtime of
-        models.py, codes.py and every module of scan/, rules/, layouts/ and readers/: an edited checkout judges
+        models.py and every module of codes/, scan/, rules/, layouts/ and readers/: an edited checkout judges
         afresh), the run's layout and those loaded, the in-progress window;
     every directory under the run: its path and mtime;
     every file under the run: its path, size, mtime, inode and ctime (the stat cache's own key, plus ctime: a
@@ -47,16 +47,16 @@ if TYPE_CHECKING:
 # and so does any edit to the judging code's files: code_stamp)
 VERDICT_FORMAT = 1
 _STAMP: list[str] = []
-_JUDGING = ("models.py", "codes.py")  # the top-level modules a verdict depends on
+_JUDGING = ("models.py",)  # the top-level modules a verdict depends on
 
 
 def code_stamp() -> str:
-    """The judging code as installed: name, size and mtime of _JUDGING and of the scan/, rules/, layouts/ and
-    readers/ modules (a reader that finds more in the same bytes judges the same inputs differently)."""
+    """The judging code as installed: name, size and mtime of _JUDGING and of the codes/, scan/, rules/, layouts/
+    and readers/ modules (a reader that finds more in the same bytes judges the same inputs differently)."""
     if not _STAMP:
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         h = xxhash.xxh3_128()
-        for d in (package, *(os.path.join(package, sub) for sub in ("scan", "rules", "layouts", "readers"))):
+        for d in (package, *(os.path.join(package, sub) for sub in ("codes", "scan", "rules", "layouts", "readers"))):
             with os.scandir(d) as it:
                 for e in sorted(it, key=lambda e: e.name):
                     if e.name.endswith(".py") and (d != package or e.name in _JUDGING):
