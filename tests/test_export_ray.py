@@ -152,3 +152,61 @@ def test_ray_flag_without_the_extra_or_the_cluster_is_one_line(tmp_path):
         f"ckpt-audit: error: cannot reach the Ray cluster at 127.0.0.1:{port}"
     )
     assert not (tmp_path / "c.db").exists() and not (tmp_path / "hf").exists()
+
+
+def _task_pids() -> list[int]:
+    """Ray workers running an export task (Ray titles a worker after the task it runs)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes().startswith(b"ray::_write_task"):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.slow
+def test_a_task_killed_is_one_line_and_the_other_tasks_are_stopped(ray_cluster, verl_run, tmp_path):
+    """Every shard task waits at the hold seam; the first to start is SIGKILLed (the OOM killer, an operator): the
+    export fails in one line instead of hanging, and once it returns no other task is left to write."""
+    import signal
+    import threading
+    import time
+
+    step = latest_step(verl_run)
+    files = {r: step / "actor" / f"model_world_size_2_rank_{r}.pt" for r in (0, 1)}
+    plan = es.plan_shards(files, 2, step / "actor")
+    for node in ray_cluster.ids:
+        (ray_cluster.hold / f"{node}.hold").touch()
+    killed: list[int] = []
+
+    def kill_the_first_started() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            if any(ray_cluster.hold.glob("*.started")) and (pids := _task_pids()):
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_the_first_started)
+    killer.start()
+    try:
+        with pytest.raises(es.StreamError) as exc:
+            es.export_tensors(
+                plan,
+                tmp_path,
+                target=None,
+                max_shard_size=20_000,
+                verify=True,
+                tie=False,
+                tick=lambda n: None,
+                read_tick=lambda: None,
+                run_files=RayFiles(),
+            )
+    finally:
+        killed.append(-1)  # stops the killer if the export ended first
+        killer.join()
+    assert killed[0] > 0 and "\n" not in str(exc.value) and " died (" in str(exc.value), exc.value
+    assert _task_pids() == []  # the held tasks were cancelled and their workers gone before it returned
+    assert not any(p.suffix == ".safetensors" for p in tmp_path.iterdir())  # all were held before writing

@@ -25,7 +25,7 @@ from pathlib import Path
 from ckpt_audit.lifecycle import export_stream as es
 from ckpt_audit.lifecycle.export_guard import ExportRefused
 
-from .ray_scan import RayUnavailable
+from .ray_scan import RayUnavailable, _hold
 
 RAY_MISSING = "export --ray needs the optional extra: pip install 'ckpt-audit[ray]'"
 CONNECT_TIMEOUT_S = 5.0  # a host:port nobody answers: Ray itself retries for minutes before it gives up
@@ -82,8 +82,10 @@ def _write_task(path: Path, group: list, target, check_crc: bool, verify: bool) 
     """One output shard (runs on a node): export_stream's worker body, and which node ran it."""
     import ray  # noqa: PLC0415 - on the worker, where ray is loaded already
 
+    node = ray.get_runtime_context().get_node_id()
+    _hold(node)  # test seam (ray_scan.HOLD_ENV): tests kill a task while it runs
     size, digest = es._write_and_read_back(path, group, target, check_crc, verify)
-    return size, digest, ray.get_runtime_context().get_node_id()
+    return size, digest, node
 
 
 @dataclass
