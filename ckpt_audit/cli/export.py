@@ -69,7 +69,7 @@ from ckpt_audit.exitcodes import ExitCode
     metavar="[ADDRESS]",
     help="Write (and read back) each output shard in a Ray task on the cluster's nodes; --to and the checkpoint "
     "must be on a store every node mounts at the same path (checked first, else exit 2). --jobs caps the tasks at "
-    "once (default: Ray's CPUs decide). Stream engine only (docs/ray.md; needs the extra: pip install "
+    "once (default: Ray's CPUs decide). Stream engine only (docs/lifecycle.md; needs the extra: pip install "
     "'ckpt-audit[ray]', else exit 2).",
 )
 @click.option("--no-verify", is_flag=True, help="Skip reading the export back and comparing it with the shards.")
