@@ -15,6 +15,7 @@ Ray is imported inside the functions only (an export without --ray never loads i
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -52,7 +53,7 @@ def connect(address: str):
         except OSError as exc:
             raise RayConnectError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc})") from None
     try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError for a bad address
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RayConnectError(f"cannot connect to the Ray cluster at {address}: {why}") from None
