@@ -60,6 +60,18 @@ from ckpt_audit.exitcodes import ExitCode
     help="Write (and read back) this many output shards at once, one local process each; the files are the same "
     "as with 1. Useful with several shards (--max-shard-size) on a machine with spare cores and disk.",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="auto",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Write (and read back) each output shard in a Ray task on the cluster's nodes; --to and the checkpoint "
+    "must be on a store every node mounts at the same path (checked first, else exit 2). --jobs caps the tasks at "
+    "once (default: Ray's CPUs decide). Stream engine only (docs/lifecycle.md; needs the extra: pip install "
+    "'ckpt-audit[ray]', else exit 2).",
+)
 @click.option("--no-verify", is_flag=True, help="Skip reading the export back and comparing it with the shards.")
 @click.option(
     "--allow-corrupt",
@@ -117,6 +129,7 @@ def export_command(
     check_dir,
     hf_config,
     jobs,
+    ray_address,
     as_json,
     catalog,
 ) -> None:
@@ -154,8 +167,10 @@ def export_command(
     Exit codes: 0 exported, 1 refused: the source failed its check (see --allow-corrupt) or the export is not the
     model its config.json describes (see --allow-unverified), 2 usage, or --to
     refused (would touch a checkpoint, run or root; exists without --force; --force onto something that is not
-    an earlier export or an empty directory), 3 error (unreadable or unsupported checkpoint, verification
-    failed, catalog unusable, the export could not be written), 4 another run holds the catalog lock, 130
+    an earlier export or an empty directory; with --ray: a node does not see --to or the checkpoint as this
+    process does, or the ray extra is missing), 3 error (unreadable or unsupported checkpoint, verification
+    failed, catalog unusable, the export could not be written, a Ray task failed or died, the Ray cluster
+    cannot be reached), 4 another run holds the catalog lock, 130
     interrupted. Nothing is left written when it refuses or fails.
 
     \b
@@ -163,11 +178,14 @@ def export_command(
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf-step400
         ckpt-audit export /ckpts/p/e/global_step_400 --to ./hf --dtype bf16 --max-shard-size 2GB --force
         ckpt-audit export ./out/checkpoint-500 --weights fp32 --to ./hf-fp32
+        ckpt-audit export /shared/ckpts/p/e/global_step_400 --to /shared/hf --max-shard-size 2GB --ray
     """
     from ckpt_audit.session.export_terms import ExportError, ExportRefused
     from ckpt_audit.units import parse_size
 
     if check_dir is not None:
+        if ray_address is not None:
+            raise click.UsageError("--check reads only; it takes no --ray")
         if to is not None:
             raise click.UsageError("--check compares an existing directory; it takes no --to")
         _check(ctx, step_dir, check_dir, role=role, hf_config=hf_config, weights=weights, as_json=as_json)
@@ -183,6 +201,13 @@ def export_command(
         load_bytes = parse_size(max_load_size)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--max-load-size") from None
+    runner = None
+    if ray_address is not None:
+        if engine == "torch":
+            raise click.UsageError("--ray writes with the stream engine; it takes no --engine torch")
+        engine = "stream"  # a fallback to torch would run here, not on the cluster
+        explicit = ctx.get_parameter_source("jobs") is not click.core.ParameterSource.DEFAULT
+        runner = _ray_runner(ctx, ray_address, jobs if explicit else None)
     bar = Bar("exporting", enabled=not as_json)
     try:
         with session(ctx, (), catalog) as s:  # the catalog's lock, as every other command that writes it
@@ -202,6 +227,7 @@ def export_command(
                 weights=weights,
                 hf_config=hf_config,
                 jobs=jobs,
+                run_files=runner,
             )
     except ExportRefused as exc:
         bar.close()
@@ -214,8 +240,9 @@ def export_command(
 
     for w in result.warnings:
         click.echo(f"ckpt-audit: warning: {w}", err=True)
+    ray = {} if runner is None else {"ray": {"nodes": dict(sorted(runner.nodes.items()))}}  # files each node wrote
     if as_json:
-        emit_json({"command": "export", **result.to_dict(), "export_id": result.export_id})
+        emit_json({"command": "export", **result.to_dict(), "export_id": result.export_id, **ray})
     else:
         from ckpt_audit.models import format_size
 
@@ -225,7 +252,25 @@ def export_command(
         )
         for f in result.files:
             click.echo(f"  {f.hash}  {format_size(f.size_bytes):>10}  {f.path}")
+        if ray:
+            nodes = ", ".join(f"{n[:8]} ({k})" for n, k in ray["ray"]["nodes"].items())
+            click.echo(f"weight files written on Ray nodes: {nodes}")
     ctx.exit(int(ExitCode.OK))
+
+
+def _ray_runner(ctx, address: str, jobs: int | None):
+    """export --ray's writer, connected before the catalog is touched: the extra missing is one line, exit 2; the
+    cluster unreachable one line, exit 3."""
+    from ckpt_audit.session import SessionError
+    from ckpt_audit.session.cluster import RayUnavailable, export_runner
+
+    try:
+        return export_runner(address, jobs=jobs)
+    except RayUnavailable as exc:
+        click.echo(f"ckpt-audit: {exc}", err=True)
+        ctx.exit(int(ExitCode.USAGE))
+    except SessionError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _check(ctx, step_dir, hf_dir, *, role, hf_config, weights, as_json) -> None:

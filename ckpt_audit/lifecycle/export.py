@@ -192,6 +192,7 @@ def export_checkpoint(
     weights: str | None = None,
     hf_config: str | Path | None = None,
     jobs: int = 1,
+    run_files: Callable | None = None,
 ) -> ExportResult:
     """Merge `step_dir`'s `role` into a HuggingFace directory at `to`. Raises ExportError with a one-line reason,
     ExportRefused (nothing touched) when `to` or the source fails a safety check.
@@ -217,7 +218,8 @@ def export_checkpoint(
     HF weights exports those unless `weights` is given.
 
     `jobs`: the stream engine writes and reads back that many output files at once, one worker process each
-    (export_stream._in_workers); the files are the same bytes as with 1.
+    (export_stream._in_workers); the files are the same bytes as with 1. `run_files`: the executor that writes
+    them instead (export --ray: cluster.ray_export), with _in_workers' signature.
     """
     if engine not in ENGINES:
         raise ExportError(f"unknown engine {engine!r} (use {', '.join(ENGINES)})")
@@ -276,18 +278,19 @@ def export_checkpoint(
         args: dict[str, Any] = dict(
             max_shard_size=max_shard_size, verify=verify, progress=progress, hf_dir=cfg_dir, ops=ops
         )
+        streamed: dict[str, Any] = dict(jobs=jobs, run_files=run_files)
         fallback = ""
         result = None
         if zero is not None:  # streamed only: the torch engine has no DeepSpeed source
             crc = refused is None
             result = _export_streamed(
-                role_dir, src, tmp, out, dtype=dtype, check_crc=crc, jobs=jobs, **args, weights=weights or "fp32"
+                role_dir, src, tmp, out, dtype=dtype, check_crc=crc, **streamed, **args, weights=weights or "fp32"
             )
         elif engine != "torch":
             try:
                 # --allow-corrupt: the CRCs already failed and the user took the bytes as they are
                 crc = refused is None
-                result = _export_streamed(role_dir, src, tmp, out, dtype=dtype, check_crc=crc, jobs=jobs, **args)
+                result = _export_streamed(role_dir, src, tmp, out, dtype=dtype, check_crc=crc, **streamed, **args)
             except StreamUnsupported as why:
                 if kind == MEGATRON:
                     raise ExportError(f"{why}: not supported (the torch engine reads no dist_ckpt either)") from None
@@ -410,6 +413,7 @@ def _export_streamed(
     hf_dir,
     ops,
     jobs: int = 1,
+    run_files: Callable | None = None,
     weights: str | None = None,
 ) -> ExportResult:
     """The stream engine (export_stream): tensor bytes copied from the shards in blocks, no torch. `weights`: the
@@ -442,6 +446,7 @@ def _export_streamed(
             tick=tick,
             read_tick=ops.tick,  # one tensor read back
             jobs=jobs,
+            run_files=run_files,
         )
     except es.StreamError as exc:
         raise ExportError(str(exc)) from None

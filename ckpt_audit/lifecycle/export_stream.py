@@ -354,9 +354,11 @@ def export_tensors(
     tick: Callable[[str], None],
     read_tick: Callable[[], None],
     jobs: int = 1,
+    run_files: Callable[..., list[tuple[int, str]]] | None = None,
 ) -> Outcome:
     """Write the plan's tensors under `tmp` (model*.safetensors, lora_adapter/adapter_model.safetensors). `jobs` > 1:
-    each output file is written and read back by one of that many worker processes (_in_workers)."""
+    each output file is written and read back by one of that many worker processes (_in_workers). `run_files`: an
+    executor with _in_workers' signature to use instead (export --ray: cluster.ray_export)."""
     for t in plan.tensors:
         if (dst := t.out_dtype(target)) != t.dtype and (t.dtype, dst) not in EXACT_CASTS:
             raise StreamUnsupported(f"{t.name}: a {t.dtype} to {dst} cast")
@@ -385,9 +387,9 @@ def export_tensors(
         if lora:
             (tmp / "lora_adapter").mkdir()
             files.append((tmp / "lora_adapter" / "adapter_model.safetensors", lora))
-        parallel = jobs > 1 and len(files) > 1
+        parallel = run_files is not None or (jobs > 1 and len(files) > 1)
         if parallel:
-            done = _in_workers(files, jobs, target, check_crc, verify, tick, read_tick)
+            done = (run_files or _in_workers)(files, jobs, target, check_crc, verify, tick, read_tick)
         else:
             written = [_write_file(path, group, target, maps, tick, check_crc) for path, group in files]
     if not parallel:

@@ -1,5 +1,6 @@
-"""scan --ray and prune --ray through the session: ckpt_audit.cluster places the reads and deletions on a Ray
-cluster's nodes, and the session injects it as the scan's reader and the prune's re-reader and executor.
+"""scan --ray, prune --ray and export --ray through the session: ckpt_audit.cluster places the reads, deletions and
+export shards on a Ray cluster's nodes, and the session injects it as the scan's reader, the prune's re-reader and
+executor, and the export's writer of output files.
 
 Ray is imported only here, and only when a command asks for it (`require_ray` first, so that a missing extra is
 one line and exit 2 before the catalog is touched). The logical roots are spelled as scan --ray spells them
@@ -113,6 +114,20 @@ def shared_reader(roots: Sequence[str | Path], *, address: str, placement: str) 
     logical = [os.path.realpath(os.path.abspath(os.fspath(r))) for r in roots]
     chosen, nodes = shared.resolve_placement(ray, placement, logical)
     return shared.RayReader(nodes=nodes) if chosen == "shared" else None
+
+
+def export_runner(address: str, *, jobs: int | None):
+    """export --ray's writer of output files (cluster.ray_export.RayFiles), connected to `address`: hand it to
+    Session.export as `run_files`. `jobs`: most shard tasks at once (None: Ray's CPUs decide). Raises RayUnavailable
+    (the extra is missing) or SessionError (the cluster cannot be reached)."""
+    from ckpt_audit.cluster import ray_export, ray_scan
+
+    try:
+        return ray_export.runner(address, jobs=jobs)
+    except ray_scan.RayUnavailable as exc:
+        raise RayUnavailable(str(exc)) from None
+    except ray_export.RayConnectError as exc:
+        raise SessionError(str(exc)) from None
 
 
 def node_memory(catalog_path: StrPath | None) -> NodeMemory:
