@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -23,3 +24,22 @@ def test_ray_flag_without_the_extra_is_one_line_exit_2(tmp_path):
         "ckpt-audit: scan --ray needs the optional extra: pip install 'ckpt-audit[ray]'"
     ]
     assert not (tmp_path / "c.db").exists()
+
+
+def test_ray_address_nobody_answers_is_one_line_exit_3_at_once(tmp_path):
+    """scan --ray (node-local and shared placement) and prune --ray at a port nobody listens on: Ray's own init
+    retries for minutes, warning every few seconds; ours is one line, exit 3, before the catalog is created."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    catalog = str(tmp_path / "c.db")
+    for args in (
+        ["scan", "--ray", address, "--catalog", catalog, str(tmp_path)],
+        ["scan", "--ray", address, "--placement", "shared", "--catalog", catalog, str(tmp_path)],
+        ["prune", "--ray", address, "--keep-last", "1", "--dry-run", "--catalog", catalog, str(tmp_path)],
+    ):
+        out = _run(f"from ckpt_audit.cli import cli\ncli.main({args!r})\n")
+        assert out.returncode == 3, (args, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"ckpt-audit: error: cannot reach the Ray cluster at {address}")
+        assert not (tmp_path / "c.db").exists()

@@ -267,7 +267,7 @@ def _ray_runner(ctx, address: str, jobs: int | None):
     try:
         return export_runner(address, jobs=jobs)
     except RayUnavailable as exc:
-        click.echo(f"ckpt-audit: {exc}", err=True)
+        click.echo(f"ckpt-audit: export {exc}", err=True)
         ctx.exit(int(ExitCode.USAGE))
     except SessionError as exc:
         raise CommandError(str(exc)) from None

@@ -139,10 +139,10 @@ def prune_command(
         rules.append(KeepBest(n=keep_best, metric=metric, mode=mode))  # the session reads the metric's values
     policy = Policy(rules=tuple(rules), stale_after_ns=stale_after)
     if ray_address is not None:
-        from ckpt_audit.cli.ray_prune import report_nodes, require_ray
+        from ckpt_audit.cli.ray_prune import connect, report_nodes
         from ckpt_audit.session.cluster import plan_prune_on_cluster
 
-        require_ray(ctx)
+        connect(ctx, ray_address)
 
     with session(ctx, roots, catalog) as s:
         try:

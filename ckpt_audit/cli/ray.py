@@ -8,6 +8,7 @@ import os
 import click
 
 from ckpt_audit.cli.common import (
+    CommandError,
     check_junit_writable,
     emit_json,
     session,
@@ -39,16 +40,19 @@ def run_ray_scan(
     """Map on every alive node (each reusing the catalog's facts about its own copies), reduce here, judge over
     the union, record which node holds what. Without Ray, or with --deep: one line, exit 2."""
     from ckpt_audit import report
-    from ckpt_audit.session.cluster import RayUnavailable, require_ray, scan_on_cluster
+    from ckpt_audit.session import SessionError
+    from ckpt_audit.session.cluster import RayUnavailable, connect_ray, scan_on_cluster
 
     if deep:
         click.echo(f"ckpt-audit: {DEEP_REFUSED}", err=True)
         ctx.exit(int(ExitCode.USAGE))
     try:
-        require_ray()
+        connect_ray(address)
     except RayUnavailable as exc:
-        click.echo(f"ckpt-audit: {exc}", err=True)
+        click.echo(f"ckpt-audit: {ctx.info_name} {exc}", err=True)
         ctx.exit(int(ExitCode.USAGE))
+    except SessionError as exc:
+        raise CommandError(str(exc)) from None
     check_junit_writable(junit_xml)
     threshold = report.FAIL_ON[fail_on]
     with session(ctx, roots, catalog) as s:

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import click
 
+from ckpt_audit.cli.common import CommandError
 from ckpt_audit.exitcodes import ExitCode
 
 
-def require_ray(ctx: click.Context) -> None:
-    """Without the extra: one line, exit 2 (before the catalog is touched)."""
-    from ckpt_audit.session.cluster import RayUnavailable, require_ray
+def connect(ctx: click.Context, address: str) -> None:
+    """Before the catalog is touched: without the extra one line, exit 2; the cluster unreachable one line, exit 3."""
+    from ckpt_audit.session import SessionError
+    from ckpt_audit.session.cluster import RayUnavailable, connect_ray
 
     try:
-        require_ray()
-    except RayUnavailable:
-        click.echo("ckpt-audit: prune --ray needs the optional extra: pip install 'ckpt-audit[ray]'", err=True)
+        connect_ray(address)
+    except RayUnavailable as exc:
+        click.echo(f"ckpt-audit: prune {exc}", err=True)
         ctx.exit(int(ExitCode.USAGE))
+    except SessionError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def report_nodes(cluster) -> None:

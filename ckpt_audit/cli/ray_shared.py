@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import click
 
+from ckpt_audit.cli.common import CommandError
 from ckpt_audit.exitcodes import ExitCode
 
 PLACEMENTS = ("auto", "node-local", "shared")
@@ -20,13 +21,16 @@ def run_if_shared(
     exit 2 (as node-local). --deep is left to node-local, which refuses it."""
     if placement == "node-local" or deep:
         return False
+    from ckpt_audit.session import SessionError
     from ckpt_audit.session.cluster import RayUnavailable, shared_reader
 
     try:
         reader = shared_reader(roots, address=address, placement=placement)
     except RayUnavailable as exc:
-        click.echo(f"ckpt-audit: {exc}", err=True)
+        click.echo(f"ckpt-audit: {ctx.info_name} {exc}", err=True)
         ctx.exit(int(ExitCode.USAGE))
+    except SessionError as exc:
+        raise CommandError(str(exc)) from None
     if reader is None:
         return False
 

@@ -15,49 +15,18 @@ Ray is imported inside the functions only (an export without --ray never loads i
 
 from __future__ import annotations
 
-import logging
 import os
-import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_audit.lifecycle import export_stream as es
 from ckpt_audit.lifecycle.export_guard import ExportRefused
 
-from .ray_scan import RayUnavailable, _hold
+from .ray_scan import _hold
 
-RAY_MISSING = "export --ray needs the optional extra: pip install 'ckpt-audit[ray]'"
-CONNECT_TIMEOUT_S = 5.0  # a host:port nobody answers: Ray itself retries for minutes before it gives up
 CANCEL_WAIT_S = 60.0  # after a failure: how long the cancelled tasks may take to be gone
-
-
-class RayConnectError(RuntimeError):
-    """The cluster could not be reached: one line."""
-
-
-def connect(address: str):
-    """The ray module, initialised against `address` ("auto": the running cluster). Raises RayUnavailable
-    (not installed) or RayConnectError."""
-    try:
-        import ray  # noqa: PLC0415 - optional extra, loaded only for --ray
-    except ImportError:
-        raise RayUnavailable(RAY_MISSING) from None
-    if ray.is_initialized():
-        return ray
-    host, _, port = address.rpartition(":")
-    if host and port.isdigit() and "://" not in address:  # fail fast where Ray would retry for minutes
-        try:
-            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-        except OSError as exc:
-            raise RayConnectError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc})") from None
-    try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError for a bad address
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RayConnectError(f"cannot connect to the Ray cluster at {address}: {why}") from None
-    return ray
 
 
 def _probe_node(probe: str, token: str, sources: dict[str, int]) -> str | None:
@@ -199,9 +168,3 @@ def _cancel(ray, refs: Sequence) -> None:
     left = list(refs)
     while left and time.monotonic() < deadline:
         _ready, left = ray.wait(left, num_returns=len(left), timeout=max(0.0, deadline - time.monotonic()))
-
-
-def runner(address: str, *, jobs: int | None) -> Callable:
-    """Connected to `address`, the executor export_tensors runs each output file through."""
-    connect(address)
-    return RayFiles(jobs=jobs)

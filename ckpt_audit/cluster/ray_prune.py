@@ -45,8 +45,8 @@ from ckpt_audit.lifecycle.retention import PlanItem, PrunePlan
 from ckpt_audit.lifecycle.survivors import Reread, reread
 from ckpt_audit.models import Checkpoint, ScanResult, Status
 
+from .connect import import_ray
 from .noderoots import ENV, parse_node_roots
-from .ray_scan import import_ray
 
 KILL_DIR_ENV = "CKPT_AUDIT_TEST_NODE_KILL"  # test seam: a directory; <dir>/<node id> holds N: that node's execution
 # is SIGKILLed after its N-th filesystem step (killpoints). Unset (always, outside tests) it costs a lookup.

@@ -19,22 +19,10 @@ from ckpt_audit.scan import Caches, focus_of, only_checkpoints, reduce, scan_par
 from ckpt_audit.scan.scrub import ScrubPolicy
 from ckpt_audit.tree import Partial, Tree
 
+from .connect import connect
 from .noderoots import ENV, NodePartials, local_path, parse_node_roots, rebase, rebase_facts
 
 DEFAULT_GONE_AFTER_S = 86_400.0  # a node silent this long is gone: see findings.py and docs/ray.md
-RAY_MISSING = "scan --ray needs the optional extra: pip install 'ckpt-audit[ray]'"
-
-
-class RayUnavailable(RuntimeError):
-    """Ray is not installed: the one-line message above."""
-
-
-def import_ray():
-    try:
-        import ray  # noqa: PLC0415 - optional extra, loaded only for --ray
-    except ImportError:
-        raise RayUnavailable(RAY_MISSING) from None
-    return ray
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,11 +98,9 @@ def node_local_map(
 ):
     """One pinned task per alive node (`previous`: node id -> its catalogued copies); returns (answers, silent
     node ids). A task is not retried: a node that dies mid-scan is silent, not rescheduled elsewhere."""
-    ray = import_ray()
+    ray = connect(address)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
 
-    if not ray.is_initialized():
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     task = ray.remote(num_cpus=0, max_retries=0)(scan_on_this_node)
     listed = ray.nodes()
     nodes = [n["NodeID"] for n in listed if n.get("Alive")]

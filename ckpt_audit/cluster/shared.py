@@ -221,7 +221,7 @@ class RayReader:
     ) -> Iterator[tuple[str, FileFacts]]:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
 
-        from .ray_scan import import_ray  # noqa: PLC0415
+        from .connect import import_ray  # noqa: PLC0415
 
         ray = import_ray()
         plan = plan_files({p: stats[p].st_size for p in paths}, self.nodes)

@@ -2,9 +2,10 @@
 export shards on a Ray cluster's nodes, and the session injects it as the scan's reader, the prune's re-reader and
 executor, and the export's writer of output files.
 
-Ray is imported only here, and only when a command asks for it (`require_ray` first, so that a missing extra is
-one line and exit 2 before the catalog is touched). The logical roots are spelled as scan --ray spells them
-(absolute, links not resolved): CKPT_AUDIT_NODE_ROOTS and the catalog's node memory are keyed by them.
+Ray is imported only here, and only when a command asks for it: front ends call `connect_ray` before they open the
+catalog, so that a missing extra (exit 2) or a cluster nobody answers (exit 3) is one line and touches nothing.
+The logical roots are spelled as scan --ray spells them (absolute, links not
+resolved): CKPT_AUDIT_NODE_ROOTS and the catalog's node memory are keyed by them.
 """
 
 from __future__ import annotations
@@ -31,14 +32,18 @@ class RayUnavailable(Exception):
     """The optional Ray extra is not installed (or cannot start): a usage error (exit 2)."""
 
 
-def require_ray():
-    """The ray module, or RayUnavailable with the one line to show."""
-    from ckpt_audit.cluster import ray_scan
+def connect_ray(address: str | None):
+    """The ray module, connected to `address`; front ends call it before they open the catalog. Raises
+    RayUnavailable (one line to show after the command's name), or SessionError where the cluster cannot be reached
+    (one line, at once: not after Ray's minutes of retries)."""
+    from ckpt_audit.cluster import connect
 
     try:
-        return ray_scan.import_ray()
-    except ray_scan.RayUnavailable as exc:
+        return connect.connect(address)
+    except connect.RayUnavailable as exc:
         raise RayUnavailable(str(exc)) from None
+    except connect.RayConnectError as exc:
+        raise SessionError(str(exc)) from None
 
 
 def scan_on_cluster(
@@ -57,6 +62,7 @@ def scan_on_cluster(
     from ckpt_audit.answers import Recorded
     from ckpt_audit.cluster import ray_scan
 
+    connect_ray(address)
     result = ray_scan.scan_cluster(
         _logical(roots),
         address=address,
@@ -87,6 +93,7 @@ def plan_prune_on_cluster(
 
     logical = _logical(roots)
     memory = node_memory(s.catalog_path)
+    connect_ray(address)
     scanned = ray_scan.scan_cluster(
         logical,
         address=address,
@@ -105,12 +112,10 @@ def plan_prune_on_cluster(
 
 def shared_reader(roots: Sequence[str | Path], *, address: str, placement: str) -> RayReader | None:
     """The reader of scan --ray's shared placement (each shared root's files read on every alive node), or None
-    when `placement` is or resolves to node-local. Raises RayUnavailable."""
+    when `placement` is or resolves to node-local. Raises RayUnavailable or SessionError."""
     from ckpt_audit.cluster import shared
 
-    ray = require_ray()
-    if not ray.is_initialized():
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    ray = connect_ray(address)
     logical = [os.path.realpath(os.path.abspath(os.fspath(r))) for r in roots]
     chosen, nodes = shared.resolve_placement(ray, placement, logical)
     return shared.RayReader(nodes=nodes) if chosen == "shared" else None
@@ -120,14 +125,10 @@ def export_runner(address: str, *, jobs: int | None):
     """export --ray's writer of output files (cluster.ray_export.RayFiles), connected to `address`: hand it to
     Session.export as `run_files`. `jobs`: most shard tasks at once (None: Ray's CPUs decide). Raises RayUnavailable
     (the extra is missing) or SessionError (the cluster cannot be reached)."""
-    from ckpt_audit.cluster import ray_export, ray_scan
+    from ckpt_audit.cluster import ray_export
 
-    try:
-        return ray_export.runner(address, jobs=jobs)
-    except ray_scan.RayUnavailable as exc:
-        raise RayUnavailable(str(exc)) from None
-    except ray_export.RayConnectError as exc:
-        raise SessionError(str(exc)) from None
+    connect_ray(address)
+    return ray_export.RayFiles(jobs=jobs)
 
 
 def node_memory(catalog_path: StrPath | None) -> NodeMemory:

@@ -1,0 +1,53 @@
+"""Reaching a Ray cluster, for every --ray command (scan, prune, export): the one place that imports Ray for the
+driver and calls ray.init.
+
+Ray's own init retries a host:port nobody answers for minutes, printing a warning every few seconds; a command in
+cron would hang there. An explicit host:port is therefore tried with a plain TCP connect first, and a refusal or
+timeout is one line. "auto" (the cluster `ray start` last recorded here) and ray:// client addresses go to Ray as
+given: with nothing recorded, Ray fails at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+RAY_MISSING = "--ray needs the optional extra: pip install 'ckpt-audit[ray]'"  # the CLI puts the command before it
+CONNECT_TIMEOUT_S = 5.0
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed: RAY_MISSING."""
+
+
+class RayConnectError(RuntimeError):
+    """The cluster could not be reached: one line."""
+
+
+def import_ray():
+    """The ray module, or RayUnavailable."""
+    try:
+        import ray  # noqa: PLC0415 - optional extra, loaded only for --ray
+    except ImportError:
+        raise RayUnavailable(RAY_MISSING) from None
+    return ray
+
+
+def connect(address: str | None):
+    """The ray module, initialised against `address` (None or "auto": the running cluster) unless it is already.
+    Raises RayUnavailable or RayConnectError."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    host, _, port = (address or "").rpartition(":")
+    if host and port.isdigit() and "://" not in (address or ""):
+        try:
+            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as exc:
+            raise RayConnectError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc})") from None
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError for a bad address
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RayConnectError(f"cannot connect to the Ray cluster at {address}: {why}") from None
+    return ray
