@@ -43,3 +43,18 @@ def test_ray_address_nobody_answers_is_one_line_exit_3_at_once(tmp_path):
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"ckpt-audit: error: cannot reach the Ray cluster at {address}")
         assert not (tmp_path / "c.db").exists()
+
+
+def test_ray_flag_does_not_swallow_the_path_after_it(tmp_path):
+    """`--ray PATH`: click hands the optional value the next word, which would make the root (or export's step
+    directory) the address; a value that is no Ray address is a usage error naming the fix, and nothing is read."""
+    catalog = str(tmp_path / "c.db")
+    for args in (
+        ["scan", "--catalog", catalog, "--ray", str(tmp_path)],
+        ["prune", "--keep-last", "1", "--catalog", catalog, "--ray", str(tmp_path)],
+        ["export", "--to", str(tmp_path / "hf"), "--catalog", catalog, "--ray", str(tmp_path)],
+    ):
+        out = _run(f"from ckpt_audit.cli import cli\ncli.main({args!r})\n")
+        assert out.returncode == 2, (args, out.stderr)
+        assert f"Invalid value for '--ray': '{tmp_path}' is not a Ray address" in out.stderr
+        assert not (tmp_path / "c.db").exists() and not (tmp_path / "hf").exists()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import Bar, CommandError, catalog_option, emit_json, session
+from ckpt_audit.cli.common import Bar, CommandError, catalog_option, emit_json, ray_address, session
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -66,6 +66,7 @@ from ckpt_audit.exitcodes import ExitCode
     is_flag=False,
     flag_value="auto",
     default=None,
+    callback=ray_address,
     metavar="[ADDRESS]",
     help="Write (and read back) each output shard in a Ray task on the cluster's nodes; --to and the checkpoint "
     "must be on a store every node mounts at the same path (checked first, else exit 2). --jobs caps the tasks at "

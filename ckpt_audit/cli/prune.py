@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ckpt_audit.cli.common import DURATION, catalog_option, emit_json, session
+from ckpt_audit.cli.common import DURATION, catalog_option, emit_json, ray_address, session
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -63,6 +63,7 @@ from ckpt_audit.exitcodes import ExitCode
     is_flag=False,
     flag_value="auto",
     default=None,
+    callback=ray_address,
     metavar="[ADDRESS]",
     help="Plan over the union of a Ray cluster's node-local disks and delete on the nodes holding each checkpoint "
     "(docs/ray.md; needs the extra: pip install 'ckpt-audit[ray]', else exit 2).",

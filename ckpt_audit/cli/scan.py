@@ -17,6 +17,7 @@ from ckpt_audit.cli.common import (
     check_junit_writable,
     emit_json,
     junit_option,
+    ray_address,
     require_torch,
     resolve_catalog,
     session,
@@ -113,6 +114,7 @@ def scrub_options(f):
     is_flag=False,
     flag_value="auto",
     default=None,
+    callback=ray_address,
     metavar="[ADDRESS]",
     help="Scan on a Ray cluster: each node its own disk's copy of each root, or all nodes one shared root "
     "(--placement; docs/ray.md; needs the "
