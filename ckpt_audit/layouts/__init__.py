@@ -1,7 +1,8 @@
 """Layout plug-ins: the only code that knows checkpoint file names.
 
 A layout is a module exposing `LAYOUT`, an object with the `Layout` protocol below. To add one (Megatron
-`dist_ckpt`, plain DCP, HF Trainer, ...), write `ckpt_audit/layouts/<name>.py` and add one line to `LAYOUTS`.
+`dist_ckpt`, plain DCP, HF Trainer, ...), write `ckpt_audit/layouts/<name>.py` and add one line to `LAYOUTS`; the
+whole checklist (rules, deep checks, codes, tests, docs) is in docs/design.md, "A new layout".
 
 The scanner asks every layout, in order, which directories of the walked `Tree` are runs (`find_runs`); the first
 layout to claim a directory builds it (`build_run`). Run layouts that contain per-role directories (verl PPO's
