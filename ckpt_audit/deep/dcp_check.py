@@ -8,7 +8,7 @@ with no gap or overlap, and each has a storage entry; .distcp files no entry ref
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 
 from ckpt_audit.codes import NAMED_BY_VERIFY, finding
 from ckpt_audit.deep.check import Deep
@@ -46,25 +46,19 @@ def check_dir(dcp_dir: str) -> tuple[Finding, ...]:
 
 
 def item_crcs(comp: Component, dcp_dir: str, bad: Set[str], meta: DcpMetadata | None = None) -> tuple[Finding, ...]:
-    """Every item of every `.distcp` of `dcp_dir` (in `comp`) against its CRC-32 (Megatron, plain DCP, torchtitan
-    alike)."""
+    """distcp-crc-mismatch / distcp-item-invalid for each item of each `.distcp` of `dcp_dir` (in `comp`) that its
+    `.metadata` references (Megatron, plain DCP, torchtitan alike). Files the scan found broken beyond loading and
+    missing files are left to their own findings; a `.distcp` whose item CRCs the scan found failing is read again,
+    to name the tensors."""
     if meta is None:
         try:
             meta = read_metadata(f"{dcp_dir}/{METADATA}")
         except (OSError, ValueError, TypeError):
             return ()  # check_dir reported it
-    # the scan names a .distcp whose item CRCs fail; verify reads the items again to name the tensors
-    crc_only = {f.path for f in comp.findings if f.code in NAMED_BY_VERIFY}
-    return check_item_crcs(dcp_dir, meta, skip=set(bad) - crc_only)
-
-
-def check_item_crcs(dcp_dir: str, meta: DcpMetadata, skip: Iterable[str] = ()) -> tuple[Finding, ...]:
-    """distcp-crc-mismatch / distcp-item-invalid for each item of each referenced file (files in `skip`, which the
-    scan already found broken, and missing files are left to their own findings)."""
+    skip = set(bad) - {f.path for f in comp.findings if f.code in NAMED_BY_VERIFY}
     per_file: dict[str, list[tuple[str, int, int]]] = {}
     for (fqn, _off), (rel, start, length) in meta.storage.items():
         per_file.setdefault(rel, []).append((fqn, start, length))
-    skip = set(skip)
     out = []
     for rel in sorted(per_file):
         path = f"{dcp_dir}/{rel}"
