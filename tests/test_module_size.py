@@ -15,8 +15,6 @@ BEING_CUT = frozenset(
     {
         "ckpt_audit/lifecycle/export.py",
         "ckpt_audit/lifecycle/export_stream.py",
-        "ckpt_audit/verify.py",
-        "ckpt_audit/deep/rules.py",
     }
 )
 

@@ -18,8 +18,8 @@ import torch
 from ckpt_audit.codes import CODES
 from ckpt_audit.deep import safe_load
 from ckpt_audit.deep.identity import check_identity
-from ckpt_audit.deep.rules import ComponentView, RankView, TensorView
 from ckpt_audit.deep.structure import check_optimizer
+from ckpt_audit.deep.views import ComponentView, RankView, TensorView
 
 
 @pytest.fixture

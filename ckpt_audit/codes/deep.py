@@ -23,7 +23,7 @@ TABLE: tuple[Code, ...] = (
         severity=INFO,
         explanation="a file an earlier verify read has changed (or was added or removed): its findings no longer bind",
     ),
-    # verify (deep checks: ckpt_audit/deep/rules.py, dcp_check.py, safe_load.py)
+    # verify (deep checks: ckpt_audit/deep/, each layout's as Layout.deep_checks names them)
     Code(
         code="not-loadable",
         severity=E,

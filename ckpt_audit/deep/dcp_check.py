@@ -8,16 +8,23 @@ with no gap or overlap, and each has a storage entry; .distcp files no entry ref
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
-from ckpt_audit.codes import finding
+from ckpt_audit.codes import NAMED_BY_VERIFY, finding
+from ckpt_audit.deep.check import Deep
 from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA
-from ckpt_audit.models import Finding
-from ckpt_audit.readers.dcp_metadata import Chunk, DcpMetadata, read_metadata  # the one parser (verify.py uses it)
+from ckpt_audit.models import Checkpoint, Component, Finding
+from ckpt_audit.readers import distcp_items
+from ckpt_audit.readers.dcp_metadata import Chunk, DcpMetadata, read_metadata  # the one parser
 
-__all__ = ["Chunk", "DcpMetadata", "check_dir", "check_metadata", "check_tiling", "read_metadata"]
+__all__ = ["Chunk", "DcpMetadata", "check", "check_dir", "check_metadata", "check_tiling", "read_metadata"]
 
 MAX_PAIRWISE = 4096  # chunks per tensor compared pairwise when they are not a 1-D split
+
+
+def check(ckpt: Checkpoint, comp: Component, bad: Set[str]) -> Deep:
+    """A component that is one DCP directory (plain DCP, a torchtitan step): `check_dir` and every item's CRC-32."""
+    return Deep((*check_dir(comp.path), *item_crcs(comp, comp.path, bad)))
 
 
 def check_dir(dcp_dir: str) -> tuple[Finding, ...]:
@@ -36,6 +43,43 @@ def check_dir(dcp_dir: str) -> tuple[Finding, ...]:
         except OSError:
             continue
     return check_metadata(dcp_dir, meta, sizes)
+
+
+def item_crcs(comp: Component, dcp_dir: str, bad: Set[str], meta: DcpMetadata | None = None) -> tuple[Finding, ...]:
+    """distcp-crc-mismatch / distcp-item-invalid for each item of each `.distcp` of `dcp_dir` (in `comp`) that its
+    `.metadata` references (Megatron, plain DCP, torchtitan alike). Files the scan found broken beyond loading and
+    missing files are left to their own findings; a `.distcp` whose item CRCs the scan found failing is read again,
+    to name the tensors."""
+    if meta is None:
+        try:
+            meta = read_metadata(f"{dcp_dir}/{METADATA}")
+        except (OSError, ValueError, TypeError):
+            return ()  # check_dir reported it
+    skip = set(bad) - {f.path for f in comp.findings if f.code in NAMED_BY_VERIFY}
+    per_file: dict[str, list[tuple[str, int, int]]] = {}
+    for (fqn, _off), (rel, start, length) in meta.storage.items():
+        per_file.setdefault(rel, []).append((fqn, start, length))
+    out = []
+    for rel in sorted(per_file):
+        path = f"{dcp_dir}/{rel}"
+        if path in skip or not os.path.isfile(path):
+            continue
+        try:
+            report = distcp_items.check_items(path, per_file[rel])
+        except OSError:
+            continue  # unreadable: the scan reported it
+        m = DISTCP_RE.fullmatch(os.path.basename(rel))
+        for p in report.problems:
+            out.append(
+                finding(
+                    p.problem.code,
+                    path,
+                    f"{p.key}: {p.problem.message}",
+                    rank=int(m.group(1)) if m else None,
+                    tensor=p.key,
+                )
+            )
+    return tuple(out)
 
 
 def check_metadata(dcp_dir: str, meta: DcpMetadata, file_sizes: Mapping[str, int]) -> tuple[Finding, ...]:

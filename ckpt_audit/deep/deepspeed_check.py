@@ -25,13 +25,14 @@ import hashlib
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
 from ckpt_audit.codes import finding
 from ckpt_audit.deep import safe_load
-from ckpt_audit.models import Component, Finding
+from ckpt_audit.deep.check import Deep
+from ckpt_audit.models import Checkpoint, Component, Finding
 from ckpt_audit.rules import deepspeed as rules
 
 
@@ -57,17 +58,17 @@ class OptimStates:
     partitions: int | None  # the partition_count it records (the data-parallel degree of its save)
 
 
-def check_component(comp: Component, bad: set[str]) -> tuple[Finding, ...]:
+def check(ckpt: Checkpoint, comp: Component, bad: Set[str]) -> Deep:
     """Each tag directory among `comp`'s files (a bare engine tag, or Trainer's checkpoint-N/global_stepK/)."""
     tags: dict[str, list[str]] = {}
     for f in comp.files:
         d, _, name = f.path.rpartition("/")
         if rules.is_shard(name):
             tags.setdefault(d, []).append(f.path)
-    return tuple(f for d in sorted(tags) for f in check_tag(tags[d], bad))
+    return Deep(tuple(f for d in sorted(tags) for f in check_tag(tags[d], bad)))
 
 
-def check_tag(paths: Sequence[str], bad: set[str]) -> tuple[Finding, ...]:
+def check_tag(paths: Sequence[str], bad: Set[str]) -> tuple[Finding, ...]:
     """Load each shard of one tag once (files the scan found broken are skipped) and judge the summaries."""
     out: list[Finding] = []
     models: list[ModelStates] = []

@@ -9,17 +9,19 @@ rules/files.py OBJECT_PICKLES). The weights' safetensors headers are verify's ge
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 
 from ckpt_audit.codes import finding
 from ckpt_audit.deep import safe_load
-from ckpt_audit.models import Component, FileKind, Finding
+from ckpt_audit.deep.check import Deep
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding
 
 RNG_KEYS = ("python", "numpy", "cpu")
 OPTIM_KEYS = ("state", "param_groups")
 
 
-def check_component(comp: Component, bad: set[str]) -> tuple[Finding, ...]:
+def check(ckpt: Checkpoint, comp: Component, bad: Set[str]) -> Deep:
+    """Each resume pickle of the checkpoint-N, loaded and read as Trainer's resume reads it."""
     out: list[Finding] = []
     for f in comp.files:
         if (
@@ -32,7 +34,7 @@ def check_component(comp: Component, bad: set[str]) -> tuple[Finding, ...]:
         out.extend(res.findings)
         if res.loaded:
             out.extend(check_state(f.path, res.value))
-    return tuple(out)
+    return Deep(tuple(out))
 
 
 def check_state(path: str, value: object) -> tuple[Finding, ...]:

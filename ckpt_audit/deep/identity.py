@@ -9,7 +9,7 @@ ranks whose sharded pieces are bit-identical (zip CRC-32 of every non-empty piec
 file twice.
 
 Only a difference on a Shard mesh dimension is a wrong piece: HSDP replicas (Replicate over `ddp`) hold the same
-bytes by design, so rank r+F loading rank r's file resumes right. Pure over `rules.TensorView`s.
+bytes by design, so rank r+F loading rank r's file resumes right. Pure over `views.TensorView`s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ckpt_audit.codes import finding
-from ckpt_audit.deep.rules import ComponentView, RankView, TensorView, mesh_coords
+from ckpt_audit.deep.views import ComponentView, RankView, TensorView, mesh_coords
 from ckpt_audit.models import Finding
 
 

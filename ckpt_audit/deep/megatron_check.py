@@ -1,7 +1,8 @@
-"""verify's checks of a Megatron `dist_ckpt/` (docs/megatron.md) beyond DCP's byte ranges. No torch.
+"""verify's checks of a Megatron `dist_ckpt/` (docs/megatron.md): verl's old layout (`<role>/dist_ckpt/`) and v2's
+(`<role>/{model,optimizer,extra}/dist_ckpt/`). Torch only for `common.pt` (safe_load).
 
-- Every item of every `.distcp` against its CRC-32 (readers.distcp_items): megatron-core and DCP load a flipped bit
-  silently as a changed weight.
+- DCP's checks of the directory (dcp_check: byte ranges, tiling, every `.distcp` item against its CRC-32:
+  megatron-core and DCP load a flipped bit silently as a changed weight); `common.pt` loaded the safe way.
 - `integrity.json`, when present: the SHA-256 of each file it lists, as Megatron-LM's `load(verify_integrity=True)`
   computes it (megatron-core 0.16 writes none; newer Megatron-LM writes it with `save(verify_integrity=True)`).
 - Where the model is: megatron-core saves model state under the module's own names (`decoder.*`, `embedding.*`,
@@ -11,18 +12,59 @@
 from __future__ import annotations
 
 import hashlib
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Set
 
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts.dcp import DISTCP_RE
-from ckpt_audit.models import Finding
-from ckpt_audit.readers import bounded_json, distcp_items
+from ckpt_audit.deep import dcp_check, safe_load
+from ckpt_audit.deep.check import Deep
+from ckpt_audit.layouts.dcp import DIST_CKPT, METADATA
+from ckpt_audit.models import Checkpoint, Component, FileKind, Finding
+from ckpt_audit.readers import bounded_json
 from ckpt_audit.readers.dcp_metadata import DcpMetadata
 
 INTEGRITY = "integrity.json"
 HASH_CHUNK = 1 << 20
 NOT_MODEL_ROOTS = frozenset({"optimizer", "rng_state", "lr_scheduler", "common_state"})
+
+
+def check_old(ckpt: Checkpoint, comp: Component, bad: Set[str]) -> Deep:
+    """verl's old Megatron role directory: its `dist_ckpt/`, and where the model is (mbridge saves it to
+    huggingface/ instead)."""
+    dist = f"{comp.path}/{DIST_CKPT}"
+    out, meta = check_dist_ckpt(comp, dist, bad)
+    if meta is None:
+        return Deep(tuple(out))
+    hf_weights = any(f.kind is FileKind.HF and f.path.endswith((".safetensors", ".bin")) for f in comp.files)
+    if not has_model_state(meta) and not hf_weights:
+        out.append(
+            finding(
+                "megatron-model-missing",
+                dist,
+                "dist_ckpt holds only optimizer/RNG state and huggingface/ no weights (mbridge saves the model there)",
+            )
+        )
+    return Deep(tuple(out))
+
+
+def check_v2(ckpt: Checkpoint, comp: Component, bad: Set[str]) -> Deep:
+    """A v2 role directory: each of its dist_ckpt directories (the directory of a `.metadata`), as the old one's."""
+    dirs = sorted({f.path.rsplit("/", 1)[0] for f in comp.files if f.kind is FileKind.DCP_METADATA})
+    return Deep(tuple(f for d in dirs for f in check_dist_ckpt(comp, d, bad)[0]))
+
+
+def check_dist_ckpt(comp: Component, dist: str, bad: Set[str]) -> tuple[list[Finding], DcpMetadata | None]:
+    """(findings, its .metadata) of one megatron-core dist_checkpointing directory of `comp`."""
+    out = list(dcp_check.check_dir(dist))
+    for f in comp.files:
+        if f.kind is FileKind.COMMON and f.path.rpartition("/")[0] == dist and f.path not in bad:
+            out.extend(safe_load.load(f.path).findings)
+    out.extend(check_integrity(dist))
+    try:
+        meta = dcp_check.read_metadata(f"{dist}/{METADATA}")
+    except (OSError, ValueError, TypeError):
+        return out, None
+    out.extend(dcp_check.item_crcs(comp, dist, bad, meta))
+    return out, meta
 
 
 def has_model_state(meta: DcpMetadata) -> bool:
@@ -32,36 +74,6 @@ def has_model_state(meta: DcpMetadata) -> bool:
         k.split(".", 1)[0] not in NOT_MODEL_ROOTS and not k.endswith("_extra_state")
         for k in (*meta.tensors, *meta.byte_items)
     )
-
-
-def check_item_crcs(dcp_dir: str, meta: DcpMetadata, skip: Iterable[str] = ()) -> tuple[Finding, ...]:
-    """distcp-crc-mismatch / distcp-item-invalid for each item of each referenced file (files in `skip`, which the
-    scan already found broken, and missing files are left to their own findings)."""
-    per_file: dict[str, list[tuple[str, int, int]]] = {}
-    for (fqn, _off), (rel, start, length) in meta.storage.items():
-        per_file.setdefault(rel, []).append((fqn, start, length))
-    skip = set(skip)
-    out = []
-    for rel in sorted(per_file):
-        path = f"{dcp_dir}/{rel}"
-        if path in skip or not os.path.isfile(path):
-            continue
-        try:
-            report = distcp_items.check_items(path, per_file[rel])
-        except OSError:
-            continue  # unreadable: the scan reported it
-        m = DISTCP_RE.fullmatch(os.path.basename(rel))
-        for p in report.problems:
-            out.append(
-                finding(
-                    p.problem.code,
-                    path,
-                    f"{p.key}: {p.problem.message}",
-                    rank=int(m.group(1)) if m else None,
-                    tensor=p.key,
-                )
-            )
-    return tuple(out)
 
 
 def read_integrity(text: str) -> Mapping[str, str]:

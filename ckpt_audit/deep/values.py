@@ -2,7 +2,7 @@
 must have changed that are bit-identical to the previous checkpoint's.
 
 `tensor_stats` judges each tensor while verify's one load of its file has it mapped (one `aminmax` pass over its
-bytes). The rules are pure over `rules.TensorView`s. verl loads all of these
+bytes). The rules are pure over `views.TensorView`s. verl loads all of these
 without complaint, so each is a silent wrong resume and an error:
 - NaN/Inf in a weight or a moment: training goes on from (or immediately produces) NaN;
 - exp_avg_sq all zero while exp_avg is not, or every moment of a shard zero, at optimizer step > 0: Adam's state
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_audit.codes import finding
-from ckpt_audit.deep.rules import ComponentView, RankView, TensorView, unique_params
+from ckpt_audit.deep.views import ComponentView, RankView, TensorView, unique_params
 from ckpt_audit.models import Finding
 
 CHUNK = 1 << 22  # elements per exact count (16 MiB of float32), only for a tensor holding NaN/Inf

@@ -1,20 +1,23 @@
 """Layout plug-ins: the only code that knows checkpoint file names.
 
 A layout is a module exposing `LAYOUT`, an object with the `Layout` protocol below. To add one (Megatron
-`dist_ckpt`, plain DCP, HF Trainer, ...), write `ckpt_audit/layouts/<name>.py` and add one line to `LAYOUTS`.
+`dist_ckpt`, plain DCP, HF Trainer, ...), write `ckpt_audit/layouts/<name>.py` and add one line to `LAYOUTS`; the
+whole checklist (rules, deep checks, codes, tests, docs) is in docs/design.md, "A new layout".
 
 The scanner asks every layout, in order, which directories of the walked `Tree` are runs (`find_runs`); the first
 layout to claim a directory builds it (`build_run`). Run layouts that contain per-role directories (verl PPO's
 `actor/`, `critic/`) first offer each role directory to every layout's `build_component`, so a component format
 (e.g. Megatron `dist_ckpt/` under a verl step) plugs into the verl run structure without knowing about it.
 
-Layouts must stay torch-free and do no IO: everything they need is in the `Tree` and the `FileFacts`.
+Layouts must stay torch-free and do no IO: everything they need is in the `Tree` and the `FileFacts`. What `verify`
+checks beyond that (the torch side) a layout names in `deep_checks`: functions of `ckpt_audit.deep`, by name only.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from typing import NamedTuple, Protocol
 
@@ -44,12 +47,28 @@ class TextRead(NamedTuple):
     prefix: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class DeepChecks:
+    """What `verify` runs on a layout's checkpoints: functions of `ckpt_audit.deep`, named "module:function" (the
+    signatures are deep.check's). Named, never imported, here: they load torch, and deep sits above the layouts."""
+
+    # Component.layout of each kind of component this layout builds -> the checks of such a component
+    components: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # checks of the files a checkpoint of this layout's runs holds itself, outside its components
+    step: tuple[str, ...] = ()
+
+
 class Layout(Protocol):
     name: str  # e.g. "verl-fsdp"; stored as Run.layout / Component.layout
 
     @property
     def text_files(self) -> Mapping[str, TextRead]:
         """File name -> how much of it the scan reads as text (FileFacts.text), for this layout's rules."""
+        ...
+
+    @property
+    def deep_checks(self) -> DeepChecks:
+        """What verify checks beyond the scan, on this layout's components and checkpoints."""
         ...
 
     def is_step_dir(self, name: str) -> bool:
@@ -87,6 +106,19 @@ def text_files() -> Mapping[str, TextRead]:
     for layout in reversed(load_layouts()):
         out.update(layout.text_files)
     return out
+
+
+def deep_checks(layout: str) -> tuple[str, ...]:
+    """The deep checks of a component whose `Component.layout` is `layout`, as the layout that builds it names them."""
+    for each in load_layouts():
+        if layout in each.deep_checks.components:
+            return each.deep_checks.components[layout]
+    return ()
+
+
+def deep_step_checks(layout: str) -> tuple[str, ...]:
+    """The deep checks of the files a checkpoint of a run whose `Run.layout` is `layout` holds itself."""
+    return next((each.deep_checks.step for each in load_layouts() if each.name == layout), ())
 
 
 def enclosing_step_dir(path: str) -> str | None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import TextRead, shard_file
+from ckpt_audit.layouts import DeepChecks, TextRead, shard_file
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
 from ckpt_audit.models import MAX_STEP, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.readers import bounded_json
@@ -176,6 +176,12 @@ def check_megatron_metadata(path: str, text: str | None, present: bool) -> tuple
 class DcpLayout:
     name = DCP
     text_files = {"metadata.json": TextRead()}  # Megatron's dist_ckpt/metadata.json (the backend it was saved with)
+    deep_checks = DeepChecks(
+        components={
+            MEGATRON: ("ckpt_audit.deep.megatron_check:check_old",),
+            DCP: ("ckpt_audit.deep.dcp_check:check",),
+        }
+    )
 
     def is_step_dir(self, name: str) -> bool:
         return False  # its steps are verl's global_step_N (or a directory named for the step)

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import TextRead, one_component_checkpoint, shard_file
+from ckpt_audit.layouts import DeepChecks, TextRead, one_component_checkpoint, shard_file
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import deepspeed as rules
 from ckpt_audit.rules import hf_trainer as hf_rules
@@ -50,6 +50,7 @@ def classify(name: str) -> FileKind:
 class DeepSpeed:
     name = NAME
     text_files = {"latest": TextRead(), "latest_universal": TextRead()}
+    deep_checks = DeepChecks(components={NAME: ("ckpt_audit.deep.deepspeed_check:check",)})
 
     def is_step_dir(self, name: str) -> bool:
         return rules.STEP_TAG_RE.fullmatch(name) is not None  # a custom tag has no telling name

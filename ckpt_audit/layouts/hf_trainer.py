@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import TextRead, deepspeed, one_component_checkpoint, shard_file
+from ckpt_audit.layouts import DeepChecks, TextRead, deepspeed, one_component_checkpoint, shard_file
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, Status
 from ckpt_audit.rules import hf_trainer as rules
 from ckpt_audit.rules import status
@@ -82,6 +82,10 @@ class HfTrainer:
         "trainer_state.json": TextRead(rules.TEXT_LIMIT, prefix=True),
         **{n: TextRead(rules.INDEX_TEXT_LIMIT, prefix=True) for n in rules.INDEX_FILES},
     }
+    # its resume pickles, and DeepSpeed's tags inside a checkpoint-N as a bare engine tree's
+    deep_checks = DeepChecks(
+        components={NAME: ("ckpt_audit.deep.hf_check:check", "ckpt_audit.deep.deepspeed_check:check")}
+    )
 
     def is_step_dir(self, name: str) -> bool:
         return CHECKPOINT_RE.fullmatch(name) is not None

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import TextRead
+from ckpt_audit.layouts import DeepChecks, TextRead
 from ckpt_audit.layouts.dcp import (
     check_byte_ranges,
     check_dcp_dir,
@@ -70,6 +70,7 @@ class MegatronV2:
         "metadata.json": TextRead(),
         **{n: TextRead(INDEX_TEXT_LIMIT, prefix=True) for n in INDEX_FILES},
     }
+    deep_checks = DeepChecks(components={NAME: ("ckpt_audit.deep.megatron_check:check_v2",)})
 
     def is_step_dir(self, name: str) -> bool:
         return False  # its steps are verl's global_step_N

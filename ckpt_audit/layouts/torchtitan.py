@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import TextRead, one_component_checkpoint, shard_file
+from ckpt_audit.layouts import DeepChecks, TextRead, one_component_checkpoint, shard_file
 from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA, check_byte_ranges, check_dcp_dir, check_model_keys
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import status
@@ -60,6 +60,7 @@ def classify(rel_parts: tuple[str, ...]) -> tuple[FileKind, int | None]:
 class Torchtitan:
     name = NAME
     text_files: Mapping[str, TextRead] = {}
+    deep_checks = DeepChecks(components={NAME: ("ckpt_audit.deep.dcp_check:check",)})  # a torchtitan step is DCP
 
     def is_step_dir(self, name: str) -> bool:
         return STEP_DIR_RE.fullmatch(name) is not None

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import TextRead, component_for, shard_file
+from ckpt_audit.layouts import DeepChecks, TextRead, component_for, shard_file
 from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.readers import bounded_json
@@ -31,6 +31,7 @@ STEP_RE = re.compile(r"global_step_(\d+)")
 MISNAMED_STEP_RE = re.compile(r"(?:global[_-]?steps?[_-]?|global_steps_)(\d+)", re.IGNORECASE)
 SHARD_RE = re.compile(r"(model|optim|extra_state)_(?:world_size_(\d+)_)?rank_(\d+)\.pt")
 DATA_RE = re.compile(r"data(?:_\d+)?\.pt")
+HF_CONFIG = "huggingface/config.json"  # the model config verl saves beside a role's shards
 ROLE_NAMES = frozenset({"actor", "critic", "ref", "reward", "rm"})
 _KINDS = {"model": FileKind.MODEL, "optim": FileKind.OPTIM, "extra_state": FileKind.EXTRA_STATE}
 
@@ -75,6 +76,9 @@ class VerlFsdp:
     name = NAME
     # the tracker, each role's FSDP config, and the run's Hydra config (rules.save_order)
     text_files = {TRACKER: TextRead(), "fsdp_config.json": TextRead(), "config.yaml": TextRead()}
+    deep_checks = DeepChecks(
+        components={NAME: ("ckpt_audit.deep.verl_fsdp:check",)}, step=("ckpt_audit.deep.verl_fsdp:check_step",)
+    )
 
     def is_step_dir(self, name: str) -> bool:
         return step_of(name)[0] is not None  # global_step_N, or misnamed
