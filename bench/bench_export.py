@@ -169,8 +169,8 @@ def child(variant: str, step: str, out: str) -> None:
         subprocess.run(["cp", *map(str, shards), out], check=True)
         subprocess.run(["sync", *(str(Path(out) / p.name) for p in shards)], check=True)  # as export fsyncs
     elif variant == "source-check":
+        from ckpt_audit.export.guard import check_source
         from ckpt_audit.lifecycle.export import _files_to_read
-        from ckpt_audit.lifecycle.export_guard import check_source
 
         actor = Path(step) / "actor"
         check_source(_files_to_read(actor, actor / "huggingface"), manifest={}, status=None)

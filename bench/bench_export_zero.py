@@ -101,7 +101,7 @@ def child(variant: str, save_dir: str, out: str) -> None:
 
 
 def _read_files(save_dir: Path) -> list[Path]:
-    from ckpt_audit.lifecycle.export_zero import tag_dir, zero_files
+    from ckpt_audit.export.zero import tag_dir, zero_files
 
     return zero_files(tag_dir(save_dir)).read("fp32")
 

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import save_file
 from test_export_trees import write_plain, write_raw
 
+from ckpt_audit.export.guard import MARKER
 from ckpt_audit.lifecycle.export import ExportError, export_checkpoint
-from ckpt_audit.lifecycle.export_guard import MARKER
 from ckpt_audit.lifecycle.export_stream import _cast
 
 

@@ -51,10 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_audit.durable import fsync_dir
-from ckpt_audit.killpoints import OpCounter
-from ckpt_audit.layouts import hf_trainer
-from ckpt_audit.layouts.verl_fsdp import classify
-from ckpt_audit.lifecycle.export_guard import (
+from ckpt_audit.export.guard import (
     MARKER,
     REFUSED_STATUSES,
     BackgroundCheck,
@@ -70,7 +67,10 @@ from ckpt_audit.lifecycle.export_guard import (
     refusal,
     step_and_run,
 )
-from ckpt_audit.lifecycle.export_model import Load, check_config, load_with_transformers, source_config_problem
+from ckpt_audit.export.model import Load, check_config, load_with_transformers, source_config_problem
+from ckpt_audit.killpoints import OpCounter
+from ckpt_audit.layouts import hf_trainer
+from ckpt_audit.layouts.verl_fsdp import classify
 from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, StreamUnsupported, output_shards
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.readers import bounded_json
@@ -545,8 +545,8 @@ def _role_dir(src: Path, role: str) -> Path:
 def _zero_source(src: Path, weights: str | None, engine: str):
     """The DeepSpeed tag files `src` exports (export_zero.ZeroFiles), or None for every other source. An HF Trainer
     checkpoint that holds HF weights exports those unless --weights asks for DeepSpeed's."""
+    from ckpt_audit.export import zero as export_zero
     from ckpt_audit.lifecycle import export_stream as es
-    from ckpt_audit.lifecycle import export_zero
 
     if weights is not None and weights not in export_zero.WEIGHTS:
         raise ExportError(f"unknown weights {weights!r} (use {' or '.join(export_zero.WEIGHTS)})")
@@ -599,7 +599,7 @@ def plan_source(role_dir: Path, hf_dir: Path, config: dict, *, weights: str | No
     from ckpt_audit.lifecycle import export_stream as es
 
     if weights is not None:
-        from ckpt_audit.lifecycle.export_zero import plan_zero
+        from ckpt_audit.export.zero import plan_zero
 
         try:
             return plan_zero(role_dir, weights)
@@ -614,8 +614,8 @@ def plan_source(role_dir: Path, hf_dir: Path, config: dict, *, weights: str | No
             raise ExportError(f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} of {world}")
         return es.plan_shards(files, world, role_dir)
     if kind == MEGATRON:
-        from ckpt_audit.lifecycle.export_megatron import plan_dist_ckpt
-        from ckpt_audit.lifecycle.megatron_names import NameMapError, arch_of
+        from ckpt_audit.export.megatron_dist import plan_dist_ckpt
+        from ckpt_audit.export.megatron_names import NameMapError, arch_of
 
         if not config:
             raise ExportError(NEEDS_CONFIG.format(hf_dir=hf_dir))
@@ -658,7 +658,7 @@ def _config_dir(hf_dir: Path, hf_config: str | Path | None) -> Path:
 def _check_bridge_weights(plan, bridge: Path, config: dict, role_dir: Path) -> None:
     """verl's bridge mode saves HF weights beside the dist_ckpt: they must be the same model, or the export (made
     from the dist_ckpt, the state verl resumes from) would hide that what users load from huggingface/ differs."""
-    from ckpt_audit.lifecycle.export_check import CheckError, compare
+    from ckpt_audit.export.check import CheckError, compare
 
     try:
         report = compare(plan, bridge, config, source=str(role_dir))
@@ -680,8 +680,8 @@ def check_export(
     weights: str | None = None,
 ):
     """`export --check`: is `hf` this checkpoint's model (export_check.compare)? Reads only. Raises ExportError."""
+    from ckpt_audit.export.check import CheckError, compare
     from ckpt_audit.lifecycle import export_stream as es
-    from ckpt_audit.lifecycle.export_check import CheckError, compare
 
     src = Path(step_dir).resolve()
     zero = _zero_source(src, weights, "auto")

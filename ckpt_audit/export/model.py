@@ -34,7 +34,7 @@ SIZES = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention
 DTYPE_NAME = {code: name for name, code in SAFETENSORS_DTYPE.items() if name in FLOATS}  # floating formats only
 LM_HEAD, EMBED = TIED_EMBEDDINGS
 LAYER_RE = re.compile(r"^(.*?\.(?:layers|h|blocks)\.)(\d+)\.(.+)$")
-LOADER = Path(__file__).with_name("export_load.py")
+LOADER = Path(__file__).with_name("transformers_load.py")
 NO_CONFIG = (
     "no config.json: the step has no huggingface/ with the model's config (verl writes it with the checkpoint), so "
     "transformers cannot load the export"

@@ -1,0 +1,1 @@
+"""Export: a checkpoint merged into a HuggingFace model directory, checked and put in place whole."""
