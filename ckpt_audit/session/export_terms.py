@@ -2,6 +2,6 @@
 only an export should pay)."""
 
 from ckpt_audit.export.guard import ExportError, ExportRefused
-from ckpt_audit.lifecycle.export import check_export  # `export --check`: reads only, holds no lock
+from ckpt_audit.export.orchestrator import check_export  # `export --check`: reads only, holds no lock
 
 __all__ = ["ExportError", "ExportRefused", "check_export"]
