@@ -51,15 +51,13 @@ from ckpt_audit.export.sources import (
     NEEDS_CONFIG,
     config_dir_of,
     files_to_read,
-    hf_dir_of,
     hf_trainer_dir,
     hf_weights,
+    locate,
     plan_source,
     read_config,
-    role_dir_of,
     source_kind,
     zero_files_to_read,
-    zero_source,
 )
 from ckpt_audit.export.stream_engine import export_streamed
 from ckpt_audit.export.torch_engine import TORCH_EXTRA, export_torch, torch_available
@@ -123,16 +121,10 @@ def export_checkpoint(
     if dtype and dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r} (use bf16, fp16 or fp32)")
     src = Path(step_dir).resolve()
-    zero = zero_source(src, weights, engine)  # a DeepSpeed tag to export from (export.zero), or None
-    if zero is not None:
-        # the checkpoint exported (and looked up in the catalog) is the tag, or the HF Trainer checkpoint-N holding
-        # it; config and tokenizer come from the tag's parent, never the tag (its files are all states)
-        if not hf_trainer_dir(src):
-            src = zero.tag_dir
-        role_dir, hf_dir = zero.tag_dir, zero.tag_dir.parent
-    else:
-        role_dir = role_dir_of(src, role)
-        hf_dir = hf_dir_of(role_dir)
+    role_dir, hf_dir, zero = locate(src, role, weights, engine)  # zero: a DeepSpeed tag to export from, or None
+    if zero is not None and not hf_trainer_dir(src):
+        # the checkpoint exported (and looked up in the catalog) is the tag, or the HF Trainer checkpoint-N holding it
+        src = zero.tag_dir
     cfg_dir = config_dir_of(hf_dir, hf_config)
     ckpt, run = step_and_run(str(src))
     places = [("checkpoint", ckpt), ("run", run), *(("scanned root", r) for r in protected_roots)]
@@ -278,12 +270,9 @@ def check_export(
     from ckpt_audit.lifecycle import export_stream as es
 
     src = Path(step_dir).resolve()
-    zero = zero_source(src, weights, "auto")
+    role_dir, hf_dir, zero = locate(src, role, weights, "auto")
     if zero is not None:
-        role_dir, hf_dir, weights = zero.tag_dir, zero.tag_dir.parent, weights or "fp32"
-    else:
-        role_dir = role_dir_of(src, role)
-        hf_dir = hf_dir_of(role_dir)
+        weights = weights or "fp32"
     out = Path(hf).resolve()
     config = read_config(config_dir_of(hf_dir, hf_config)) or read_config(out)
     try:

@@ -14,6 +14,7 @@ import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckpt_audit.export.guard import ExportError, ExportRefused
 from ckpt_audit.layouts import hf_trainer
@@ -21,6 +22,9 @@ from ckpt_audit.layouts.verl_fsdp import classify
 from ckpt_audit.models import FileKind
 from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules.shards import current_world_size, parse_fsdp_config
+
+if TYPE_CHECKING:
+    from ckpt_audit.export.zero import ZeroFiles
 
 WEIGHT_FILE_RE = re.compile(r"(\.safetensors|\.bin)$|^(model\.safetensors|pytorch_model\.bin)\.index\.json$")
 
@@ -37,6 +41,17 @@ NEEDS_CONFIG = (
 
 MEGATRON = "megatron-dist-ckpt"
 DEEPSPEED = "deepspeed-zero"  # a tag dir export.zero plans (found by zero_source, before source_kind)
+
+
+def locate(src: Path, role: str, weights: str | None, engine: str) -> tuple[Path, Path, ZeroFiles | None]:
+    """(role_dir, hf_dir, zero) of the checkpoint at `src`: where its weights are, where its HF files sit, and the
+    DeepSpeed tag's files when it is one (weights in the tag, config and tokenizer in the tag's parent, never the
+    tag: its files are all states)."""
+    zero = zero_source(src, weights, engine)
+    if zero is not None:
+        return zero.tag_dir, zero.tag_dir.parent, zero
+    role_dir = role_dir_of(src, role)
+    return role_dir, hf_dir_of(role_dir), None
 
 
 def role_dir_of(src: Path, role: str) -> Path:
@@ -56,7 +71,7 @@ def role_dir_of(src: Path, role: str) -> Path:
     raise ExportError(f"{src}: no {role}/ directory and no model shards")
 
 
-def zero_source(src: Path, weights: str | None, engine: str):
+def zero_source(src: Path, weights: str | None, engine: str) -> ZeroFiles | None:
     """The DeepSpeed tag files `src` exports (export.zero.ZeroFiles), or None for every other source. An HF Trainer
     checkpoint that holds HF weights exports those unless --weights asks for DeepSpeed's."""
     from ckpt_audit.export import zero
@@ -80,7 +95,7 @@ def zero_source(src: Path, weights: str | None, engine: str):
         raise ExportError(str(exc)) from None
 
 
-def zero_files_to_read(zero, weights: str | None, hf_dir: Path) -> list[tuple[str, bool]]:
+def zero_files_to_read(zero: ZeroFiles, weights: str | None, hf_dir: Path) -> list[tuple[str, bool]]:
     """files_to_read for a DeepSpeed tag: the states the export of `weights` reads, and the HF files it copies."""
     out = [(str(p), True) for p in zero.read(weights or "fp32")]
     try:
