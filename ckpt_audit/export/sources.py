@@ -150,11 +150,7 @@ def plan_source(role_dir: Path, hf_dir: Path, config: dict, *, weights: str | No
             raise es.StreamError(str(exc)) from None
     kind = source_kind(role_dir, hf_dir)
     if kind == "fsdp-shards":
-        by_w = model_shards(role_dir)
-        world = world_size_of(role_dir, by_w)
-        files = by_w[world]
-        if missing := sorted(set(range(world)) - set(files)):
-            raise ExportError(f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} of {world}")
+        world, files = shard_set(role_dir)
         return es.plan_shards(files, world, role_dir)
     if kind == MEGATRON:
         from ckpt_audit.export.megatron_dist import plan_dist_ckpt
@@ -237,6 +233,16 @@ def model_shards(d: Path) -> dict[int, dict[int, Path]]:
 
 def hf_weights(hf: Path) -> list[Path]:
     return sorted(hf.glob("*.safetensors")) if hf.is_dir() else []
+
+
+def shard_set(role_dir: Path) -> tuple[int, dict[int, Path]]:
+    """(world size, rank -> file) of the model shard set the export reads, every rank present, else ExportError."""
+    by_w = model_shards(role_dir)
+    world = world_size_of(role_dir, by_w)
+    files = by_w[world]
+    if missing := sorted(set(range(world)) - set(files)):
+        raise ExportError(f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} of {world}")
+    return world, files
 
 
 def world_size_of(role_dir: Path, by_w: dict[int, dict[int, Path]]) -> int:

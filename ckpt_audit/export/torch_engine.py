@@ -37,7 +37,7 @@ from ckpt_audit.export.sources import (
     hf_weights,
     model_shards,
     read_config,
-    world_size_of,
+    shard_set,
 )
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, output_shards
@@ -82,14 +82,7 @@ class _ShardSource:
         import torch.distributed.tensor  # noqa: F401 - registers DTensor for weights_only loading
 
         logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)  # "unpickled before PGs"
-        by_w = model_shards(role_dir)
-        self.world_size = world_size_of(role_dir, by_w)
-        files = by_w[self.world_size]
-        missing = sorted(set(range(self.world_size)) - set(files))
-        if missing:
-            raise ExportError(
-                f"{role_dir}: missing model shard(s) for rank {', '.join(map(str, missing))} of {self.world_size}"
-            )
+        self.world_size, files = shard_set(role_dir)
         first = _load(files[0])
         mesh, names = _mesh_of(first, self.world_size)
         # HSDP: ranks along the leading (replicate) mesh dims hold copies; read the first replica only.
