@@ -149,7 +149,7 @@ def child(variant: str, step: str, out: str) -> None:
     if variant == "import-torch":
         pass
     elif variant in ("stream", "stream-no-load", "stream-no-verify", "stream-4x", "torch"):
-        from ckpt_audit.lifecycle.export import export_checkpoint
+        from ckpt_audit.export.orchestrator import export_checkpoint
 
         engine = "torch" if variant == "torch" else "stream"
         load = {"max_load_size": 0} if variant == "stream-no-load" else {}  # the default: transformers' load too
@@ -157,7 +157,7 @@ def child(variant: str, step: str, out: str) -> None:
         if engine == "stream":
             assert "torch" not in sys.modules, "the stream engine imported torch"
     elif variant in ("stream-jobs1", "stream-jobs2"):  # about 4 output shards, written by 1 or 2 processes
-        from ckpt_audit.lifecycle.export import export_checkpoint
+        from ckpt_audit.export.orchestrator import export_checkpoint
 
         shard = _shard_bytes(Path(step)) // 4 + 1
         export_checkpoint(step, out, max_load_size=0, max_shard_size=shard, jobs=int(variant[-1]))
@@ -169,14 +169,15 @@ def child(variant: str, step: str, out: str) -> None:
         subprocess.run(["cp", *map(str, shards), out], check=True)
         subprocess.run(["sync", *(str(Path(out) / p.name) for p in shards)], check=True)  # as export fsyncs
     elif variant == "source-check":
-        from ckpt_audit.lifecycle.export import _files_to_read
-        from ckpt_audit.lifecycle.export_guard import check_source
+        from ckpt_audit.export.guard import check_source
+        from ckpt_audit.export.sources import files_to_read
 
         actor = Path(step) / "actor"
-        check_source(_files_to_read(actor, actor / "huggingface"), manifest={}, status=None)
+        hf = actor / "huggingface"
+        check_source(files_to_read(actor, hf, hf), manifest={}, status=None)
     else:
         raise SystemExit(f"unknown variant {variant}")
-    # a child process of the export: transformers' load (export_load.py), where it ran
+    # a child process of the export: transformers' load (export/transformers_load.py), where it ran
     load_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps({"variant": variant, "peak_mib": _peak_rss_kib() / 1024, "load_peak_mib": load_mib}))
 

@@ -126,7 +126,7 @@ def make_checkpoint(root: Path, layers: int, hidden: int) -> Path:
 
 def child(variant: str, step: str, out: str) -> None:
     if variant.startswith("stream"):
-        from ckpt_audit.lifecycle.export import export_checkpoint
+        from ckpt_audit.export.orchestrator import export_checkpoint
 
         load = {"max_load_size": 0} if variant in ("stream-no-load", "stream-4x") else {}
         r = export_checkpoint(step, out, verify=variant != "stream-no-verify", engine="stream", **load)

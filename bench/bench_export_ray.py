@@ -43,7 +43,7 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     from ckpt_audit.cluster.ray_export import RayFiles
-    from ckpt_audit.lifecycle.export import export_checkpoint
+    from ckpt_audit.export.orchestrator import export_checkpoint
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-export-ray-"))
     cluster = None

@@ -80,7 +80,7 @@ def make_checkpoint(dest: Path, stage: int, mb: int, world: int, bf16: bool) -> 
 
 def child(variant: str, save_dir: str, out: str) -> None:
     if variant in ("zero2", "zero3", "zero2-4x", "zero2-module"):
-        from ckpt_audit.lifecycle.export import export_checkpoint
+        from ckpt_audit.export.orchestrator import export_checkpoint
 
         weights = "module" if variant == "zero2-module" else "fp32"
         export_checkpoint(save_dir, out, weights=weights, allow_unverified=True)  # no config.json: not a model dir
@@ -101,7 +101,7 @@ def child(variant: str, save_dir: str, out: str) -> None:
 
 
 def _read_files(save_dir: Path) -> list[Path]:
-    from ckpt_audit.lifecycle.export_zero import tag_dir, zero_files
+    from ckpt_audit.export.zero import tag_dir, zero_files
 
     return zero_files(tag_dir(save_dir)).read("fp32")
 

@@ -1,6 +1,6 @@
 """export on the harness's real FSDP trees (W=2, W=3 uneven/empty, HSDP 2x2, W=1) and on hand-made edge cases.
 
-The reference for every export is built independently of ckpt_audit.lifecycle.export: each rank file loaded with
+The reference for every export is built independently of ckpt_audit.export: each rank file loaded with
 torch.load(weights_only=True), local shards concatenated along their DTensor placement (first replica for HSDP),
 and a transformers model built from that full state dict. The export must load with transformers offline and
 give the same logits.
@@ -22,7 +22,8 @@ from safetensors.torch import save_file
 from test_export_trees import write_plain, write_raw
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from ckpt_audit.lifecycle.export import ExportError, export_checkpoint
+from ckpt_audit.export.guard import ExportError
+from ckpt_audit.export.orchestrator import export_checkpoint
 from ckpt_audit.readers.hashing import digest_file
 
 
@@ -348,7 +349,7 @@ def test_critic_role_and_sft_layout_export(verl_run_critic, verl_run_sft, tmp_pa
 def test_check_compares_an_hf_dir_with_fsdp_shards_bit_for_bit_or_as_cast(verl_run, tmp_path):
     """`export --check` on an FSDP source: the export passes (fp32 as is, bf16 as exactly the documented cast); one
     ulp off, a tensor dropped or one added is named."""
-    from ckpt_audit.lifecycle.export import check_export
+    from ckpt_audit.export.orchestrator import check_export
 
     step = latest_step(verl_run)
     for dtype in (None, "bf16"):

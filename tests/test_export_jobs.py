@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from test_export_stream import latest_step
 
+from ckpt_audit.export.guard import MARKER, ExportError, ExportRefused
+from ckpt_audit.export.orchestrator import export_checkpoint
 from ckpt_audit.lifecycle import export_stream as es
-from ckpt_audit.lifecycle.export import ExportError, ExportRefused, export_checkpoint
-from ckpt_audit.lifecycle.export_guard import MARKER
 
 pytestmark = pytest.mark.slow
 

@@ -287,7 +287,7 @@ def test_pre_v2_layout_exports_the_same_model(mgx, exported, tmp_path):
 def test_bridge_weights_of_an_unmapped_architecture_export_as_saved_with_a_warning(mgx, exported, tmp_path):
     """A model_type the planner does not map (here phi3, by its config) keeps what export did before: the bridge's
     HF weights, now with a warning that they were not checked against the dist_ckpt."""
-    from ckpt_audit.lifecycle.export import export_checkpoint
+    from ckpt_audit.export.orchestrator import export_checkpoint
 
     run = tmp_path / "run"
     shutil.copytree(_step(mgx, "qwen2-tied").parent, run)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_no_torch import NO_TORCH
 
-from ckpt_audit.lifecycle.export_model import expected_tensors
+from ckpt_audit.export.model import expected_tensors
 
 MARKER = ".ckpt-audit-export.json"
 
@@ -253,7 +253,7 @@ def test_kill_9_during_transformers_load_ends_the_loader_and_leaves_nothing_at_t
     while loader is None and time.monotonic() < deadline and export.poll() is None:
         for pid in _children(export.pid):
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"export_load.py" in fh.read():
+                if b"transformers_load.py" in fh.read():
                     loader = pid
         time.sleep(0.02)
     assert loader is not None, "the export never started transformers' load"
@@ -275,7 +275,7 @@ def test_directories_transformers_saves_pass_the_check_and_a_changed_size_fails_
     model by the check; the same with one size changed in config.json is not."""
     import transformers
 
-    from ckpt_audit.lifecycle.export_model import check_config
+    from ckpt_audit.export.model import check_config
 
     qwen = transformers.Qwen2Config(
         vocab_size=37, hidden_size=16, intermediate_size=20, num_hidden_layers=2, num_attention_heads=4,

@@ -267,7 +267,7 @@ def test_a_source_failing_its_check_while_it_is_copied_is_refused_and_the_copy_d
     """The source check re-reads the shards beside the copy pass. A flip with its CRC rewritten passes the copy's
     CRC checks, so the whole export is written into the hidden work directory before the whole-file hash against the
     catalog refuses it: that directory and the directories made for --to are gone, and no thread is left."""
-    from ckpt_audit.lifecycle.export import ExportRefused
+    from ckpt_audit.export.guard import ExportRefused
     from ckpt_audit.session import open_session
 
     _root, run, catalog = scanned
@@ -290,7 +290,7 @@ def test_a_source_failing_its_check_while_it_is_copied_is_refused_and_the_copy_d
 COPY_FAILS = r"""
 import json, resource, signal, sys, threading
 from pathlib import Path
-from ckpt_audit.lifecycle.export import ExportError
+from ckpt_audit.export.guard import ExportError
 from ckpt_audit.session import open_session
 
 catalog, step, out, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -446,13 +446,13 @@ NO_LOAD = ("--max-load-size", "0")
 def forked_cli(tmp_path):
     """forked_cli(catalog, *args, env=...): the export in a child of one warm interpreter (tests/forked_cli.py), so
     each kill point is still a real process ended by SIGKILL at its k-th step, without a start-up per point."""
-    server = ForkedCli(tmp_path, preload=("ckpt_audit.cli.export", "ckpt_audit.lifecycle.export"))
+    server = ForkedCli(tmp_path, preload=("ckpt_audit.cli.export", "ckpt_audit.export.orchestrator"))
     yield lambda catalog, *args, env=None: server(*args, env={"CKPT_AUDIT_CATALOG": str(catalog), **(env or {})})
     server.close()
 
 
 def kill_points(t: int) -> dict[str, int]:
-    """export's counted steps (ckpt_audit.lifecycle.export docstring): t written, t read back, marker, rename, old
+    """export's counted steps (ckpt_audit.export.orchestrator docstring): t written, t read back, marker, rename, old
     removed, then the catalog transaction."""
     return {
         "writing the first tensor": 1,

@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import save_file
 from test_export_trees import write_plain, write_raw
 
-from ckpt_audit.lifecycle.export import ExportError, export_checkpoint
-from ckpt_audit.lifecycle.export_guard import MARKER
+from ckpt_audit.export.guard import MARKER, ExportError
+from ckpt_audit.export.orchestrator import export_checkpoint
 from ckpt_audit.lifecycle.export_stream import _cast
 
 
@@ -180,7 +180,7 @@ def test_casts_match_torch_bit_for_bit_on_every_kind_of_value():
 def test_the_stream_engine_never_imports_torch(verl_run, tmp_path):
     step = latest_step(verl_run)
     code = (
-        "import sys; from ckpt_audit.lifecycle.export import export_checkpoint; "
+        "import sys; from ckpt_audit.export.orchestrator import export_checkpoint; "
         f"r = export_checkpoint({str(step)!r}, {str(tmp_path / 'hf')!r}, dtype='bf16', engine='stream'); "
         "assert r.verified; bad = {'torch', 'transformers'} & set(sys.modules); assert not bad, bad"
     )
@@ -202,7 +202,7 @@ def test_plain_byte_copies_need_no_numpy_and_equal_the_torch_engine(tmp_path):
     step = _one_rank(tmp_path, sd)
     both(step, tmp_path / "same", allow_unverified=True)  # tensors, not a model
     code = (
-        "import sys; from ckpt_audit.lifecycle.export import export_checkpoint; "
+        "import sys; from ckpt_audit.export.orchestrator import export_checkpoint; "
         "r = export_checkpoint(sys.argv[1], sys.argv[2], dtype=sys.argv[3] or None, engine='stream', "
         "allow_unverified=True); assert r.read_back; print('numpy' in sys.modules)"
     )

@@ -1,4 +1,4 @@
-"""Export of DeepSpeed ZeRO checkpoints (lifecycle/export_zero.py) on trees DeepSpeed itself writes, through the real
+"""Export of DeepSpeed ZeRO checkpoints (export/zero.py) on trees DeepSpeed itself writes, through the real
 CLI in a child where `import torch` fails, compared tensor by tensor with DeepSpeed's own reconstruction.
 
 tests/_write_deepspeed_export.py writes ZeRO 1, 2 and 3, fp32 and bf16, 2 gloo ranks, each save loaded back by

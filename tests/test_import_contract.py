@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckpt_audit.rules", "ckpt_audit.continuity"),
     ("ckpt_audit.layouts",),
     ("ckpt_audit.scan",),
-    ("ckpt_audit.deep", "ckpt_audit.lifecycle"),
+    ("ckpt_audit.deep", "ckpt_audit.lifecycle", "ckpt_audit.export"),
     ("ckpt_audit.verify",),
     # report, report_junit, metrics: renderings of a result
     ("ckpt_audit.catalog", "ckpt_audit.report", "ckpt_audit.report_junit", "ckpt_audit.metrics_textfile"),

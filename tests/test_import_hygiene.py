@@ -39,7 +39,7 @@ TABLE = {
             "ckpt_audit.lifecycle.prune",
             "ckpt_audit.lifecycle.retention",
             "ckpt_audit.lifecycle.survivors",
-            "ckpt_audit.lifecycle.export",
+            "ckpt_audit.export.orchestrator",
             "ckpt_audit.session.terms",
             "ckpt_audit.session.export_terms",
         ),

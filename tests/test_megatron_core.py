@@ -21,7 +21,8 @@ import pytest
 from conftest import build_cached, writer_key
 
 from ckpt_audit import scan
-from ckpt_audit.lifecycle.export import ExportError, export_checkpoint
+from ckpt_audit.export.guard import ExportError
+from ckpt_audit.export.orchestrator import export_checkpoint
 from ckpt_audit.models import Severity
 from ckpt_audit.verify import verify
 

@@ -141,7 +141,8 @@ def test_a_zip_with_a_second_data_pkl_is_not_complete(copy_run, verl_run, tmp_pa
 
 def test_a_file_added_to_the_earlier_export_during_a_force_export_is_not_deleted(copy_run, verl_run, tmp_path):
     """--force was judged at the start; what --to holds when the new export is swapped in is judged again."""
-    from ckpt_audit.lifecycle.export import ExportError, export_checkpoint
+    from ckpt_audit.export.guard import ExportError
+    from ckpt_audit.export.orchestrator import export_checkpoint
 
     run = Path(copy_run(verl_run))
     out = tmp_path / "hf"

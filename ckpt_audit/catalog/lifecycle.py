@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ckpt_audit.lifecycle.export import ExportResult
+    from ckpt_audit.export.result import ExportResult
     from ckpt_audit.lifecycle.prune import Outcome, PruneResult
     from ckpt_audit.lifecycle.retention import PrunePlan
     from ckpt_audit.models import Finding

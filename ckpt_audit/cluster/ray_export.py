@@ -1,6 +1,6 @@
 """export --ray: each output shard written and read back by a Ray task, on the nodes of a cluster that share a store.
 
-The driver plans, writes the index, the marker and swaps the export into place (lifecycle.export, exactly as with
+The driver plans, writes the index, the marker and swaps the export into place (export.orchestrator, exactly as with
 --jobs); this module is only the executor it is handed (export_stream.export_tensors' `run_files`, with
 export_stream._in_workers' signature). Each task runs export_stream._write_and_read_back on one output file: the same
 bytes, CRC checks and read-back as a local worker.
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckpt_audit.export.guard import ExportRefused
 from ckpt_audit.lifecycle import export_stream as es
-from ckpt_audit.lifecycle.export_guard import ExportRefused
 
 from .ray_scan import _hold
 

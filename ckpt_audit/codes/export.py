@@ -8,7 +8,7 @@ from __future__ import annotations
 from ckpt_audit.codes.entry import Code, E
 
 TABLE: tuple[Code, ...] = (
-    # export (ckpt_audit.lifecycle.export_model): is the export a model transformers loads as written?
+    # export (ckpt_audit.export.model): is the export a model transformers loads as written?
     Code(
         code="export-no-config",
         severity=E,

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ckpt_audit.answers import Pruned, PrunePreview, Recorded, TrackerPlan, TrackerWrite
     from ckpt_audit.catalog.store import Catalog
-    from ckpt_audit.lifecycle.export import ExportResult
+    from ckpt_audit.export.result import ExportResult
     from ckpt_audit.lifecycle.prune import Outcome
     from ckpt_audit.lifecycle.retention import Policy, PrunePlan
     from ckpt_audit.lifecycle.survivors import Executor, SurvivorCheck
@@ -266,9 +266,9 @@ class Session:
 
     def export(self, step_dir: str | Path, to: str | Path, **options) -> ExportResult:
         """Export one checkpoint to a HuggingFace directory, recorded in the catalog
-        (options: lifecycle.export.export_checkpoint's). Raises ExportError / ExportRefused."""
+        (options: export.orchestrator.export_checkpoint's). Raises ExportError / ExportRefused."""
         from ckpt_audit.catalog.lifecycle import LifecycleLog
-        from ckpt_audit.lifecycle.export import export_checkpoint
+        from ckpt_audit.export.orchestrator import export_checkpoint
 
         cat = self.catalog
         return export_checkpoint(step_dir, to, catalog=None if cat is None else LifecycleLog(cat.db), **options)

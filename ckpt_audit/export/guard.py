@@ -40,7 +40,7 @@ class ExportError(Exception):
 class ExportRefused(ExportError):
     """A safety check said no; nothing was put at --to (a work directory written meanwhile is removed first).
     `about`: "destination" (--to, judged before anything is written), "source", or "model" (the export is not the
-    model its config.json describes: lifecycle.export_model)."""
+    model its config.json describes: export.model)."""
 
     def __init__(self, message: str, *, about: str, findings: tuple[Finding, ...] = ()) -> None:
         super().__init__(message)
@@ -196,7 +196,7 @@ def marker_document(
     files: Iterable[tuple[str, int, str]],
 ) -> dict:
     """The marker's content: `files` are (path relative to the export, size, xxh3-128). `verified` and `model_check`
-    (lifecycle.export.ExportResult's) say whether an --allow-unverified export is a model its config describes."""
+    (export.result.ExportResult's) say whether an --allow-unverified export is a model its config describes."""
     return {
         "kind": MARKER_KIND,
         "version": 1,

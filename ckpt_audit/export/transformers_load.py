@@ -1,6 +1,6 @@
-"""transformers' own load of a finished export, run as a child process by export_model.load_with_transformers.
+"""transformers' own load of a finished export, run as a child process by model.load_with_transformers.
 
-`python export_load.py DIR` loads DIR with from_pretrained on CPU (the class config.json names, else
+`python transformers_load.py DIR` loads DIR with from_pretrained on CPU (the class config.json names, else
 AutoModelForCausalLM), then compares the loaded state dict with the exported tensors, bit for bit, one tensor at a
 time. It prints one JSON line: {"ran": false, "why": ...} when the load could not be tried here, else {"ran": true,
 "transformers", "class", "tensors", "problems": [...]}. Never runs code shipped with the model

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ckpt_audit.export.megatron_names import Arch, NameMapError, Target, arch_of, targets
 from ckpt_audit.lifecycle.export_stream import (
     ITEMSIZE,
     Piece,
@@ -28,7 +29,6 @@ from ckpt_audit.lifecycle.export_stream import (
     StreamUnsupported,
     c_strides,
 )
-from ckpt_audit.lifecycle.megatron_names import Arch, NameMapError, Target, arch_of, targets
 from ckpt_audit.readers import ptzip
 from ckpt_audit.readers.dcp_metadata import DcpMetadata, read_metadata
 from ckpt_audit.readers.pt import TensorInfo, read_zip_structure

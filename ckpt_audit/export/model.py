@@ -6,8 +6,8 @@ config, with its shape) the names must be exactly those; for others it checks wh
 every layer alike, embedding size). Everywhere: no floating tensor the config's dtype would round, and lm_head.weight
 present iff the embeddings are not tied (a tied config with its own lm_head contradicts itself: transformers 4 and
 vLLM tie them and drop lm_head's values; an untied one without lm_head gets a random output layer). What
-transformers' own load does is the final word: `load_with_transformers` runs it in a child process (export_load.py)
-where transformers is installed.
+transformers' own load does is the final word: `load_with_transformers` runs it in a child process
+(transformers_load.py) where transformers is installed.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ SIZES = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention
 DTYPE_NAME = {code: name for name, code in SAFETENSORS_DTYPE.items() if name in FLOATS}  # floating formats only
 LM_HEAD, EMBED = TIED_EMBEDDINGS
 LAYER_RE = re.compile(r"^(.*?\.(?:layers|h|blocks)\.)(\d+)\.(.+)$")
-LOADER = Path(__file__).with_name("export_load.py")
+LOADER = Path(__file__).with_name("transformers_load.py")
 NO_CONFIG = (
     "no config.json: the step has no huggingface/ with the model's config (verl writes it with the checkpoint), so "
     "transformers cannot load the export"
@@ -265,8 +265,8 @@ def transformers_importable() -> bool:
 
 def load_with_transformers(work: Path, out: Path, *, total_bytes: int, max_size: int) -> Load:
     """transformers' from_pretrained of `work` on CPU in a child process, its state dict compared with the exported
-    tensors (export_load.py). Not run without transformers, or past `max_size` bytes of tensors (the child holds the
-    whole model in memory)."""
+    tensors (transformers_load.py). Not run without transformers, or past `max_size` bytes of tensors (the child
+    holds the whole model in memory)."""
     if not transformers_importable():
         return Load(ran=False, note="transformers load not run: transformers is not installed")
     if total_bytes > max_size:
