@@ -554,8 +554,8 @@ def tensor_bytes(t: Planned, dst: str, maps: Maps, crcs: dict[int, int] | None =
     """The bytes of tensor `t` as written in dtype `dst`, a block at a time; each block is valid until the next is
     asked for. `crcs` (piece index -> running CRC-32): the pieces whose storage CRC is computed on the way."""
     crcs = {} if crcs is None else crcs
-    if _runs(t, dst) is not None:  # the output is runs of the pieces' bytes: no numpy (its import is ~0.2 s)
-        yield from _gather(t, maps, crcs)
+    if (runs := _runs(t, dst)) is not None:  # the output is runs of the pieces' bytes: no numpy (~0.2 s to import)
+        yield from _gather(t, *runs, maps, crcs)
         return
     np = _numpy()
     with np.errstate(over="ignore", invalid="ignore"):
@@ -790,11 +790,10 @@ def _runs(t: Planned, dst: str) -> tuple[int, list[int]] | None:
     return outer, [_numel(p.shape[d:]) * ITEMSIZE[t.dtype] for p in t.pieces]
 
 
-def _gather(t: Planned, maps: Maps, crcs: dict[int, int]) -> Iterator[memoryview]:
+def _gather(t: Planned, outer: int, runs: list[int], maps: Maps, crcs: dict[int, int]) -> Iterator[memoryview]:
     """tensor_bytes for a tensor `_runs` describes: read with preadv into one reused buffer, a piece's runs of a block
     scattered into their places in one call, then CRC'd, hashed and written from there. No mapping of the source
     (its page faults and MADV_DONTNEED cost more than the copy pread makes) and the same bytes for all three."""
-    outer, runs = _runs(t, t.dtype) or (0, [])
     row = sum(runs)
     buf = maps.buffer()
     fds = [maps.fd(p, outer * n) for p, n in zip(t.pieces, runs)]
