@@ -671,7 +671,8 @@ def _read_back(path: Path, tensors: list[Planned], w: _Written, read_tick) -> st
 
 
 class Maps:
-    """Read-only maps of the source files, opened once each; pages dropped after each block."""
+    """The source files, each opened once: a descriptor (and one buffer) for _gather, a read-only map for numpy's
+    path, whose pages are dropped after each block."""
 
     def __init__(self) -> None:
         self.maps: dict[str, mmap.mmap] = {}
