@@ -3,7 +3,7 @@
 Baselines measured in the same run: `merge` is what verl's model merger does (torch.load every rank file fully,
 torch.cat every tensor into one state dict in memory, save it with safetensors); `cp` copies the model shards to the
 same disk and fsyncs them (the physical floor for reading and writing that many bytes). Ours: the default stream
-engine (no torch: bytes copied from the shards' zip entries in 8 MiB blocks, CRC-checked, hashed and read back in
+engine (no torch: bytes copied from the shards' zip entries in 1 MiB blocks, CRC-checked, hashed and read back in
 bounded chunks; then checked as a model and, where transformers is installed, loaded by transformers in a child
 process, whose peak RSS is shown beside the export's), the same without that load (`stream-no-load`: --max-load-size
 0) and with --no-verify, the torch engine (the oracle), and `source-check` alone (the re-read
@@ -14,9 +14,9 @@ engine too: its peak RSS must stay the small one's (constant memory).
 
 Each variant is a fresh process, timed whole from outside (interpreter start and imports included: what a cron job
 pays). Memory is the child's peak RSS (VmHWM), which counts anonymous memory and file pages mapped into the
-process, so the stream engine drops source pages after each block (madvise). The checkpoint is synthetic but real:
-W ranks write DTensor shards (Shard(0) and Shard(1), uneven) with torch.save from a gloo process group. Runs are
-warm (page cache), variants alternate, median of --repeat.
+process, so the stream engine reads sources with pread (a cast: through mappings whose pages it drops after each
+block). The checkpoint is synthetic but real: W ranks write DTensor shards (Shard(0) and Shard(1), uneven) with
+torch.save from a gloo process group. Runs are warm (page cache), variants alternate, median of --repeat.
 
 Goals (issue 16): stream/merge wall <= 0.3x and peak RSS <= 0.15x; stream <= 2x cp; 4x model's peak RSS within 10%.
 

@@ -189,9 +189,9 @@ def test_the_stream_engine_never_imports_torch(verl_run, tmp_path):
 
 
 def test_plain_byte_copies_need_no_numpy_and_equal_the_torch_engine(tmp_path):
-    """Tensors whose output is their pieces' bytes in order (no cast; one piece or Shard(0); C order: every tensor of
-    an FSDP2 checkpoint) are copied straight from the map, so numpy (~0.2 s to import) is never loaded; a cast, a
-    view that is not in C order or a Shard(d>0) gather still goes through numpy."""
+    """Tensors whose output is runs of their pieces' bytes (no cast; C order: every tensor of an FSDP2 or Megatron
+    checkpoint) are read straight into the copy's buffer, so numpy (~0.2 s to import) is never loaded; a cast or a
+    view that is not in C order still goes through numpy."""
     g = torch.Generator().manual_seed(1)
     sd = {
         "w": torch.randn(300, 70, generator=g),

@@ -4,14 +4,16 @@ torch.save writes every storage as a stored (uncompressed) zip entry, and reader
 storage key, offset, shape, stride and DTensor placement without torch or running the pickle. A merged tensor is then
 a byte copy: Shard(0) pieces follow one another, Shard(d>0) pieces are interleaved a block of rows at a time, HSDP
 replicas after the first are never opened, and a cast (bf16/fp16/fp32) is done by numpy on the same blocks. Where no
-cast and no gather is needed (every tensor of an FSDP2 checkpoint) the blocks are slices of the map and numpy is never
-imported. Memory is a fixed block budget whatever the model's size: sources are read through read-only file mappings
-whose pages are dropped from this process after each block (MADV_DONTNEED on a file mapping only forgets pages; the
-next touch re-reads the file).
+cast is needed (every tensor of an FSDP2 or Megatron checkpoint saved in the dtype exported) the pieces' bytes are
+read with preadv into one reused 1 MiB buffer, rows of a Shard(d>0) piece scattered to their places by the kernel,
+and numpy is never imported. A cast reads through read-only file mappings whose pages are dropped from this process
+after each block (MADV_DONTNEED on a file mapping only forgets pages; the next touch re-reads the file). Memory is a
+fixed block budget whatever the model's size.
 
 In the same pass: every storage entry copied whole is checked against the CRC-32 torch recorded for it (so the
 bytes exported are the bytes the source check read), each output file is hashed as written (xxh3-128, what the
-marker and catalog record) and each tensor gets an xxh3-64 that the read-back compares.
+marker and catalog record; the read-back re-reads the file and compares it) and each tensor gets an xxh3-64 that
+names the tensor when a file reads back different.
 
 A Plan can come from elsewhere: export_megatron plans a Megatron dist_ckpt's chunks the same way (pieces of stored
 zip entries inside `.distcp` items), and export_check compares an HF directory with a plan through `tensor_bytes`.
@@ -53,7 +55,11 @@ try:  # isal's crc32 runs ~4x faster than the system zlib's (bench/README.md, be
 except ImportError:  # pragma: no cover - isal is a declared dependency
     from zlib import crc32 as _crc32
 
-BLOCK = 8 * 1024 * 1024  # source bytes per block: the memory budget is a few of these, never a tensor
+# bytes per block: the memory budget is a few of these, never a tensor. 1 MiB: writes of 2 MiB and more into the page
+# cache ran 2-5x slower here at random (ext4 large folios: bench/README.md), and a block stays in the CPU's cache
+# from the read through the CRC, both hashes and the write
+BLOCK = 1024 * 1024
+_IOV_MAX = 1024  # iovecs one preadv takes (Linux's UIO_MAXIOV)
 _MARGIN = 256 * 1024  # dropped around each block as well (see Maps.release)
 FLOATS = frozenset({"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 ITEMSIZE = {
@@ -522,15 +528,12 @@ def _write_file(path: Path, tensors: list[Planned], target, maps: Maps, tick, ch
             th = xxhash.xxh3_64()
             dst = t.out_dtype(target)
             crcs = {i: 0 for i, p in enumerate(t.pieces) if p.entry is not None and check_crc}
-
-            def out(mv, th=th) -> None:
-                fh.write(mv)
-                flush.wrote(len(mv))
+            for mv in tensor_bytes(t, dst, maps, crcs):
                 whole.update(mv)
                 th.update(mv)
-
-            for mv in tensor_bytes(t, dst, maps, crcs):
-                out(mv)
+                for a in range(0, len(mv), BLOCK):  # a cast's block can be larger: writes of BLOCK at most
+                    fh.write(mv[a : a + BLOCK])
+                flush.wrote(len(mv))
             for i, crc in crcs.items():
                 p = t.pieces[i]
                 if p.entry is not None and maps.crc_recorded(p.path) and (crc & 0xFFFFFFFF) != p.entry.crc:
@@ -553,15 +556,8 @@ def tensor_bytes(t: Planned, dst: str, maps: Maps, crcs: dict[int, int] | None =
     """The bytes of tensor `t` as written in dtype `dst`, a block at a time; each block is valid until the next is
     asked for. `crcs` (piece index -> running CRC-32): the pieces whose storage CRC is computed on the way."""
     crcs = {} if crcs is None else crcs
-    if _plain_bytes(t, dst):  # the output is the pieces' bytes in order: no numpy (its import is ~0.2 s)
-        for i, p in enumerate(t.pieces):
-            for start, mv in maps.spans(p, _numel(p.shape) * ITEMSIZE[t.dtype]):
-                if i in crcs:
-                    crcs[i] = _crc32(mv, crcs[i])
-                yield mv
-                n = len(mv)
-                mv.release()
-                maps.drop(p.path, start, n)
+    if (runs := _runs(t, dst)) is not None:  # the output is runs of the pieces' bytes: no numpy (~0.2 s to import)
+        yield from _gather(t, *runs, maps, crcs)
         return
     np = _numpy()
     with np.errstate(over="ignore", invalid="ignore"):
@@ -579,7 +575,7 @@ class _Writeback:
     wait), so the one fsync at the end waits for the last blocks only, not the whole file; `cp` + sync pays the
     whole write at its sync. Durability is still the fsync's; this only moves the writing earlier."""
 
-    EVERY = BLOCK
+    EVERY = 8 * 1024 * 1024
 
     def __init__(self, fd: int) -> None:
         self.fd, self.pos, self.started = fd, 0, 0
@@ -640,7 +636,8 @@ def _sync_file_range():
 
 
 def _read_back(path: Path, tensors: list[Planned], w: _Written, read_tick) -> str:
-    """Re-read the written file in bounded chunks: each tensor's bytes must hash as they did when written."""
+    """Re-read the written file in bounded chunks: it must hash (xxh3-128) as it did when written. One hash pass; only
+    a file that reads back different is read again, tensor by tensor, to name the first tensor that differs."""
     buf = memoryview(mmap.mmap(-1, BLOCK))
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -648,23 +645,27 @@ def _read_back(path: Path, tensors: list[Planned], w: _Written, read_tick) -> st
             raise StreamError(f"export check failed: {path.name} has the wrong size")
         whole = xxhash.xxh3_128(os.pread(fd, w.data_start, 0))
         pos = w.data_start
-        for t, want, left in zip(tensors, w.tensor_hashes, w.lengths):
-            th = xxhash.xxh3_64()
+        for left in w.lengths:
             while left:
                 k = os.preadv(fd, [buf[: min(left, BLOCK)]], pos)
                 if not k:
                     raise StreamError(f"export check failed: {path.name} ends early")
                 whole.update(buf[:k])
-                th.update(buf[:k])
                 pos += k
                 left -= k
-            if th.intdigest() != want:
-                raise StreamError(f"export check failed: {t.name} differs from the concatenation of its shards")
             read_tick()
+        if whole.hexdigest() != w.file_hash:
+            pos = w.data_start
+            for t, want, n in zip(tensors, w.tensor_hashes, w.lengths):
+                th = xxhash.xxh3_64()
+                for at in range(pos, pos + n, BLOCK):
+                    th.update(os.pread(fd, min(BLOCK, pos + n - at), at))
+                if th.intdigest() != want:
+                    raise StreamError(f"export check failed: {t.name} differs from the concatenation of its shards")
+                pos += n
+            raise StreamError(f"export check failed: {path.name} reads back different from what was written")
     finally:
         os.close(fd)
-    if whole.hexdigest() != w.file_hash:
-        raise StreamError(f"export check failed: {path.name} reads back different from what was written")
     return w.file_hash
 
 
@@ -672,17 +673,23 @@ def _read_back(path: Path, tensors: list[Planned], w: _Written, read_tick) -> st
 
 
 class Maps:
-    """Read-only maps of the source files, opened once each; pages dropped after each block."""
+    """The source files, each opened once: a descriptor (and one buffer) for _gather, a read-only map for numpy's
+    path, whose pages are dropped after each block."""
 
     def __init__(self) -> None:
         self.maps: dict[str, mmap.mmap] = {}
         self.addresses: dict[str, int] = {}
         self.crc_off: dict[str, bool] = {}
+        self.fds: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+        self.buf: memoryview | None = None
 
     def __enter__(self) -> Maps:
         return self
 
     def __exit__(self, *exc) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
         for m in self.maps.values():
             try:
                 m.close()
@@ -696,18 +703,31 @@ class Maps:
                 m = self.maps[path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         return m
 
-    def spans(self, p: Piece, nbytes: int) -> Iterator[tuple[int, memoryview]]:
-        """(offset in the file, a view of up to BLOCK bytes) over `nbytes` bytes from p.offset; each view must be
-        released before the next is asked for (an exported view keeps the map from closing)."""
-        m = self.get(p.path)
-        if p.offset < 0 or p.offset + nbytes > len(m):
+    def buffer(self) -> memoryview:
+        """The one BLOCK-sized buffer _gather reads into (anonymous memory, made once)."""
+        if self.buf is None:
+            self.buf = memoryview(mmap.mmap(-1, BLOCK))
+        return self.buf
+
+    def fd(self, p: Piece, nbytes: int) -> int:
+        """A read descriptor of p.path (opened once), after checking that `nbytes` from p.offset lie in the file."""
+        fd = self.fds.get(p.path)
+        if fd is None:
+            fd = self.fds[p.path] = os.open(p.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self.sizes[p.path] = os.fstat(fd).st_size
+        if p.offset < 0 or p.offset + nbytes > self.sizes[p.path]:
             raise StreamError(f"{p.path}: a tensor's bytes lie outside the file")
-        whole = memoryview(m)
-        try:
-            for start in range(p.offset, p.offset + nbytes, BLOCK):
-                yield start, whole[start : min(start + BLOCK, p.offset + nbytes)]
-        finally:
-            whole.release()
+        return fd
+
+    def read(self, p: Piece, fd: int, views: list[memoryview], pos: int) -> None:
+        """Fill `views` with the file's bytes from `pos` on, in order (preadv, IOV_MAX views a call). The range was
+        inside the file when it was opened: a short read is a file cut under the export."""
+        for c in range(0, len(views), _IOV_MAX):
+            part = views[c : c + _IOV_MAX]
+            want = sum(len(v) for v in part)
+            if os.preadv(fd, part, pos) != want:
+                raise StreamError(f"{p.path}: ends early (truncated while it was exported?)")
+            pos += want
 
     def crc_recorded(self, path: str) -> bool:
         """False when torch saved this file with CRCs disabled (every entry's CRC is 0). A `.distcp` is many zips:
@@ -759,10 +779,50 @@ class Maps:
             m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
-def _plain_bytes(t: Planned, dst: str) -> bool:
-    """The output bytes are the pieces' bytes one after another: no cast, joined on dim 0 (or one piece), each piece
-    laid out in C order (FSDP2 shards every parameter on dim 0, so most tensors of most checkpoints)."""
-    return dst == t.dtype and t.dim in (None, 0) and all(_contiguous(p.shape, p.strides) for p in t.pieces)
+def _runs(t: Planned, dst: str) -> tuple[int, list[int]] | None:
+    """(outer, run bytes of each piece) when the output is, for each of `outer` indices before the join dim, each
+    piece's next `run` bytes in turn: no cast and every piece in C order. Dim 0 (FSDP2 shards every parameter on
+    it) and one piece: outer 1, each piece whole. Dim 1 (Megatron's row-parallel layers): a row of each piece in
+    turn. None: numpy's path."""
+    if dst != t.dtype or not all(_contiguous(p.shape, p.strides) for p in t.pieces):
+        return None
+    d = t.dim or 0
+    outer = _numel(t.shape[:d])
+    if any(_numel(p.shape[:d]) != outer for p in t.pieces):
+        return None
+    return outer, [_numel(p.shape[d:]) * ITEMSIZE[t.dtype] for p in t.pieces]
+
+
+def _gather(t: Planned, outer: int, runs: list[int], maps: Maps, crcs: dict[int, int]) -> Iterator[memoryview]:
+    """tensor_bytes for a tensor `_runs` describes: read with preadv into one reused buffer, a piece's runs of a block
+    scattered into their places in one call, then CRC'd, hashed and written from there. No mapping of the source
+    (its page faults and MADV_DONTNEED cost more than the copy pread makes) and the same bytes for all three."""
+    row = sum(runs)
+    buf = maps.buffer()
+    fds = [maps.fd(p, outer * n) for p, n in zip(t.pieces, runs)]
+    if outer > 1 and row <= len(buf):  # several outer indices a block: each piece's rows scattered in one call
+        step = len(buf) // row
+        for o in range(0, outer, step):
+            k = min(step, outer - o)
+            at = 0
+            for i, (p, n) in enumerate(zip(t.pieces, runs)):
+                if n:
+                    iov = [buf[j * row + at : j * row + at + n] for j in range(k)]
+                    maps.read(p, fds[i], iov, p.offset + o * n)
+                    if i in crcs:
+                        for v in iov:
+                            crcs[i] = _crc32(v, crcs[i])
+                at += n
+            yield buf[: k * row]
+        return
+    for o in range(outer):  # a run at a time, a buffer at a time
+        for i, (p, n) in enumerate(zip(t.pieces, runs)):
+            for s in range(0, n, len(buf)):
+                view = buf[: min(len(buf), n - s)]
+                maps.read(p, fds[i], [view], p.offset + o * n + s)
+                if i in crcs:
+                    crcs[i] = _crc32(view, crcs[i])
+                yield view
 
 
 def _rows(v, budget: int = BLOCK):
