@@ -41,8 +41,25 @@ MODELS = {
     "llama-untied": dict(arch="llama", tied=False, tp=2, ep=1, experts=0),
     "qwen3moe": dict(arch="qwen3_moe", tied=False, tp=2, ep=2, experts=4),
     "llama-pp2": dict(arch="llama", tied=False, tp=1, ep=1, experts=0, pp=2),
+    # one of each further architecture the export names (megatron_names.FAMILIES), as verl's config converter
+    # builds it: Mistral (Llama's names), Qwen3 (qk_layernorm), Qwen2-MoE (qkv bias, shared experts with a
+    # sigmoid gate), Mixtral (MoE without shared experts, HF names block_sparse_moe.experts.E.w1/w2/w3)
+    "mistral": dict(arch="mistral", tied=False, tp=2, ep=1, experts=0),
+    "qwen3-tied": dict(arch="qwen3", tied=True, tp=2, ep=1, experts=0),
+    "qwen2moe": dict(arch="qwen2_moe", tied=False, tp=2, ep=2, experts=4),
+    "mixtral": dict(arch="mixtral", tied=False, tp=2, ep=2, experts=4),
 }
 HIDDEN, FFN, MOE_FFN, HEADS, GROUPS, HEAD_DIM, LAYERS = 32, 64, 24, 4, 2, 8, 2
+SHARED_FFN = 40  # Qwen2-MoE's shared expert: its own width, so a mix-up with the routed experts' shows
+CLASSES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
 
 
 def hf_config(name: str) -> dict:
@@ -50,9 +67,7 @@ def hf_config(name: str) -> dict:
     arch = m["arch"]
     cfg = {
         "model_type": arch,
-        "architectures": [
-            {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[arch]
-        ],
+        "architectures": [CLASSES[arch]],
         "vocab_size": VOCAB,
         "hidden_size": HIDDEN,
         "intermediate_size": FFN,
@@ -77,6 +92,21 @@ def hf_config(name: str) -> dict:
             decoder_sparse_step=1,
             mlp_only_layers=[],
         )
+    if arch == "qwen2_moe":
+        cfg.update(
+            num_experts=m["experts"],
+            num_experts_per_tok=2,
+            moe_intermediate_size=MOE_FFN,
+            shared_expert_intermediate_size=SHARED_FFN,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            qkv_bias=True,
+        )
+    if arch == "mixtral":
+        cfg.update(num_local_experts=m["experts"], num_experts_per_tok=2, intermediate_size=MOE_FFN)
+    if arch in ("mistral", "mixtral"):
+        cfg.update(sliding_window=None)
     return cfg
 
 
@@ -103,6 +133,8 @@ def _build(name: str):
             expert_model_parallel_size=m["ep"],
             expert_tensor_parallel_size=1,
         )
+    if m["arch"] == "qwen2_moe":  # verl's hf_to_mcore_config_qwen2moe: a gated shared expert
+        extra.update(moe_shared_expert_intermediate_size=SHARED_FFN, moe_shared_expert_gate=True)
     cfg = TransformerConfig(
         num_layers=LAYERS,
         hidden_size=HIDDEN,
@@ -115,8 +147,8 @@ def _build(name: str):
         normalization="RMSNorm",
         layernorm_epsilon=1e-6,
         add_bias_linear=False,
-        add_qkv_bias=m["arch"] == "qwen2",
-        qk_layernorm=m["arch"] == "qwen3_moe",
+        add_qkv_bias=m["arch"] in ("qwen2", "qwen2_moe"),
+        qk_layernorm=m["arch"] in ("qwen3", "qwen3_moe"),
         tensor_model_parallel_size=m["tp"],
         pipeline_model_parallel_size=m.get("pp", 1),
         pipeline_dtype=torch.float32,
