@@ -301,6 +301,43 @@ def test_directories_transformers_saves_pass_the_check_and_a_changed_size_fails_
         assert codes == {"export-config-mismatch"}, (name, codes)
 
 
+@pytest.mark.parametrize(
+    ("family", "kw", "size"),
+    [
+        ("Qwen2Moe", {"num_experts": 3, "moe_intermediate_size": 12, "shared_expert_intermediate_size": 8}, "moe"),
+        ("Qwen3Moe", {"num_experts": 3, "moe_intermediate_size": 12}, "moe"),  # saved as num_local_experts
+        ("Mixtral", {"num_local_experts": 3}, "intermediate_size"),
+    ],
+)
+def test_moe_directories_transformers_saves_pass_the_check_and_a_wrong_expert_size_fails_it(tmp_path, family, kw, size):
+    """Experts in the names save_pretrained writes (transformers 5 splits its fused experts back on save); the expert
+    width, the expert count and a config without an expert count are each caught."""
+    import transformers
+
+    from ckpt_audit.lifecycle.export_model import check_config
+
+    cfg = getattr(transformers, f"{family}Config")(
+        vocab_size=37, hidden_size=16, intermediate_size=20, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, **kw,
+    )  # fmt: skip
+    getattr(transformers, f"{family}ForCausalLM")(cfg).save_pretrained(tmp_path)
+    checked = check_config(tmp_path, tmp_path)
+    assert checked.findings == () and checked.notes == (), checked
+    config = json.loads((tmp_path / "config.json").read_text())
+    experts = "num_local_experts" if "num_local_experts" in config else "num_experts"
+    key = "moe_intermediate_size" if size == "moe" else size
+    for change, needle in (
+        ({key: config[key] + 1}, "tensor shape(s) disagree with the config"),
+        ({experts: 2}, "exported tensor(s) the config does not describe"),
+        ({experts: 10**9}, f"{experts} is 1000000000, more than the"),
+        ({experts: None}, "config.json gives no num_experts or num_local_experts"),
+    ):
+        (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+        found = check_config(tmp_path, tmp_path).findings
+        assert {f.code for f in found} == {"export-config-mismatch"}, (change, found)
+        assert any(needle in f.message for f in found), (change, found)
+
+
 @pytest.mark.slow  # three CLI exports, two with transformers' load
 def test_a_float_the_config_dtype_would_round_is_refused_and_a_widened_one_is_not(tmp_path):
     """A tiny Qwen2 saved as W=1 plain tensors (test_export_trees.write_plain). Mostly bf16 with a float32 norm: the
