@@ -100,15 +100,17 @@ def arch_of(config: dict) -> Arch:
         raise NameMapError(f"config.json lacks a usable {exc} for a {family} model") from None
     if heads <= 0 or groups <= 0 or heads % groups:
         raise NameMapError(f"config.json: {heads} attention heads do not divide into {groups} key/value heads")
-    if family in MOE and (config.get("mlp_only_layers") or int(config.get("decoder_sparse_step") or 1) != 1):
+    if family in MOE and (config.get("mlp_only_layers") or (config.get("decoder_sparse_step") or 1) != 1):
         raise NameMapError(
             f"a {family} model with dense layers (mlp_only_layers, decoder_sparse_step): {SPARSE_LAYERS}"
         )
     tied = bool(config.get("tie_word_embeddings", False))
-    if family == "qwen2":  # HF Qwen2 always has them; Qwen2-MoE by its config; the others by attention_bias
+    if family == "qwen2":  # HF Qwen2 always has q/k/v biases, Qwen2-MoE by qkv_bias, the others by attention_bias
         qkv_bias = True
+    elif family == "qwen2_moe":
+        qkv_bias = bool(config.get("qkv_bias", True))
     else:
-        qkv_bias = bool(config.get("qkv_bias", True) if family == "qwen2_moe" else config.get("attention_bias", False))
+        qkv_bias = bool(config.get("attention_bias", False))
     return Arch(
         family=family,
         vocab=vocab,
@@ -197,8 +199,10 @@ def _layer_parts(rest: str, shape: tuple[int, ...], arch: Arch) -> list[tuple[st
         return [(f"self_attn.{p}_proj.{kind}", rows) for p, rows in _qkv(rest, shape[0], arch)]
     if rest == "self_attention.linear_proj.weight":
         return [("self_attn.o_proj.weight", None)]
-    if rest in ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight") and arch.qk_norm:
-        return [(f"self_attn.{rest.split('.')[1][0]}_norm.weight", None)]
+    if rest == "self_attention.q_layernorm.weight" and arch.qk_norm:
+        return [("self_attn.q_norm.weight", None)]
+    if rest == "self_attention.k_layernorm.weight" and arch.qk_norm:
+        return [("self_attn.k_norm.weight", None)]
     if rest == "mlp.linear_fc1.weight" and arch.family in DENSE:
         return [(f"mlp.{p}_proj.weight", rows) for p, rows in _halves(rest, shape[0])]
     if rest == "mlp.linear_fc2.weight" and arch.family in DENSE:
