@@ -1,14 +1,14 @@
 """Megatron trees for export, written by verl 0.9.1's own `MegatronCheckpointManager.save_checkpoint` (layout v2),
 with what the trainer held: the reference an export is compared against.
 
-`write_models(root)` spawns two CPU processes (gloo). For each model of MODELS, both build the same tiny megatron-core
-`GPTModel` (local layer spec: no Transformer Engine, no apex) shaped like an HF architecture (GQA, RMSNorm, SwiGLU,
-RoPE), take two Adam steps on fixed gradients (so norms and biases are not their initial constants) and save through
-verl's manager (`save_contents=[model, extra]`, `use_dist_checkpointing=True`, no bridge: verl then writes no HF
-config, as in a real run) to `<root>/<model>/exp/global_step_1/actor`. The parallel layout differs per model: TP=2
-(dense), TP=2 with expert parallelism 2 and expert TP 1 (MoE), pipeline parallelism 2 (dense, a layer a stage).
-Beside it, `<root>/<model>/base_model/config.json` is the HF config the run was started from (what
-`export --hf-config` is given, as verl's merger's `--hf_model_path`).
+`write_models(root)` spawns two CPU processes (gloo). For each model of MODELS and REFUSED, both build the same tiny
+megatron-core `GPTModel` (local layer spec: no Transformer Engine, no apex) shaped like an HF architecture (GQA,
+RMSNorm, SwiGLU, RoPE), take two Adam steps on fixed gradients (so norms and biases are not their initial constants)
+and save through verl's manager (`save_contents=[model, extra]`, `use_dist_checkpointing=True`, no bridge: verl then
+writes no HF config, as in a real run) to `<root>/<model>/exp/global_step_1/actor`. The parallel layout differs per
+model: TP=2 (dense), TP=2 with expert parallelism 2 and expert TP 1 (MoE), pipeline parallelism 2 (dense, a layer a
+stage). Beside it, `<root>/<model>/base_model/config.json` is the HF config the run was started from (what `export
+--hf-config` is given, as verl's merger's `--hf_model_path`).
 
 What the trainer held: each rank's `model.state_dict()` (its TP / EP / PP pieces, megatron-core's own names) goes to
 `<root>/<model>/trainer/rank<R>.pt`, and the logits of megatron-core's own forward on TOKENS (TP forward, dense
@@ -49,6 +49,9 @@ MODELS = {
     "qwen2moe": dict(arch="qwen2_moe", tied=False, tp=2, ep=2, experts=4),
     "mixtral": dict(arch="mixtral", tied=False, tp=2, ep=2, experts=4),
 }
+# written, and refused by the export (test_export_megatron's ARCH_REFUSALS): an MoE model with a dense layer
+# (megatron-core moe_layer_freq [1, 0], HF mlp_only_layers [1]), which megatron-core saves under per-layer keys
+REFUSED = {"qwen3moe-mixed": dict(arch="qwen3_moe", tied=False, tp=2, ep=2, experts=4, moe_freq=[1, 0])}
 HIDDEN, FFN, MOE_FFN, HEADS, GROUPS, HEAD_DIM, LAYERS = 32, 64, 24, 4, 2, 8, 2
 SHARED_FFN = 40  # Qwen2-MoE's shared expert: its own width, so a mix-up with the routed experts' shows
 CLASSES = {
@@ -63,7 +66,7 @@ CLASSES = {
 
 
 def hf_config(name: str) -> dict:
-    m = MODELS[name]
+    m = (MODELS | REFUSED)[name]
     arch = m["arch"]
     cfg = {
         "model_type": arch,
@@ -90,7 +93,7 @@ def hf_config(name: str) -> dict:
             moe_intermediate_size=MOE_FFN,
             norm_topk_prob=True,
             decoder_sparse_step=1,
-            mlp_only_layers=[],
+            mlp_only_layers=[i for i, moe in enumerate(m.get("moe_freq", ())) if not moe],
         )
     if arch == "qwen2_moe":
         cfg.update(
@@ -115,10 +118,10 @@ def _build(name: str):
     import torch.nn.functional as F
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
-    m = MODELS[name]
+    m = (MODELS | REFUSED)[name]
     moe = m["experts"] > 0
     torch.manual_seed(0)
     extra = {}
@@ -160,11 +163,14 @@ def _build(name: str):
         attention_dropout=0.0,
         hidden_dropout=0.0,
         use_cpu_initialization=True,
+        moe_layer_freq=m.get("moe_freq", 1),
         **extra,
     )
     spec = get_gpt_layer_local_spec(
         num_experts=m["experts"] or None, moe_grouped_gemm=False, qk_layernorm=cfg.qk_layernorm, normalization="RMSNorm"
     )
+    if "moe_freq" in m:  # a spec per layer, dense or MoE as moe_layer_freq says
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
     model = GPTModel(
         config=cfg,
         transformer_layer_spec=spec,
@@ -226,7 +232,7 @@ def _rank(rank: int, world: int, root: str, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import parallel_state as ps
 
-    for name, m in MODELS.items():
+    for name, m in (MODELS | REFUSED).items():
         ps.destroy_model_parallel()
         ps.initialize_model_parallel(
             tensor_model_parallel_size=m["tp"],

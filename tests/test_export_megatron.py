@@ -289,7 +289,12 @@ ARCH_REFUSALS = {  # tree, config change, the one-line refusal
         "a qwen2_moe model has q/k/v_proj biases",
     ),
     "mixtral-with-shared-expert": ("qwen2moe", {"model_type": "mixtral"}, "shared_experts.gate_weight: no HF name"),
-    "moe-with-dense-layers": ("qwen2moe", {"mlp_only_layers": [1]}, "a qwen2_moe model with dense layers"),
+    "moe-with-dense-layers": ("qwen3moe-mixed", {}, "a qwen3_moe model with dense layers (mlp_only_layers"),
+    "moe-saved-with-per-layer-keys": (  # the config not saying so: megatron-core's keys do
+        "qwen3moe-mixed",
+        {"mlp_only_layers": []},
+        "decoder.layers.0.mlp.experts.experts.linear_fc1.weight: megatron-core saves mixed dense and MoE layers",
+    ),
 }
 
 
@@ -297,8 +302,9 @@ ARCH_REFUSALS = {  # tree, config change, the one-line refusal
 def test_config_and_checkpoint_disagreeing_on_an_architectures_parameters_is_refused(mgx, tmp_path, case):
     """What a family's HF model holds beyond Llama's names (q/k/v biases, Qwen3's q_norm / k_norm, Qwen2-MoE's gated
     shared expert) is decided by its config; the checkpoint must hold exactly that, or the export would drop trained
-    weights or leave HF ones at their initial values. Refused before anything is written (exit 3), without
-    transformers' load (skipped here: a model too big to load)."""
+    weights or leave HF ones at their initial values. An MoE model with a dense layer (saved by megatron-core under
+    per-layer keys) is refused by its config, or by its keys where the config does not say so. Each refused before
+    anything is written (exit 3), without transformers' load (skipped here: a model too big to load)."""
     name, change, want = ARCH_REFUSALS[case]
     base = tmp_path / "base"
     base.mkdir()

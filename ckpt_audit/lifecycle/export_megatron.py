@@ -28,7 +28,7 @@ from ckpt_audit.lifecycle.export_stream import (
     StreamUnsupported,
     c_strides,
 )
-from ckpt_audit.lifecycle.megatron_names import Arch, NameMapError, Target, arch_of, missing, targets
+from ckpt_audit.lifecycle.megatron_names import Arch, NameMapError, Target, arch_of, problems, targets
 from ckpt_audit.readers import ptzip
 from ckpt_audit.readers.dcp_metadata import DcpMetadata, read_metadata
 from ckpt_audit.readers.pt import TensorInfo, read_zip_structure
@@ -54,8 +54,8 @@ def plan_dist_ckpt(dist: Path, config: dict) -> Plan:
         raise StreamError(f"{dist}/.metadata: not DCP metadata ({exc})") from None
     keys = [k for k in meta.tensors if not k.startswith(_NOT_MODEL)]
     _check_tie(dist, keys, arch)
-    if lacks := missing(set(keys), arch):
-        raise StreamError(f"{dist}: {lacks[0]}")
+    if why := problems(set(keys), arch):
+        raise StreamError(f"{dist}: {why[0]}")
     chunks = _Chunks(dist, meta)
     out: list[Planned] = []
     try:

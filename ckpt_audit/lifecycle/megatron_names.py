@@ -16,7 +16,7 @@ selection of rows, because megatron fuses what HF keeps apart:
 
 Families (HF `model_type`): llama, mistral, qwen2, qwen3 (dense); qwen2_moe, qwen3_moe, mixtral (MoE). What a
 family's HF model holds beyond Llama's names is decided by its config and must be in the checkpoint, neither more nor
-less (`missing`, `_layer_parts`): q/k/v biases (megatron add_qkv_bias: Qwen2 always, Qwen2-MoE's qkv_bias, the others'
+less (`problems`, `_layer_parts`): q/k/v biases (megatron add_qkv_bias: Qwen2 always, Qwen2-MoE's qkv_bias, the others'
 attention_bias), q_norm / k_norm (megatron qk_layernorm: Qwen3, Qwen3-MoE), Qwen2-MoE's shared expert and its sigmoid
 gate (megatron moe_shared_expert_intermediate_size, moe_shared_expert_gate). Mixtral's experts are written in its
 checkpoints' names (block_sparse_moe.experts.E.w1/w2/w3), which transformers 5 renames and fuses as it loads and
@@ -124,8 +124,11 @@ def arch_of(config: dict) -> Arch:
     )
 
 
-def missing(keys: set[str], arch: Arch) -> list[str]:
-    """What an HF model of `arch` holds that the checkpoint (its megatron keys) lacks: one line each."""
+def problems(keys: set[str], arch: Arch) -> list[str]:
+    """Why the checkpoint's megatron keys cannot make an HF model of `arch`, before any is mapped: per-layer keys,
+    or a parameter the family has that the checkpoint lacks. One line each."""
+    if per_layer := sorted(k for k in keys if k.startswith(_LAYER) and k[len(_LAYER) : len(_LAYER) + 1].isdigit()):
+        return [f"{per_layer[0]}: {SPARSE_LAYERS}"]
     want = {}
     if arch.qkv_bias:
         want["self_attention.linear_qkv.bias"] = "q/k/v_proj biases (megatron add_qkv_bias)"
