@@ -127,7 +127,7 @@ def arch_of(config: dict) -> Arch:
 def problems(keys: set[str], arch: Arch) -> list[str]:
     """Why the checkpoint's megatron keys cannot make an HF model of `arch`, before any is mapped: per-layer keys,
     or a parameter the family has that the checkpoint lacks. One line each."""
-    if per_layer := sorted(k for k in keys if k.startswith(_LAYER) and k[len(_LAYER) : len(_LAYER) + 1].isdigit()):
+    if per_layer := sorted(k for k in keys if _PER_LAYER.match(k)):
         return [f"{per_layer[0]}: {SPARSE_LAYERS}"]
     want = {}
     if arch.qkv_bias:
@@ -148,6 +148,7 @@ def problems(keys: set[str], arch: Arch) -> list[str]:
 
 
 _LAYER = "decoder.layers."
+_PER_LAYER = re.compile(r"decoder\.layers\.\d")  # megatron-core's keys for non-homogeneous layers
 _EXPERT = re.compile(r"mlp\.experts\.(?:experts\.|local_experts\.)?(linear_fc1|linear_fc2)\.weight")
 
 
@@ -163,8 +164,6 @@ def targets(key: str, shape: tuple[int, ...], arch: Arch) -> list[Target]:
     if not key.startswith(_LAYER) or not shape:
         raise NameMapError(f"{key}: no HF name for this megatron-core parameter ({arch.family})")
     rest = key[len(_LAYER) :]
-    if rest[:1].isdigit():
-        raise NameMapError(f"{key}: {SPARSE_LAYERS}")
     out: list[Target] = []
     if m := _EXPERT.fullmatch(rest):
         if len(shape) != 4:
