@@ -1,14 +1,14 @@
 """Megatron trees for export, written by verl 0.9.1's own `MegatronCheckpointManager.save_checkpoint` (layout v2),
 with what the trainer held: the reference an export is compared against.
 
-`write_models(root)` spawns two CPU processes (gloo). For each model of MODELS, both build the same tiny megatron-core
-`GPTModel` (local layer spec: no Transformer Engine, no apex) shaped like an HF architecture (GQA, RMSNorm, SwiGLU,
-RoPE), take two Adam steps on fixed gradients (so norms and biases are not their initial constants) and save through
-verl's manager (`save_contents=[model, extra]`, `use_dist_checkpointing=True`, no bridge: verl then writes no HF
-config, as in a real run) to `<root>/<model>/exp/global_step_1/actor`. The parallel layout differs per model: TP=2
-(dense), TP=2 with expert parallelism 2 and expert TP 1 (MoE), pipeline parallelism 2 (dense, a layer a stage).
-Beside it, `<root>/<model>/base_model/config.json` is the HF config the run was started from (what
-`export --hf-config` is given, as verl's merger's `--hf_model_path`).
+`write_models(root)` spawns two CPU processes (gloo). For each model of MODELS and REFUSED, both build the same tiny
+megatron-core `GPTModel` (local layer spec: no Transformer Engine, no apex) shaped like an HF architecture (GQA,
+RMSNorm, SwiGLU, RoPE), take two Adam steps on fixed gradients (so norms and biases are not their initial constants)
+and save through verl's manager (`save_contents=[model, extra]`, `use_dist_checkpointing=True`, no bridge: verl then
+writes no HF config, as in a real run) to `<root>/<model>/exp/global_step_1/actor`. The parallel layout differs per
+model: TP=2 (dense), TP=2 with expert parallelism 2 and expert TP 1 (MoE), pipeline parallelism 2 (dense, a layer a
+stage). Beside it, `<root>/<model>/base_model/config.json` is the HF config the run was started from (what `export
+--hf-config` is given, as verl's merger's `--hf_model_path`).
 
 What the trainer held: each rank's `model.state_dict()` (its TP / EP / PP pieces, megatron-core's own names) goes to
 `<root>/<model>/trainer/rank<R>.pt`, and the logits of megatron-core's own forward on TOKENS (TP forward, dense
@@ -41,18 +41,36 @@ MODELS = {
     "llama-untied": dict(arch="llama", tied=False, tp=2, ep=1, experts=0),
     "qwen3moe": dict(arch="qwen3_moe", tied=False, tp=2, ep=2, experts=4),
     "llama-pp2": dict(arch="llama", tied=False, tp=1, ep=1, experts=0, pp=2),
+    # one of each further architecture the export names (megatron_names.FAMILIES), as verl's config converter
+    # builds it: Mistral (Llama's names), Qwen3 (qk_layernorm), Qwen2-MoE (qkv bias, shared experts with a
+    # sigmoid gate), Mixtral (MoE without shared experts, HF names block_sparse_moe.experts.E.w1/w2/w3)
+    "mistral": dict(arch="mistral", tied=False, tp=2, ep=1, experts=0),
+    "qwen3-tied": dict(arch="qwen3", tied=True, tp=2, ep=1, experts=0),
+    "qwen2moe": dict(arch="qwen2_moe", tied=False, tp=2, ep=2, experts=4),
+    "mixtral": dict(arch="mixtral", tied=False, tp=2, ep=2, experts=4),
 }
+# written, and refused by the export (test_export_megatron's ARCH_REFUSALS): an MoE model with a dense layer
+# (megatron-core moe_layer_freq [1, 0], HF mlp_only_layers [1]), which megatron-core saves under per-layer keys
+REFUSED = {"qwen3moe-mixed": dict(arch="qwen3_moe", tied=False, tp=2, ep=2, experts=4, moe_freq=[1, 0])}
 HIDDEN, FFN, MOE_FFN, HEADS, GROUPS, HEAD_DIM, LAYERS = 32, 64, 24, 4, 2, 8, 2
+SHARED_FFN = 40  # Qwen2-MoE's shared expert: its own width, so a mix-up with the routed experts' shows
+CLASSES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
 
 
 def hf_config(name: str) -> dict:
-    m = MODELS[name]
+    m = (MODELS | REFUSED)[name]
     arch = m["arch"]
     cfg = {
         "model_type": arch,
-        "architectures": [
-            {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[arch]
-        ],
+        "architectures": [CLASSES[arch]],
         "vocab_size": VOCAB,
         "hidden_size": HIDDEN,
         "intermediate_size": FFN,
@@ -75,8 +93,23 @@ def hf_config(name: str) -> dict:
             moe_intermediate_size=MOE_FFN,
             norm_topk_prob=True,
             decoder_sparse_step=1,
-            mlp_only_layers=[],
+            mlp_only_layers=[i for i, moe in enumerate(m.get("moe_freq", ())) if not moe],
         )
+    if arch == "qwen2_moe":
+        cfg.update(
+            num_experts=m["experts"],
+            num_experts_per_tok=2,
+            moe_intermediate_size=MOE_FFN,
+            shared_expert_intermediate_size=SHARED_FFN,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            qkv_bias=True,
+        )
+    if arch == "mixtral":
+        cfg.update(num_local_experts=m["experts"], num_experts_per_tok=2, intermediate_size=MOE_FFN)
+    if arch in ("mistral", "mixtral"):
+        cfg.update(sliding_window=None)
     return cfg
 
 
@@ -85,10 +118,10 @@ def _build(name: str):
     import torch.nn.functional as F
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
-    m = MODELS[name]
+    m = (MODELS | REFUSED)[name]
     moe = m["experts"] > 0
     torch.manual_seed(0)
     extra = {}
@@ -103,6 +136,8 @@ def _build(name: str):
             expert_model_parallel_size=m["ep"],
             expert_tensor_parallel_size=1,
         )
+    if m["arch"] == "qwen2_moe":  # verl's hf_to_mcore_config_qwen2moe: a gated shared expert
+        extra.update(moe_shared_expert_intermediate_size=SHARED_FFN, moe_shared_expert_gate=True)
     cfg = TransformerConfig(
         num_layers=LAYERS,
         hidden_size=HIDDEN,
@@ -115,8 +150,8 @@ def _build(name: str):
         normalization="RMSNorm",
         layernorm_epsilon=1e-6,
         add_bias_linear=False,
-        add_qkv_bias=m["arch"] == "qwen2",
-        qk_layernorm=m["arch"] == "qwen3_moe",
+        add_qkv_bias=m["arch"] in ("qwen2", "qwen2_moe"),
+        qk_layernorm=m["arch"] in ("qwen3", "qwen3_moe"),
         tensor_model_parallel_size=m["tp"],
         pipeline_model_parallel_size=m.get("pp", 1),
         pipeline_dtype=torch.float32,
@@ -128,11 +163,14 @@ def _build(name: str):
         attention_dropout=0.0,
         hidden_dropout=0.0,
         use_cpu_initialization=True,
+        moe_layer_freq=m.get("moe_freq", 1),
         **extra,
     )
     spec = get_gpt_layer_local_spec(
         num_experts=m["experts"] or None, moe_grouped_gemm=False, qk_layernorm=cfg.qk_layernorm, normalization="RMSNorm"
     )
+    if "moe_freq" in m:  # a spec per layer, dense or MoE as moe_layer_freq says
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
     model = GPTModel(
         config=cfg,
         transformer_layer_spec=spec,
@@ -194,7 +232,7 @@ def _rank(rank: int, world: int, root: str, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import parallel_state as ps
 
-    for name, m in MODELS.items():
+    for name, m in (MODELS | REFUSED).items():
         ps.destroy_model_parallel()
         ps.initialize_model_parallel(
             tensor_model_parallel_size=m["tp"],

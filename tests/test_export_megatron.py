@@ -1,7 +1,8 @@
 """Export of Megatron dist_ckpt to HF safetensors, and `export --check`, on trees verl 0.9.1's own
 MegatronCheckpointManager wrote (tests/_verl_megatron_export.py: one cached subprocess run, two gloo CPU processes).
 
-Layouts: TP=2 (Qwen2 tied, Llama untied), TP=2 with EP=2 (Qwen3-MoE), PP=2 (Llama). Each exported model is compared
+Layouts: TP=2 (Qwen2 tied, Llama untied, Mistral, Qwen3 tied), TP=2 with EP=2 (Qwen3-MoE, Qwen2-MoE with its gated
+shared expert, Mixtral), PP=2 (Llama). Each exported model is compared
 with what the trainer held: every rank's `model.state_dict()` (megatron-core's own
 names, its TP / EP pieces), converted to HF names here, independently of ckpt-audit (`reference`). The export must
 equal it tensor by tensor, load in transformers with the same logits as a model loaded from the reference, and (dense
@@ -100,19 +101,30 @@ def reference(mgx: Path, name: str) -> dict[str, torch.Tensor]:
         for n in ("q", "k"):
             if (key := p + f"self_attention.{n}_layernorm.weight") in tps[0]:
                 out[h + f"self_attn.{n}_norm.weight"] = tps[0][key]
-        if cfg.get("num_experts"):
-            out[h + "mlp.gate.weight"] = tps[0][p + "mlp.router.weight"]
+        if cfg.get("num_experts") or cfg.get("num_local_experts"):
+            # Mixtral's checkpoints name the MoE block block_sparse_moe and its experts' projections w1 (gate),
+            # w3 (up), w2 (down); the Qwen MoE models mlp and gate_proj / up_proj / down_proj
+            mixtral = "num_local_experts" in cfg
+            moe = "block_sparse_moe" if mixtral else "mlp"
+            g_, u_, d_ = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+            out[h + f"{moe}.gate.weight"] = tps[0][p + "mlp.router.weight"]
             for d in ranks:
                 pat = re.escape(p) + r"mlp\.experts\.local_experts\.(\d+)\.linear_fc1"
                 local = sorted({int(m[1]) for key in d["sd"] if (m := re.match(pat, key))})
                 for i in local:
                     e = d["ep_rank"] * len(local) + i
                     gate, up = d["sd"][p + f"mlp.experts.local_experts.{i}.linear_fc1.weight"].chunk(2)
-                    out[h + f"mlp.experts.{e}.gate_proj.weight"] = gate
-                    out[h + f"mlp.experts.{e}.up_proj.weight"] = up
-                    out[h + f"mlp.experts.{e}.down_proj.weight"] = d["sd"][
+                    out[h + f"{moe}.experts.{e}.{g_}.weight"] = gate
+                    out[h + f"{moe}.experts.{e}.{u_}.weight"] = up
+                    out[h + f"{moe}.experts.{e}.{d_}.weight"] = d["sd"][
                         p + f"mlp.experts.local_experts.{i}.linear_fc2.weight"
                     ]
+            if cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: a TP-split MLP and a [1, hidden] gate
+                halves = [sd[p + "mlp.shared_experts.linear_fc1.weight"].chunk(2) for sd in tps]
+                out[h + "mlp.shared_expert.gate_proj.weight"] = torch.cat([g for g, _u in halves])
+                out[h + "mlp.shared_expert.up_proj.weight"] = torch.cat([u for _g, u in halves])
+                out[h + "mlp.shared_expert.down_proj.weight"] = cat(p + "mlp.shared_experts.linear_fc2.weight", 1)
+                out[h + "mlp.shared_expert_gate.weight"] = tps[0][p + "mlp.shared_experts.gate_weight"]
         else:
             halves = [sd[p + "mlp.linear_fc1.weight"].chunk(2) for sd in tps]
             out[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _u in halves])
@@ -126,10 +138,11 @@ def _shift(key: str, off: int) -> str:
     return f"decoder.layers.{int(m[1]) + off}.{key[m.end() :]}" if m else key
 
 
-def _logits(model_dir: Path) -> torch.Tensor:
+def _logits(model_dir: Path, name: str) -> torch.Tensor:
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir))
+    assert type(model).__name__ == W.CLASSES[W.MODELS[name]["arch"]]  # chosen by model_type, not by our config
     with torch.no_grad():
         return model(torch.tensor(W.TOKENS)).logits
 
@@ -146,6 +159,7 @@ def exported(mgx, tmp_path_factory) -> dict[str, Path]:
         doc = json.loads(proc.stdout)
         assert doc["verified"] and doc["source_kind"] == "megatron-dist-ckpt" and doc["world_size"] == W.WORLD
         assert doc["model_check"] == "transformers", doc["model_load"]
+        assert doc["warnings"] == []  # every name and shape checked against the family's template too
         ref = root / f"{name}-reference"
         ref.mkdir()
         shutil.copy(base / "config.json", ref / "config.json")
@@ -161,8 +175,8 @@ def test_export_equals_the_trainers_weights_and_logits(mgx, exported, name):
     assert sorted(got) == sorted(want)
     assert [k for k in want if got[k].dtype != want[k].dtype or not torch.equal(got[k], want[k])] == []
     assert ("lm_head.weight" in got) is not W.MODELS[name]["tied"]
-    logits = _logits(exported[name])
-    assert torch.equal(logits, _logits(exported[f"{name}-reference"]))
+    logits = _logits(exported[name], name)
+    assert torch.equal(logits, _logits(exported[f"{name}-reference"], name))
     if (trained := mgx / name / "trainer" / "logits.pt").exists():  # megatron-core's own TP forward
         torch.testing.assert_close(logits, torch.load(trained).reshape(logits.shape), rtol=0, atol=1e-5)
 
@@ -210,6 +224,16 @@ CASES = {
         _swap_qk,
         ["model.layers.1.self_attn.k_proj.weight: values differ", "model.layers.1.self_attn.q_proj.weight: values"],
     ),
+    "mixtral-expert-dropped": (
+        "mixtral",
+        lambda sd: [sd.pop(f"model.layers.1.block_sparse_moe.experts.0.w{i}.weight") for i in (1, 2, 3)],
+        ["model.layers.1.block_sparse_moe.experts.0.w1.weight: missing", "model.layers.1: 3 experts, config.json"],
+    ),
+    "shared-expert-gate-dropped": (
+        "qwen2moe",
+        lambda sd: sd.pop("model.layers.0.mlp.shared_expert_gate.weight"),
+        ["model.layers.0.mlp.shared_expert_gate.weight: missing"],
+    ),
     "one-ulp": (
         "llama-untied",
         lambda sd: _one_ulp(sd["model.layers.1.mlp.down_proj.weight"]),
@@ -244,6 +268,50 @@ def test_config_disagreeing_with_the_checkpoint_is_refused(mgx, tmp_path):
     assert proc.returncode == 3 and "config.json says 8" in proc.stderr
     proc = _cli(_step(mgx, "qwen3moe"), "--to", tmp_path / "hf", catalog=tmp_path / "c.db")  # no config at all
     assert proc.returncode == 3 and "--hf-config" in proc.stderr
+    assert not (tmp_path / "hf").exists()
+
+
+ARCH_REFUSALS = {  # tree, config change, the one-line refusal
+    "qwen3-without-qk-norm": (
+        "llama-untied",
+        {"model_type": "qwen3"},
+        "a qwen3 model has q_norm (megatron qk_layernorm)",
+    ),
+    "llama-with-qk-norm": (
+        "qwen3-tied",
+        {"model_type": "llama"},
+        "qk_layernorm, which config.json's model has no k_norm",
+    ),
+    "mistral-with-qkv-bias": ("qwen2-tied", {"model_type": "mistral"}, "linear_qkv.bias: q/k/v biases, which config"),
+    "qwen2-moe-without-shared-expert": (
+        "qwen3moe",
+        {"model_type": "qwen2_moe"},
+        "a qwen2_moe model has q/k/v_proj biases",
+    ),
+    "mixtral-with-shared-expert": ("qwen2moe", {"model_type": "mixtral"}, "shared_experts.gate_weight: no HF name"),
+    "moe-with-dense-layers": ("qwen3moe-mixed", {}, "a qwen3_moe model with dense layers (mlp_only_layers"),
+    "moe-saved-with-per-layer-keys": (  # the config not saying so: megatron-core's keys do
+        "qwen3moe-mixed",
+        {"mlp_only_layers": []},
+        "decoder.layers.0.mlp.experts.experts.linear_fc1.weight: megatron-core saves mixed dense and MoE layers",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ARCH_REFUSALS))
+def test_config_and_checkpoint_disagreeing_on_an_architectures_parameters_is_refused(mgx, tmp_path, case):
+    """What a family's HF model holds beyond Llama's names (q/k/v biases, Qwen3's q_norm / k_norm, Qwen2-MoE's gated
+    shared expert) is decided by its config; the checkpoint must hold exactly that, or the export would drop trained
+    weights or leave HF ones at their initial values. An MoE model with a dense layer (saved by megatron-core under
+    per-layer keys) is refused by its config, or by its keys where the config does not say so. Each refused before
+    anything is written (exit 3), without transformers' load (skipped here: a model too big to load)."""
+    name, change, want = ARCH_REFUSALS[case]
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps(W.hf_config(name) | change))
+    args = ("--to", tmp_path / "hf", "--hf-config", base, "--max-load-size", "0")
+    proc = _cli(_step(mgx, name), *args, catalog=tmp_path / "c.db")
+    assert proc.returncode == 3 and want in proc.stderr, proc.stderr
     assert not (tmp_path / "hf").exists()
 
 

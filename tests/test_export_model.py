@@ -202,6 +202,10 @@ def _meta_model(config_cls, arch: str = "ForCausalLM", **kw):
         ("Qwen2", "ForTokenClassification", {"num_labels": 1}),
         ("Qwen3", "ForCausalLM", {"attention_bias": True}),
         ("Mistral", "ForCausalLM", {"tie_word_embeddings": False}),
+        ("Qwen2Moe", "ForCausalLM", {"num_experts": 3, "moe_intermediate_size": 24, "mlp_only_layers": [1]}),
+        ("Qwen2Moe", "ForCausalLM", {"num_experts": 2, "shared_expert_intermediate_size": 8, "qkv_bias": False}),
+        ("Qwen3Moe", "ForCausalLM", {"num_experts": 3, "decoder_sparse_step": 2, "attention_bias": True}),
+        ("Mixtral", "ForCausalLM", {"num_local_experts": 3}),
     ],
 )
 def test_the_names_and_shapes_expected_are_what_transformers_builds(family, arch, kw):
@@ -209,7 +213,10 @@ def test_the_names_and_shapes_expected_are_what_transformers_builds(family, arch
     import transformers
 
     model, config = _meta_model(getattr(transformers, f"{family}Config"), arch, **kw)
-    built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    from transformers.core_model_loading import revert_weight_conversion
+
+    # in the names save_pretrained writes: transformers 5 fuses MoE experts on load and splits them back on save
+    built = {k: tuple(v.shape) for k, v in revert_weight_conversion(model, model.state_dict()).items()}
     if config.get("tie_word_embeddings") and arch == "ForCausalLM":
         built.pop("lm_head.weight")  # save_pretrained writes a tied head once, as the embedding
     assert expected_tensors(config) == built
@@ -292,6 +299,43 @@ def test_directories_transformers_saves_pass_the_check_and_a_changed_size_fails_
         (out / "config.json").write_text(json.dumps({**config, key: 3}))
         codes = {f.code for f in check_config(out, out).findings}
         assert codes == {"export-config-mismatch"}, (name, codes)
+
+
+@pytest.mark.parametrize(
+    ("family", "kw", "size"),
+    [
+        ("Qwen2Moe", {"num_experts": 3, "moe_intermediate_size": 12, "shared_expert_intermediate_size": 8}, "moe"),
+        ("Qwen3Moe", {"num_experts": 3, "moe_intermediate_size": 12}, "moe"),  # saved as num_local_experts
+        ("Mixtral", {"num_local_experts": 3}, "intermediate_size"),
+    ],
+)
+def test_moe_directories_transformers_saves_pass_the_check_and_a_wrong_expert_size_fails_it(tmp_path, family, kw, size):
+    """Experts in the names save_pretrained writes (transformers 5 splits its fused experts back on save); the expert
+    width, the expert count and a config without an expert count are each caught."""
+    import transformers
+
+    from ckpt_audit.export.model import check_config
+
+    cfg = getattr(transformers, f"{family}Config")(
+        vocab_size=37, hidden_size=16, intermediate_size=20, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, **kw,
+    )  # fmt: skip
+    getattr(transformers, f"{family}ForCausalLM")(cfg).save_pretrained(tmp_path)
+    checked = check_config(tmp_path, tmp_path)
+    assert checked.findings == () and checked.notes == (), checked
+    config = json.loads((tmp_path / "config.json").read_text())
+    experts = "num_local_experts" if "num_local_experts" in config else "num_experts"
+    key = "moe_intermediate_size" if size == "moe" else size
+    for change, needle in (
+        ({key: config[key] + 1}, "tensor shape(s) disagree with the config"),
+        ({experts: 2}, "exported tensor(s) the config does not describe"),
+        ({experts: 10**9}, f"{experts} is 1000000000, more than the"),
+        ({experts: None}, "config.json gives no num_experts or num_local_experts"),
+    ):
+        (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+        found = check_config(tmp_path, tmp_path).findings
+        assert {f.code for f in found} == {"export-config-mismatch"}, (change, found)
+        assert any(needle in f.message for f in found), (change, found)
 
 
 @pytest.mark.slow  # three CLI exports, two with transformers' load

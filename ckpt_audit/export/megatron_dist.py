@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ckpt_audit.export.megatron_names import Arch, NameMapError, Target, arch_of, targets
+from ckpt_audit.export.megatron_names import Arch, NameMapError, Target, arch_of, problems, targets
 from ckpt_audit.lifecycle.export_stream import (
     ITEMSIZE,
     Piece,
@@ -54,6 +54,8 @@ def plan_dist_ckpt(dist: Path, config: dict) -> Plan:
         raise StreamError(f"{dist}/.metadata: not DCP metadata ({exc})") from None
     keys = [k for k in meta.tensors if not k.startswith(_NOT_MODEL)]
     _check_tie(dist, keys, arch)
+    if why := problems(set(keys), arch):
+        raise StreamError(f"{dist}: {why[0]}")
     chunks = _Chunks(dist, meta)
     out: list[Planned] = []
     try:

@@ -14,9 +14,14 @@ selection of rows, because megatron fuses what HF keeps apart:
 - the embedding and the output layer may be padded past the vocabulary (make_vocab_size_divisible_by): their
   first vocab_size rows are the model.
 
-Families (HF `model_type`): llama, mistral, qwen2, qwen3 (dense); qwen2_moe, qwen3_moe, mixtral (MoE). Not mapped,
-with the reason in UNSUPPORTED: what needs another transform than slicing (Gemma's norm offset, DeepSeek's MLA,
-Phi-3's fused layout) or names not checked against a real save here.
+Families (HF `model_type`): llama, mistral, qwen2, qwen3 (dense); qwen2_moe, qwen3_moe, mixtral (MoE). What a
+family's HF model holds beyond Llama's names is decided by its config and must be in the checkpoint, neither more nor
+less (`problems`, `_layer_parts`): q/k/v biases (megatron add_qkv_bias: Qwen2 always, Qwen2-MoE's qkv_bias, the others'
+attention_bias), q_norm / k_norm (megatron qk_layernorm: Qwen3, Qwen3-MoE), Qwen2-MoE's shared expert and its sigmoid
+gate (megatron moe_shared_expert_intermediate_size, moe_shared_expert_gate). Mixtral's experts are written in its
+checkpoints' names (block_sparse_moe.experts.E.w1/w2/w3), which transformers 5 renames and fuses as it loads and
+writes back on save_pretrained. Not mapped, with the reason in UNSUPPORTED: what needs another transform than
+slicing (Gemma's norm offset, DeepSeek's MLA, Phi-3's fused layout), or parameters these names do not cover.
 """
 
 from __future__ import annotations
@@ -36,7 +41,14 @@ UNSUPPORTED = {
     "phi3": "Phi-3's fused qkv_proj / gate_up_proj layout is not mapped",
     "qwen2_vl": "vision towers are not megatron-core GPTModel parameters",
     "qwen2_5_vl": "vision towers are not megatron-core GPTModel parameters",
+    "qwen3_vl": "vision towers are not megatron-core GPTModel parameters",
+    "qwen3_vl_moe": "vision towers are not megatron-core GPTModel parameters",
+    "qwen3_next": "its linear-attention (gated DeltaNet) layers are not megatron-core GPTModel attention",
+    "llama4": "interleaved dense / MoE layers and a shared expert under other names are not mapped",
+    "glm4_moe": "the router's expert score bias and leading dense layers are not mapped",
+    "gpt_oss": "attention sinks and expert biases are not mapped",
 }
+SPARSE_LAYERS = "megatron-core saves mixed dense and MoE layers under per-layer keys, which are not mapped"
 Rows = tuple[tuple[int, int], ...]
 
 
@@ -63,6 +75,8 @@ class Arch:
     head_dim: int
     tied: bool
     experts: int  # 0 for a dense model
+    qkv_bias: bool  # HF q/k/v_proj have biases (megatron add_qkv_bias)
+    qk_norm: bool  # HF q_norm / k_norm (megatron qk_layernorm)
 
     @property
     def moe_prefix(self) -> str:
@@ -86,11 +100,55 @@ def arch_of(config: dict) -> Arch:
         raise NameMapError(f"config.json lacks a usable {exc} for a {family} model") from None
     if heads <= 0 or groups <= 0 or heads % groups:
         raise NameMapError(f"config.json: {heads} attention heads do not divide into {groups} key/value heads")
+    if family in MOE and (config.get("mlp_only_layers") or (config.get("decoder_sparse_step") or 1) != 1):
+        raise NameMapError(
+            f"a {family} model with dense layers (mlp_only_layers, decoder_sparse_step): {SPARSE_LAYERS}"
+        )
     tied = bool(config.get("tie_word_embeddings", False))
-    return Arch(family=family, vocab=vocab, heads=heads, groups=groups, head_dim=head_dim, tied=tied, experts=experts)
+    if family == "qwen2":  # HF Qwen2 always has q/k/v biases, Qwen2-MoE by qkv_bias, the others by attention_bias
+        qkv_bias = True
+    elif family == "qwen2_moe":
+        qkv_bias = bool(config.get("qkv_bias", True))
+    else:
+        qkv_bias = bool(config.get("attention_bias", False))
+    return Arch(
+        family=family,
+        vocab=vocab,
+        heads=heads,
+        groups=groups,
+        head_dim=head_dim,
+        tied=tied,
+        experts=experts,
+        qkv_bias=qkv_bias,
+        qk_norm=family in ("qwen3", "qwen3_moe"),
+    )
+
+
+def problems(keys: set[str], arch: Arch) -> list[str]:
+    """Why the checkpoint's megatron keys cannot make an HF model of `arch`, before any is mapped: per-layer keys,
+    or a parameter the family has that the checkpoint lacks. One line each."""
+    if per_layer := sorted(k for k in keys if _PER_LAYER.match(k)):
+        return [f"{per_layer[0]}: {SPARSE_LAYERS}"]
+    want = {}
+    if arch.qkv_bias:
+        want["self_attention.linear_qkv.bias"] = "q/k/v_proj biases (megatron add_qkv_bias)"
+    if arch.qk_norm:
+        want["self_attention.q_layernorm.weight"] = "q_norm (megatron qk_layernorm)"
+        want["self_attention.k_layernorm.weight"] = "k_norm (megatron qk_layernorm)"
+    if arch.family == "qwen2_moe":
+        want["mlp.shared_experts.linear_fc1.weight"] = (
+            "the shared expert (megatron moe_shared_expert_intermediate_size)"
+        )
+        want["mlp.shared_experts.gate_weight"] = "shared_expert_gate (megatron moe_shared_expert_gate)"
+    return [
+        f"a {arch.family} model has {what}; the checkpoint holds no {_LAYER}{rest}"
+        for rest, what in want.items()
+        if _LAYER + rest not in keys
+    ]
 
 
 _LAYER = "decoder.layers."
+_PER_LAYER = re.compile(r"decoder\.layers\.\d")  # megatron-core's keys for non-homogeneous layers
 _EXPERT = re.compile(r"mlp\.experts\.(?:experts\.|local_experts\.)?(linear_fc1|linear_fc2)\.weight")
 
 
@@ -138,14 +196,14 @@ def _layer_parts(rest: str, shape: tuple[int, ...], arch: Arch) -> list[tuple[st
         return [("input_layernorm.weight", None)]
     if rest in ("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"):
         return [("post_attention_layernorm.weight", None)]
-    if rest in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+    if rest == "self_attention.linear_qkv.weight" or (rest == "self_attention.linear_qkv.bias" and arch.qkv_bias):
         kind = rest.rsplit(".", 1)[1]
         return [(f"self_attn.{p}_proj.{kind}", rows) for p, rows in _qkv(rest, shape[0], arch)]
     if rest == "self_attention.linear_proj.weight":
         return [("self_attn.o_proj.weight", None)]
-    if rest == "self_attention.q_layernorm.weight":
+    if rest == "self_attention.q_layernorm.weight" and arch.qk_norm:
         return [("self_attn.q_norm.weight", None)]
-    if rest == "self_attention.k_layernorm.weight":
+    if rest == "self_attention.k_layernorm.weight" and arch.qk_norm:
         return [("self_attn.k_norm.weight", None)]
     if rest == "mlp.linear_fc1.weight" and arch.family in DENSE:
         return [(f"mlp.{p}_proj.weight", rows) for p, rows in _halves(rest, shape[0])]
@@ -162,7 +220,15 @@ def _layer_parts(rest: str, shape: tuple[int, ...], arch: Arch) -> list[tuple[st
             return [("mlp.shared_expert.down_proj.weight", None)]
         if rest == "mlp.shared_experts.gate_weight":
             return [("mlp.shared_expert_gate.weight", None)]
-    raise NameMapError(f"decoder.layers.{rest}: no HF name for this megatron-core parameter ({arch.family})")
+    why = _NOT_IN_CONFIG.get(rest, "no HF name for this megatron-core parameter")
+    raise NameMapError(f"decoder.layers.{rest}: {why} ({arch.family})")
+
+
+_NOT_IN_CONFIG = {  # saved, but config.json's model has no place for it: exporting would drop it
+    "self_attention.linear_qkv.bias": "q/k/v biases, which config.json's model has none of (attention_bias)",
+    "self_attention.q_layernorm.weight": "megatron qk_layernorm, which config.json's model has no q_norm for",
+    "self_attention.k_layernorm.weight": "megatron qk_layernorm, which config.json's model has no k_norm for",
+}
 
 
 def _qkv(rest: str, rows: int, arch: Arch) -> list[tuple[str, Rows]]:

@@ -29,8 +29,14 @@ from ckpt_audit.readers import bounded_json, safetensors_header
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 from ckpt_audit.units import format_size
 
-TEMPLATE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+TEMPLATE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 SIZES = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+MOE_SIZES = {  # what the MoE families' templates read besides SIZES and the expert count
+    "mixtral": (),
+    "qwen3_moe": ("moe_intermediate_size",),
+    "qwen2_moe": ("moe_intermediate_size", "shared_expert_intermediate_size"),
+}
+EXPERTS = ("num_experts", "num_local_experts")  # either: transformers 5 saves Qwen3-MoE's as num_local_experts
 DTYPE_NAME = {code: name for name, code in SAFETENSORS_DTYPE.items() if name in FLOATS}  # floating formats only
 LM_HEAD, EMBED = TIED_EMBEDDINGS
 LAYER_RE = re.compile(r"^(.*?\.(?:layers|h|blocks)\.)(\d+)\.(.+)$")
@@ -77,10 +83,11 @@ def check_config(work: Path, out: Path) -> ModelCheck:
             f"size only (all names and shapes for {', '.join(TEMPLATE_FAMILIES)})"
         )
         problems += _generic(config, tensors)
-    elif missing := [k for k in SIZES if not isinstance(config.get(k), int) or config[k] < 0]:
+    elif missing := _unsized(config):
         problems.append(f"config.json gives no {', '.join(missing)}: the model's size cannot be checked")
-    elif config["num_hidden_layers"] > len(tensors):  # bounded work: never a template for a billion layers
-        problems.append(f"num_hidden_layers is {config['num_hidden_layers']}, more than the {len(tensors)} tensors")
+    elif many := [k for k in ("num_hidden_layers", *EXPERTS) if (_first_int(config, k) or 0) > len(tensors)]:
+        # bounded work: never a template for a billion layers or experts
+        problems.append(f"{many[0]} is {config[many[0]]}, more than the {len(tensors)} tensors")
     else:
         problems += _against(expected_tensors(config) or {}, tensors, config)
     problems += _dtype(config, tensors, notes)
@@ -103,8 +110,9 @@ def expected_tensors(config: dict) -> dict[str, tuple[int, ...]] | None:
     layers, hidden, inter, heads, vocab = (config[k] for k in SIZES)
     kv = _first_int(config, "num_key_value_heads") or heads
     hd = _first_int(config, "head_dim") or (hidden // heads if heads else 0)
-    attn_bias = bool(config.get("attention_bias", False)) if family in ("llama", "qwen3") else False
+    attn_bias = bool(config.get("attention_bias", False)) if family in ("llama", "qwen3", "qwen3_moe") else False
     qkv_bias = attn_bias or family == "qwen2"  # Qwen2Attention: q, k and v always biased, o never
+    qkv_bias |= family == "qwen2_moe" and bool(config.get("qkv_bias", True))
     mlp_bias = family == "llama" and bool(config.get("mlp_bias", False))
     out: dict[str, tuple[int, ...]] = {EMBED: (vocab, hidden), "model.norm.weight": (hidden,)}
     for i in range(layers):
@@ -114,9 +122,6 @@ def expected_tensors(config: dict) -> dict[str, tuple[int, ...]] | None:
             p + "self_attn.k_proj.weight": (kv * hd, hidden),
             p + "self_attn.v_proj.weight": (kv * hd, hidden),
             p + "self_attn.o_proj.weight": (hidden, heads * hd),
-            p + "mlp.gate_proj.weight": (inter, hidden),
-            p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter),
             p + "input_layernorm.weight": (hidden,),
             p + "post_attention_layernorm.weight": (hidden,),
         }
@@ -131,7 +136,8 @@ def expected_tensors(config: dict) -> dict[str, tuple[int, ...]] | None:
                 p + "mlp.up_proj.bias": (inter,),
                 p + "mlp.down_proj.bias": (hidden,),
             }
-        if family == "qwen3":
+        out |= {p + k: shape for k, shape in _mlp(config, i, hidden, inter).items()}
+        if family in ("qwen3", "qwen3_moe"):
             out |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
     head = _architecture(config)
     if head.endswith("ForTokenClassification"):  # verl's critic: GenericForTokenClassification's score head
@@ -142,6 +148,49 @@ def expected_tensors(config: dict) -> dict[str, tuple[int, ...]] | None:
     elif not _tied(config):
         out[LM_HEAD] = (vocab, hidden)
     return out
+
+
+def _unsized(config: dict) -> list[str]:
+    """The sizes the family's template reads that config.json does not give as non-negative integers."""
+    family = str(config.get("model_type"))
+    out = [k for k in SIZES + MOE_SIZES.get(family, ()) if not isinstance(config.get(k), int) or config[k] < 0]
+    experts = _first_int(config, *EXPERTS)
+    if family in MOE_SIZES and (experts is None or experts < 0):
+        out.append(" or ".join(EXPERTS))
+    return out
+
+
+def _mlp(config: dict, layer: int, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
+    """Layer `layer`'s MLP under model.layers.N, in the names the family's checkpoints use (transformers 5 fuses the
+    experts as it loads and writes these names back on save)."""
+    family = config["model_type"]
+    experts = (_first_int(config, *EXPERTS) or 0) if family in MOE_SIZES else 0
+    if family == "mixtral":
+        out: dict[str, tuple[int, ...]] = {"block_sparse_moe.gate.weight": (experts, hidden)}
+        for e in range(experts):
+            x = f"block_sparse_moe.experts.{e}."
+            out |= {
+                x + "w1.weight": (inter, hidden),
+                x + "w3.weight": (inter, hidden),
+                x + "w2.weight": (hidden, inter),
+            }
+        return out
+    dense = config.get("mlp_only_layers") or []
+    step = config.get("decoder_sparse_step") or 1
+    if not experts or (isinstance(dense, list) and layer in dense) or (isinstance(step, int) and (layer + 1) % step):
+        return _glu("mlp.", inter, hidden)  # the Qwen MoE models' decoder_sparse_step / mlp_only_layers rule
+    out = {"mlp.gate.weight": (experts, hidden)}
+    for e in range(experts):
+        out |= _glu(f"mlp.experts.{e}.", config["moe_intermediate_size"], hidden)
+    if family == "qwen2_moe":  # a shared expert beside the routed ones, scaled by a sigmoid gate
+        out |= _glu("mlp.shared_expert.", config["shared_expert_intermediate_size"], hidden)
+        out["mlp.shared_expert_gate.weight"] = (1, hidden)
+    return out
+
+
+def _glu(prefix: str, inter: int, hidden: int) -> dict[str, tuple[int, ...]]:
+    shapes = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+    return {f"{prefix}{k}.weight": shape for k, shape in shapes.items()}
 
 
 def _architecture(config: dict) -> str:
