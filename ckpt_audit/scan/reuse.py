@@ -152,7 +152,8 @@ class ReuseStage:
         for run, files in kept.runs.items():
             if run in models:
                 self.runs[run] = (standing[run], models[run])
-                self.rows.extend(p for p in files if p in rowed and p not in facts)
+                read_now = {*unrowed.get(run, ()), *scrubbed.get(run, ())}  # a few files, tested against each
+                self.rows.extend(p for p in files if p not in read_now)
                 continue
             for p in files:  # judged afresh: its files are reused by stat or read, as in any re-scan
                 if p in facts or p not in rowed:
@@ -243,12 +244,11 @@ class _Kept:
     verified: Mapping[str, int] = field(default_factory=dict)
     unrowed: frozenset[str] = frozenset()  # the rest (the tracker, run-level files, anything new): read now
     every: frozenset[str] = frozenset()  # both
+    source: vc.Source | None = None
 
     @property
     def rowed(self) -> AbstractSet[str]:
         return self.verified.keys()
-
-    source: vc.Source | None = None
 
     @classmethod
     def of(cls, root: str, settled: Mapping[str, vc.Settled], source: vc.Source | None) -> _Kept:
