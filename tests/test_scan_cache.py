@@ -28,7 +28,7 @@ from ckpt_audit.catalog import open_catalog, read_previous
 from ckpt_audit.cli import cli
 from ckpt_audit.readers import RULES
 from ckpt_audit.scan import scan
-from ckpt_audit.scan.scrub import DAY_NS, Cached, ScrubPlan, ScrubPolicy, plan_scrub
+from ckpt_audit.scan.scrub import DAY_NS, ScrubPlan, ScrubPolicy, plan_scrub
 
 # -- the trees ------------------------------------------------------------------------------------------------
 
@@ -435,21 +435,35 @@ def test_a_row_read_under_other_reader_rules_is_read_again(copy_run, verl_run, t
 # -- the plan (pure) ------------------------------------------------------------------------------------------
 
 
-def _cached(*specs: tuple[str, int, int]) -> list[Cached]:
-    return [Cached(path=p, size_bytes=s, verified_ns=v * DAY_NS) for p, s, v in specs]
+def _scrub(*specs: tuple[str, int, int], **options) -> ScrubPlan:
+    """plan_scrub over files given as (path, size, verified day) specs."""
+    sizes = {p: s for p, s, _v in specs}
+    verified = {p: v * DAY_NS for p, _s, v in specs}
+    return plan_scrub(verified, sizes.__getitem__, total_bytes=sum(sizes.values()), **options)
 
 
 def test_plan_takes_the_pro_rata_share_oldest_first():
-    files = _cached(("a", 10, 3), ("b", 10, 1), ("c", 10, 2), ("d", 10, 4), ("e", 10, 5), ("f", 10, 6), ("g", 10, 7))
-    plan = plan_scrub(files, now_ns=8 * DAY_NS, policy=ScrubPolicy(), budget_bytes=None)  # 1 day of 7 since day 7
+    files = (("a", 10, 3), ("b", 10, 1), ("c", 10, 2), ("d", 10, 4), ("e", 10, 5), ("f", 10, 6), ("g", 10, 7))
+    plan = _scrub(*files, now_ns=8 * DAY_NS, policy=ScrubPolicy(), budget_bytes=None)  # 1 day of 7 since day 7
     assert plan == ScrubPlan(paths=frozenset({"b"}), bytes=10)
 
 
 def test_plan_takes_everything_due_and_reports_what_the_budget_leaves():
-    files = _cached(("a", 10, 0), ("b", 10, 0), ("c", 10, 0), ("d", 10, 9))
-    assert plan_scrub(files, now_ns=10 * DAY_NS, policy=ScrubPolicy(), budget_bytes=None) == ScrubPlan(
+    files = (("a", 10, 0), ("b", 10, 0), ("c", 10, 0), ("d", 10, 9))
+    assert _scrub(*files, now_ns=10 * DAY_NS, policy=ScrubPolicy(), budget_bytes=None) == ScrubPlan(
         paths=frozenset({"a", "b", "c"}), bytes=30
     )
-    assert plan_scrub(files, now_ns=10 * DAY_NS, policy=ScrubPolicy(), budget_bytes=15) == ScrubPlan(
+    assert _scrub(*files, now_ns=10 * DAY_NS, policy=ScrubPolicy(), budget_bytes=15) == ScrubPlan(
         paths=frozenset({"a", "b"}), bytes=20, overdue_files=1, overdue_bytes=10
+    )
+
+
+def test_plan_keeps_oldest_first_order_past_its_first_pick():
+    # 300 due files (more than the plan's first linear pick), verified days shuffled, ties broken by path: the
+    # budget takes exactly the oldest 100 and the rest are reported overdue
+    specs = [(f"f{i:03d}", 1, (i * 7) % 150) for i in range(300)]
+    plan = _scrub(*specs, now_ns=200 * DAY_NS, policy=ScrubPolicy(), budget_bytes=100)
+    oldest = sorted(specs, key=lambda s: (s[2], s[0]))[:100]
+    assert plan == ScrubPlan(
+        paths=frozenset(p for p, _s, _v in oldest), bytes=100, overdue_files=200, overdue_bytes=200
     )

@@ -190,6 +190,41 @@ def test_bytes_that_changed_under_a_kept_verdict_are_found_by_the_scrub(tree, tm
     assert "hash-drift" in {f.code for f in step6.all_findings}
 
 
+def test_a_shard_rewritten_in_place_with_its_size_is_read_again(tree, tmp_path):
+    """Same size, same inode, a new mtime: neither the kept verdict nor the stat cache may vouch for it."""
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    victim = shard(steps_of(tree)[2])
+    size, inode, mtime = victim.stat().st_size, victim.stat().st_ino, victim.stat().st_mtime_ns
+    flip_payload_byte(victim)
+    os.utime(victim, ns=(mtime, mtime + 10**9))  # a second later, still far outside the in-progress window
+    assert (victim.stat().st_size, victim.stat().st_ino) == (size, inode)
+    again = cached_scan(tree, db, scrub=None)  # no content re-read by the scrub: the stat alone must send it
+    assert again.runs_reused == frozenset() and str(victim) not in again.reused_paths
+    assert again.runs[0].checkpoints[2].status is Status.CORRUPT
+    assert again.runs == fresh_scan(tree, db).runs
+
+
+def test_bit_rot_under_one_of_two_kept_runs_judges_that_run_alone_afresh(tmp_path):
+    """The scrub's re-reads are matched to their own run: the other run's verdict stands."""
+    root = tmp_path / "root"
+    a, b = write_torch_tree(root / "a"), write_torch_tree(root / "b")
+    age(root)
+    db = tmp_path / "c.db"
+    cached_scan(root, db)
+    victim = str(shard(steps_of(b)[2]))
+    with sqlite3.connect(db) as conn:  # bit rot under a kept stat, as in the test above: the row says other bytes
+        saved = conn.execute("SELECT run_path, key, judged_ns, run_doc FROM run_verdicts").fetchall()
+        conn.execute("UPDATE files SET hash = ? WHERE path = ?", ["0" * 32, victim])
+        conn.execute("DELETE FROM run_verdicts")
+        conn.executemany("INSERT INTO run_verdicts VALUES (?, ?, ?, ?)", saved)
+    again = cached_scan(root, db, scrub=ScrubPolicy(period_ns=0))  # every file re-read by content
+    assert again.runs_reused == {str(a)}
+    by_path = {r.path: r for r in again.runs}
+    assert "hash-drift" in {f.code for f in by_path[str(b)].checkpoints[2].all_findings}
+    assert by_path[str(a)] == fresh_scan(root, db).runs[0]
+
+
 def test_the_scrub_under_a_kept_verdict_moves_on_and_keeps_every_fact(tree, tmp_path):
     """The scrub re-reads files of a run whose verdict stands: their rows must record the new read (or the same
     files would be re-read every night), and the facts taken from the catalog for bytes that read back the same

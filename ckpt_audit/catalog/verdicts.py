@@ -12,6 +12,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 from ckpt_audit import models
 from ckpt_audit.catalog.manifest import VERIFIED_UNDER_TODAYS_RULES as VERIFIED
@@ -149,8 +150,9 @@ class CatalogVerdicts:
         rows = self._present_under(root, f"path, size_bytes, mtime_ns, inode, hash, crc_ok, {VERIFIED}")
         return {r[0]: r[1:] for r in rows}  # crc_ok stays 0/1/NULL here: light_facts makes it a bool
 
-    def verified(self, root: str) -> Mapping[str, int]:
-        return dict(self._present_under(root, f"path, {VERIFIED}", f"hash IS NOT NULL AND {VERIFIED} IS NOT NULL"))
+    def verified(self, root: str, *, among: AbstractSet[str]) -> Mapping[str, int]:
+        rows = self._present_under(root, f"path, {VERIFIED}", f"hash IS NOT NULL AND {VERIFIED} IS NOT NULL")
+        return {p: v for p, v in rows if p in among}
 
     def _present_under(self, root: str, columns: str, where: str = "1") -> list[tuple]:
         below = root.rstrip("/") + "/"

@@ -36,7 +36,7 @@ NAME = "deepspeed"
 
 def is_tag(d: str, tree: Tree) -> bool:
     """A directory holding DeepSpeed shard files."""
-    return any(rules.is_shard(n) for n in tree.file_names(d))
+    return any(map(rules.SHARD_RE.fullmatch, tree.file_names(d)))
 
 
 def classify(name: str) -> FileKind:

@@ -17,9 +17,11 @@ marker (`reused_paths()`, `runs`, `kept_rows()`), which reduce and the record st
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 
 import ckpt_audit.scan.verdicts as vc
 from ckpt_audit.codes import finding
@@ -92,7 +94,7 @@ class ReuseStage:
             self.kind(p)
         cached: dict[str, FileFacts] = {}
         for p in paths:
-            if p in kept.rowed or p in kept.unrowed:
+            if p in kept.every:
                 continue  # a kept run's file: its verdict may stand (settle() decides, once its unrowed are read)
             prev, kind = previous.get(p), self.kind(p)
             if not rehash and vouched(prev, self.stats[p], kind):
@@ -126,32 +128,35 @@ class ReuseStage:
         self.facts.update(read)
         kept, facts, previous = self.kept, self.facts, self.caches.previous
         names = [layout.name for layout in self.layouts]
-        scrubbed = self.scrub.paths
+        # the few files each run has read now, grouped once (a run may hold a hundred thousand files)
+        unrowed = kept.by_run(kept.unrowed)
+        scrubbed = kept.by_run(p for p in self.scrub.paths if p in kept.rowed)
         standing: dict[str, str] = {}
-        for run, files in kept.runs.items():
+        for run in kept.runs:
             key = vc.run_key(
                 run,
                 self.digests[run],
                 layout=self.owners[run],
                 layouts=names,
                 window_ns=self.window_ns,
-                unrowed={p: facts[p] for p in files if p not in kept.rowed},
+                unrowed={p: facts[p] for p in unrowed.get(run, ())},
                 deep=self.caches.deep_stamps.get(run, ""),
             )
             # a scrubbed file that read back different: the verdict was judged from other bytes
-            steady = all(_same(facts[p], self.prior.get(p)) for p in files if p in scrubbed and p in kept.rowed)
+            steady = all(_same(facts[p], self.prior.get(p)) for p in scrubbed.get(run, ()))
             if key == kept.stored[run] and steady:
                 standing[run] = key
         models = kept.source.runs(standing) if standing and kept.source is not None else {}
         again: list[str] = []
+        rowed = kept.rowed
         for run, files in kept.runs.items():
-            mine = [p for p in files if p in kept.rowed]
             if run in models:
                 self.runs[run] = (standing[run], models[run])
-                self.rows.extend(p for p in mine if p not in facts)
+                read_now = {*unrowed.get(run, ()), *scrubbed.get(run, ())}  # a few files, tested against each
+                self.rows.extend(p for p in files if p not in read_now)
                 continue
-            for p in mine:  # judged afresh: its files are reused by stat or read, as in any re-scan
-                if p in facts:
+            for p in files:  # judged afresh: its files are reused by stat or read, as in any re-scan
+                if p in facts or p not in rowed:
                     continue
                 prev = previous.get(p)
                 if vouched(prev, self.stats[p], self.kind(p)):
@@ -173,10 +178,15 @@ class ReuseStage:
         policy = self.caches.scrub
         if policy is None:
             return ScrubPlan()
-        verified = self.kept.verified
-        return plan_scrub(  # scrub.Cached's fields, as plain tuples: one per catalogued file
-            [(p, f.size_bytes, f.verified_ns or 0) for p, f in cached.items()]
-            + [(p, self.stats[p].st_size, verified[p]) for p in self.kept.rowed],
+        # every file either cache would reuse -> when last read by content; their sizes added up in C (a million
+        # files at 1M: a Python call each cost ~0.5 s)
+        verified = {p: f.verified_ns or 0 for p, f in cached.items()}
+        verified.update(self.kept.verified)
+        stats = self.stats
+        return plan_scrub(
+            verified,
+            lambda p: stats[p].st_size,
+            total_bytes=sum(map(_SIZE, map(stats.__getitem__, verified))),
             now_ns=self.now_ns,
             policy=policy,
             budget_bytes=policy.budget_bytes,
@@ -194,6 +204,9 @@ class ReuseStage:
                 "period",
             )
         ]
+
+
+_SIZE = attrgetter("st_size")
 
 
 def _same(read: FileFacts, prior: FileFacts | None) -> bool:
@@ -225,12 +238,17 @@ class _Kept:
 
     runs: Mapping[str, list[str]] = field(default_factory=dict)  # run -> its files
     stored: Mapping[str, str] = field(default_factory=dict)  # run -> its stored verdict's key
-    verified: Mapping[str, int] = field(default_factory=dict)  # catalogued files read cleanly once -> when last
-    # files with a clean catalog row: not read unless scrubbed. Their stat is not compared here: the key holds it,
-    # and a row changed since the verdict was stored would have deleted it (m007), so a matching key vouches
-    rowed: frozenset[str] = frozenset()
+    # the runs' files with a clean catalog row -> when last read by content. They are not read unless scrubbed.
+    # Their stat is not compared here: the key holds it, and a row changed since the verdict was stored would have
+    # deleted it (m007), so a matching key vouches
+    verified: Mapping[str, int] = field(default_factory=dict)
     unrowed: frozenset[str] = frozenset()  # the rest (the tracker, run-level files, anything new): read now
+    every: frozenset[str] = frozenset()  # both
     source: vc.Source | None = None
+
+    @property
+    def rowed(self) -> AbstractSet[str]:
+        return self.verified.keys()
 
     @classmethod
     def of(cls, root: str, settled: Mapping[str, vc.Settled], source: vc.Source | None) -> _Kept:
@@ -240,11 +258,18 @@ class _Kept:
         runs = {r: s.files for r, s in settled.items() if r in stored}
         if not runs:
             return cls()
-        verified = source.verified(root)
         every = frozenset(chain.from_iterable(runs.values()))  # set operations in C: a million files at 1M
-        rowed = every.intersection(verified)
-        unrowed = every - rowed
-        return cls(runs=runs, stored=stored, verified=verified, rowed=rowed, unrowed=unrowed, source=source)
+        verified = source.verified(root, among=every)
+        unrowed = every.difference(verified)
+        return cls(runs=runs, stored=stored, verified=verified, unrowed=unrowed, every=every, source=source)
+
+    def by_run(self, paths: Iterable[str]) -> dict[str, list[str]]:
+        """Of the runs' files `paths`, run -> those under it, sorted (a kept run is never nested in another)."""
+        out: dict[str, list[str]] = {}
+        for p in sorted(paths):
+            run = next(d for d in vc.ancestors(p) if d in self.runs)
+            out.setdefault(run, []).append(p)
+        return out
 
     def full_facts(self, paths: Sequence[str]) -> dict[str, FileFacts]:
         return {} if not paths or self.source is None else self.source.facts(paths)

@@ -18,10 +18,9 @@ Pure planning; the scanner does the reading.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import NamedTuple
 
 DAY_NS = 86_400 * 10**9
 DEFAULT_PERIOD_NS = 7 * DAY_NS
@@ -35,15 +34,6 @@ class ScrubPolicy:
     budget_bytes: int | None = None  # at most this many bytes re-read per scan, all roots together; None: no cap
 
 
-class Cached(NamedTuple):
-    """A file the scan could reuse from the catalog: its size and when it was last read by content. A tuple, not a
-    dataclass: a scan makes one per catalogued file, and a slotted dataclass costs ~30x a tuple to build."""
-
-    path: str
-    size_bytes: int
-    verified_ns: int
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScrubPlan:
     paths: frozenset[str] = frozenset()
@@ -53,41 +43,52 @@ class ScrubPlan:
 
 
 def plan_scrub(
-    cached: Sequence[Cached | tuple[str, int, int]], *, now_ns: int, policy: ScrubPolicy, budget_bytes: int | None
+    verified: Mapping[str, int],
+    size_of: Callable[[str], int],
+    *,
+    total_bytes: int,
+    now_ns: int,
+    policy: ScrubPolicy,
+    budget_bytes: int | None,
 ) -> ScrubPlan:
-    """The files to re-read now (see the module docstring for the rule). `budget_bytes` is what is left of the
-    policy's budget for this root (None: no cap). `cached` may hold plain (path, size_bytes, verified_ns) tuples:
-    a re-scan passes one per catalogued file, and a NamedTuple costs ~0.5 us more each to make."""
-    if not cached:
+    """The files to re-read now (see the module docstring for the rule), of those the scan could reuse: `verified`
+    maps each to when it was last read by content, `size_of` gives its size and `total_bytes` their sum (the
+    caller adds it up its own faster way). `budget_bytes` is what is left of the policy's budget for this root
+    (None: no cap)."""
+    if not verified:
         return ScrubPlan()
-    # by position, in C: the scanner passes a plain (path, size, verified) per catalogued file
-    total = sum(map(itemgetter(1), cached))
-    since = max(0, now_ns - max(map(itemgetter(2), cached)))
-    share = total if policy.period_ns <= 0 else total * min(1.0, since / policy.period_ns)
+    since = max(0, now_ns - max(verified.values()))
+    share = total_bytes if policy.period_ns <= 0 else total_bytes * min(1.0, since / policy.period_ns)
     due_before = now_ns - policy.period_ns
-    taken: list[Cached] = []
+    taken: list[str] = []
     taken_bytes = 0
     overdue_files = overdue_bytes = 0
-    # oldest verified first, ties by path: a heap, as a scan usually takes a few files of many (sorting 100k paths
-    # that tie on one verified_ns cost ~0.4 s; heapify is linear and each file taken costs log n)
-    heap = [(c[2], c[0], c) for c in cached]
-    heapq.heapify(heap)
-    while heap:
-        c = Cached(*heapq.heappop(heap)[2])
-        due = c.verified_ns <= due_before
+    for path, verified_ns in _oldest_first(verified):
+        due = verified_ns <= due_before
         if not due and taken_bytes >= share:
-            break  # sorted oldest first: nothing later is due either
+            break  # oldest first: nothing later is due either
+        size = size_of(path)
         if budget_bytes is not None and taken_bytes >= budget_bytes:
             if not due:
                 break
             overdue_files += 1
-            overdue_bytes += c.size_bytes
+            overdue_bytes += size
             continue
-        taken.append(c)
-        taken_bytes += c.size_bytes
+        taken.append(path)
+        taken_bytes += size
     return ScrubPlan(
-        paths=frozenset(c.path for c in taken),
-        bytes=taken_bytes,
-        overdue_files=overdue_files,
-        overdue_bytes=overdue_bytes,
+        paths=frozenset(taken), bytes=taken_bytes, overdue_files=overdue_files, overdue_bytes=overdue_bytes
     )
+
+
+def _oldest_first(verified: Mapping[str, int]) -> Iterator[tuple[str, int]]:
+    """(path, verified_ns), oldest verified first, ties by path. A scan usually takes a few files of many (a
+    million at 1M files): the first few are picked in one linear pass (nsmallest), more only when asked for."""
+    n, done = 64, 0
+    while done < len(verified):
+        head = heapq.nsmallest(n, verified.items(), key=_age)
+        yield from head[done:]
+        done, n = len(head), n * 16
+
+
+_age = itemgetter(1, 0)  # (verified_ns, path)

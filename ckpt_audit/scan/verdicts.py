@@ -31,6 +31,9 @@ from __future__ import annotations
 import array
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import xxhash  # already loaded by the readers; hashlib's OpenSSL start-up costs ~4 ms
@@ -145,8 +148,9 @@ class Source(Protocol):
         """path -> files row, for the present files at or under `root`."""
         ...
 
-    def verified(self, root: str) -> Mapping[str, int]:
-        """path -> verified_ns, for the present files at or under `root` that were read cleanly once."""
+    def verified(self, root: str, *, among: AbstractSet[str]) -> Mapping[str, int]:
+        """path -> verified_ns, for the present files at or under `root` that were read cleanly once, of those
+        `among`."""
         ...
 
     def facts(self, paths: Iterable[str]) -> dict[str, FileFacts]:
@@ -180,7 +184,7 @@ def settled_runs(
     over each run's directories and files both checks that and makes the digest (run_key)."""
     runs = sorted(run_files)
     inside = nested(runs)
-    tainted = {d for f in walk_findings for d in (f.path, *_ancestors(f.path))}  # each finding and what holds it
+    tainted = {d for f in walk_findings for d in (f.path, *ancestors(f.path))}  # each finding and what holds it
     young = now_ns - window_ns  # the status rules' "recent": now - mtime < window (a future mtime is recent too)
     dir_mtimes = tree.dir_mtime_ns
     out: dict[str, Settled] = {}
@@ -192,11 +196,18 @@ def settled_runs(
         if len(mtimes) < len(dirs) or any(m > young for m in mtimes):
             continue
         files = run_files[run]
-        sts = [st for p in files if (st := stats.get(p)) is not None]
-        if len(sts) < len(files) or any(st.st_mtime_ns > young for st in sts):
+        try:
+            sts = list(map(stats.__getitem__, files))  # in C: a run may hold a hundred thousand files
+        except KeyError:
+            continue
+        if sts and max(map(_MTIME, sts)) > young:
             continue
         out[run] = Settled(files, _digest(len(run), dirs, mtimes, files, sts))
     return out
+
+
+_MTIME = attrgetter("st_mtime_ns")
+_KEYED = attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns")  # a file's part of the digest
 
 
 def _digest(cut: int, dirs: list[str], mtimes: list[int], files: list[str], sts: list[os.stat_result]) -> str:
@@ -205,7 +216,7 @@ def _digest(cut: int, dirs: list[str], mtimes: list[int], files: list[str], sts:
     names below the run joined by NUL (which no name holds), then the numbers in the names' order."""
     h = xxhash.xxh3_128(b"%d %d\0" % (len(dirs), len(files)))
     h.update("\0".join([d[cut:] for d in dirs] + [p[cut:] for p in files]).encode("utf-8", "surrogateescape"))
-    numbers = mtimes + [x for st in sts for x in (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)]
+    numbers = [*mtimes, *chain.from_iterable(map(_KEYED, sts))]
     try:
         packed = b"B" + array.array("q", numbers).tobytes()  # 8 bytes a number
     except OverflowError:  # an inode past 2**63, or a ctime past 2262: the numbers as text, tagged apart
@@ -220,13 +231,13 @@ def nested(dirs: Sequence[str]) -> set[str]:
     known = set(dirs)
     out: set[str] = set()
     for d in dirs:
-        for parent in _ancestors(d):
+        for parent in ancestors(d):
             if parent in known:
                 out.update((d, parent))
     return out
 
 
-def _ancestors(path: str) -> Iterator[str]:
+def ancestors(path: str) -> Iterator[str]:
     """Every directory above `path`, up to "/" (which is its own parent)."""
     child, parent = path, os.path.dirname(path)
     while parent != child:
