@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from scan_trees import flip_payload_byte, shard, steps_of, write_torch_tree
 from test_hf_trainer import hf_run  # noqa: F401 - the session fixture: a real Trainer run, cached
 from test_torchtitan import titan_dump  # noqa: F401 - the session fixture: torchtitan's checkpointer, cached
 
+import ckpt_audit
 from ckpt_audit.catalog.manifest import read_previous
 from ckpt_audit.catalog.verdicts import run_from_json, run_to_json
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, Severity, ShardFile, Status
@@ -469,3 +472,23 @@ def test_a_damaged_verdict_of_one_run_leaves_the_other_runs_kept(tmp_path):
     again = cached_scan(root, db)
     assert again.runs_reused == {str(a)}
     assert again.runs == fresh_scan(root, db).runs
+
+
+def test_the_code_stamp_covers_the_judging_subpackages(tmp_path):
+    """A kept verdict is keyed by the judging code: an edit to a reader in a subpackage (readers/pt/) must change
+    the key as an edit to readers/ itself does, or a fixed reader would never re-judge the runs it misjudged."""
+    copy = tmp_path / "pkg"
+    shutil.copytree(Path(ckpt_audit.__file__).parent, copy / "ckpt_audit", ignore=shutil.ignore_patterns("__pycache__"))
+
+    def stamp() -> str:
+        code = "from ckpt_audit.scan.verdicts import code_stamp; print(code_stamp())"
+        env = {**os.environ, "PYTHONPATH": str(copy)}
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=copy, check=True, capture_output=True, text=True
+        )
+        return run.stdout
+
+    before = stamp()
+    reader = copy / "ckpt_audit" / "readers" / "pt" / "read.py"
+    os.utime(reader, ns=(reader.stat().st_atime_ns, reader.stat().st_mtime_ns + 1))
+    assert stamp() != before

@@ -51,20 +51,26 @@ if TYPE_CHECKING:
 VERDICT_FORMAT = 1
 _STAMP: list[str] = []
 _JUDGING = ("models.py",)  # the top-level modules a verdict depends on
+_JUDGING_PACKAGES = ("codes", "scan", "rules", "layouts", "readers")
 
 
 def code_stamp() -> str:
-    """The judging code as installed: name, size and mtime of _JUDGING and of the codes/, scan/, rules/, layouts/
-    and readers/ modules (a reader that finds more in the same bytes judges the same inputs differently)."""
+    """The judging code as installed: name, size and mtime of _JUDGING and of every module under codes/, scan/,
+    rules/, layouts/ and readers/, their subpackages included (readers/pt/: a reader that finds more in the same bytes
+    judges the same inputs differently)."""
     if not _STAMP:
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         h = xxhash.xxh3_128()
-        for d in (package, *(os.path.join(package, sub) for sub in ("codes", "scan", "rules", "layouts", "readers"))):
-            with os.scandir(d) as it:
-                for e in sorted(it, key=lambda e: e.name):
-                    if e.name.endswith(".py") and (d != package or e.name in _JUDGING):
-                        st = e.stat()
-                        h.update(f"{d[len(package) :]}/{e.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        for name in _JUDGING:
+            st = os.stat(os.path.join(package, name))
+            h.update(f"/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        for sub in _JUDGING_PACKAGES:
+            for d, dirs, files in os.walk(os.path.join(package, sub)):
+                dirs.sort()
+                for f in sorted(files):
+                    if f.endswith(".py"):
+                        st = os.stat(os.path.join(d, f))
+                        h.update(f"{d[len(package) :]}/{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
         _STAMP.append(h.hexdigest())
     return _STAMP[0]
 
