@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckpt_audit.lifecycle import export_stream as es
+from ckpt_audit.export import stream_write as es
 
 _SKIP = 64  # each piece starts this far into its file, as a storage does inside a zip
 

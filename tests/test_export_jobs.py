@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from test_export_stream import latest_step
 
+from ckpt_audit.export import stream_write as es
 from ckpt_audit.export.guard import MARKER, ExportError, ExportRefused
 from ckpt_audit.export.orchestrator import export_checkpoint
-from ckpt_audit.lifecycle import export_stream as es
 
 pytestmark = pytest.mark.slow
 

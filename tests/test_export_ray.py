@@ -21,9 +21,9 @@ from test_export_stream import latest_step
 
 from ckpt_audit.cli import cli
 from ckpt_audit.cluster.ray_export import RayFiles
+from ckpt_audit.export import stream_write as es
 from ckpt_audit.export.guard import ExportError
 from ckpt_audit.export.orchestrator import export_checkpoint
-from ckpt_audit.lifecycle import export_stream as es
 
 REPO = Path(__file__).resolve().parent.parent
 SHARDS = ["--max-shard-size", "20000", "--max-load-size", "0"]

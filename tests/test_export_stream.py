@@ -20,7 +20,7 @@ from test_export_trees import write_plain, write_raw
 
 from ckpt_audit.export.guard import MARKER, ExportError
 from ckpt_audit.export.orchestrator import export_checkpoint
-from ckpt_audit.lifecycle.export_stream import _cast
+from ckpt_audit.export.stream_write import _cast
 
 
 def latest_step(run: Path) -> Path:
@@ -222,7 +222,7 @@ def test_plain_byte_copies_need_no_numpy_and_equal_the_torch_engine(tmp_path):
 def test_a_payload_changed_after_the_check_fails_its_crc_in_the_copy(verl_run, copy_run, tmp_path):
     """The stream compares each copied storage with the CRC-32 torch recorded: a byte flipped between the source
     check and the copy (simulated by flipping it in a copy and skipping the guard's re-read) is caught."""
-    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.export import stream_write as es
 
     step = latest_step(copy_run(verl_run))
     shard = step / "actor" / "model_world_size_2_rank_0.pt"

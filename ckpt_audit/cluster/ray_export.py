@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckpt_audit.export import stream_write as es
 from ckpt_audit.export.guard import ExportRefused
-from ckpt_audit.lifecycle import export_stream as es
 
 from .ray_scan import _hold
 

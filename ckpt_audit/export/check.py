@@ -17,7 +17,7 @@ from pathlib import Path
 
 import xxhash
 
-from ckpt_audit.lifecycle.export_stream import (
+from ckpt_audit.export.stream_write import (
     BLOCK,
     EXACT_CASTS,
     SAFETENSORS_DTYPE,

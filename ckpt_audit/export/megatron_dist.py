@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ckpt_audit.export.megatron_names import Arch, NameMapError, Target, arch_of, targets
-from ckpt_audit.lifecycle.export_stream import (
+from ckpt_audit.export.stream_write import (
     ITEMSIZE,
     Piece,
     Plan,

@@ -60,9 +60,9 @@ from ckpt_audit.export.sources import (
     zero_files_to_read,
 )
 from ckpt_audit.export.stream_engine import export_streamed
+from ckpt_audit.export.stream_write import StreamUnsupported
 from ckpt_audit.export.torch_engine import TORCH_EXTRA, export_torch, torch_available
 from ckpt_audit.killpoints import OpCounter
-from ckpt_audit.lifecycle.export_stream import StreamUnsupported
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_MAX_SHARD = 5 * 10**9
@@ -269,8 +269,8 @@ def check_export(
     weights: str | None = None,
 ):
     """`export --check`: is `hf` this checkpoint's model (export.check.compare)? Reads only. Raises ExportError."""
+    from ckpt_audit.export import stream_write as es
     from ckpt_audit.export.check import CheckError, compare
-    from ckpt_audit.lifecycle import export_stream as es
 
     src = Path(step_dir).resolve()
     role_dir, hf_dir, zero = locate(src, role, weights, "auto")

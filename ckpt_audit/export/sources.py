@@ -74,8 +74,8 @@ def role_dir_of(src: Path, role: str) -> Path:
 def zero_source(src: Path, weights: str | None, engine: str) -> ZeroFiles | None:
     """The DeepSpeed tag files `src` exports (export.zero.ZeroFiles), or None for every other source. An HF Trainer
     checkpoint that holds HF weights exports those unless --weights asks for DeepSpeed's."""
+    from ckpt_audit.export import stream_write as es
     from ckpt_audit.export import zero
-    from ckpt_audit.lifecycle import export_stream as es
 
     if weights is not None and weights not in zero.WEIGHTS:
         raise ExportError(f"unknown weights {weights!r} (use {' or '.join(zero.WEIGHTS)})")
@@ -139,7 +139,7 @@ def plan_source(role_dir: Path, hf_dir: Path, config: dict, *, weights: str | No
     """The seam between a source and the stream engine: an export_stream.Plan of the model's tensors, whatever the
     trainer's layout. `weights`: `role_dir` is a DeepSpeed tag, planned by export.zero. Raises ExportError, or
     export_stream.StreamError / StreamUnsupported."""
-    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.export import stream_write as es
 
     if weights is not None:
         from ckpt_audit.export.zero import plan_zero

@@ -39,7 +39,7 @@ def export_streamed(
 ) -> ExportResult:
     """Tensor bytes copied from the shards in blocks, no torch; `target`: the torch dtype name floating tensors are
     cast to, None to keep theirs. `weights`: the DeepSpeed tag `role_dir`'s weights to plan (export.zero)."""
-    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.export import stream_write as es
     from ckpt_audit.readers.hashing import digest_file
 
     try:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ckpt_audit.lifecycle.export_stream import (
+from ckpt_audit.export.stream_write import (
     FLOATS,
     ITEMSIZE,
     Piece,
