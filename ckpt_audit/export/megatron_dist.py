@@ -20,15 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ckpt_audit.export.megatron_names import Arch, NameMapError, Target, arch_of, targets
-from ckpt_audit.export.stream_write import (
-    ITEMSIZE,
-    Piece,
-    Plan,
-    Planned,
-    StreamError,
-    StreamUnsupported,
-    c_strides,
-)
+from ckpt_audit.export.stream_plan import ITEMSIZE, Piece, Plan, Planned, StreamError, StreamUnsupported, c_strides
 from ckpt_audit.readers import ptzip
 from ckpt_audit.readers.dcp_metadata import DcpMetadata, read_metadata
 from ckpt_audit.readers.pt import TensorInfo, read_zip_structure

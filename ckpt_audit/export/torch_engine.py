@@ -39,7 +39,8 @@ from ckpt_audit.export.sources import (
     read_config,
     shard_set,
 )
-from ckpt_audit.export.stream_write import SAFETENSORS_DTYPE, output_shards
+from ckpt_audit.export.stream_plan import SAFETENSORS_DTYPE
+from ckpt_audit.export.stream_write import output_shards
 from ckpt_audit.killpoints import OpCounter
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 
