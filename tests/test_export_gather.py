@@ -1,4 +1,4 @@
-"""The stream engine's byte gather (export_stream._gather) on real files against numpy's concatenation: pieces joined
+"""The stream engine's byte gather (stream_copy._gather) on real files against numpy's concatenation: pieces joined
 on any dim, more rows a block than one preadv takes, rows larger than a block, empty pieces; the CRC of each piece
 as copied; a source cut under the copy; and the read-back naming the tensor that differs."""
 

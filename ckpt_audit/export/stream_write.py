@@ -33,7 +33,7 @@ from ckpt_audit.export.stream_plan import (
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 
 
-class _Named(Protocol):  # an output tensor of either engine (Planned here, torch_engine._Tensor)
+class _Named(Protocol):  # an output tensor of either engine (stream_plan.Planned, torch_engine._Tensor)
     @property
     def name(self) -> str: ...
 
