@@ -1,4 +1,4 @@
-"""The stream engine's byte gather (export_stream._gather) on real files against numpy's concatenation: pieces joined
+"""The stream engine's byte gather (stream_copy._gather) on real files against numpy's concatenation: pieces joined
 on any dim, more rows a block than one preadv takes, rows larger than a block, empty pieces; the CRC of each piece
 as copied; a source cut under the copy; and the read-back naming the tensor that differs."""
 
@@ -10,26 +10,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckpt_audit.lifecycle import export_stream as es
+from ckpt_audit.export.stream_copy import BLOCK, Maps, _runs, tensor_bytes
+from ckpt_audit.export.stream_plan import Piece, Planned, StreamError, c_strides
+from ckpt_audit.export.stream_write import _read_back, _write_file
 
 _SKIP = 64  # each piece starts this far into its file, as a storage does inside a zip
 
 
-def _piece(path: Path, a: np.ndarray) -> es.Piece:
+def _piece(path: Path, a: np.ndarray) -> Piece:
     path.write_bytes(b"z" * _SKIP + a.tobytes())
-    return es.Piece(path=str(path), offset=_SKIP, shape=a.shape, strides=es.c_strides(a.shape))
+    return Piece(path=str(path), offset=_SKIP, shape=a.shape, strides=c_strides(a.shape))
 
 
-def _planned(tmp_path: Path, arrays: list[np.ndarray], dim: int | None, name: str = "t") -> es.Planned:
+def _planned(tmp_path: Path, arrays: list[np.ndarray], dim: int | None, name: str = "t") -> Planned:
     pieces = tuple(_piece(tmp_path / f"{name}{i}.bin", a) for i, a in enumerate(arrays))
     shape = arrays[0].shape if dim is None else np.concatenate(arrays, axis=dim).shape
-    return es.Planned(name=name, shape=shape, dtype=str(arrays[0].dtype), pieces=pieces, dim=dim)
+    return Planned(name=name, shape=shape, dtype=str(arrays[0].dtype), pieces=pieces, dim=dim)
 
 
-def _gathered(t: es.Planned) -> tuple[bytes, dict[int, int]]:
+def _gathered(t: Planned) -> tuple[bytes, dict[int, int]]:
     crcs = {i: 0 for i in range(len(t.pieces))}
-    with es.Maps() as maps:
-        out = b"".join(bytes(mv) for mv in es.tensor_bytes(t, t.dtype, maps, crcs))
+    with Maps() as maps:
+        out = b"".join(bytes(mv) for mv in tensor_bytes(t, t.dtype, maps, crcs))
     return out, crcs
 
 
@@ -48,7 +50,7 @@ def test_gather_equals_numpys_concatenation_and_crcs_each_piece(tmp_path, shapes
     rng = np.random.default_rng(0)
     arrays = [rng.integers(-(2**31), 2**31 - 1, size=s, dtype=np.int32) for s in shapes]
     t = _planned(tmp_path, arrays, dim)
-    assert es._runs(t, t.dtype) is not None  # the gather, not numpy's path
+    assert _runs(t, t.dtype) is not None  # the gather, not numpy's path
     got, crcs = _gathered(t)
     assert got == (arrays[0] if dim is None else np.concatenate(arrays, axis=dim)).tobytes()
     assert crcs == {i: zlib.crc32(a.tobytes()) for i, a in enumerate(arrays)}
@@ -57,13 +59,13 @@ def test_gather_equals_numpys_concatenation_and_crcs_each_piece(tmp_path, shapes
 def test_a_source_cut_while_it_is_copied_is_an_error_not_a_crash(tmp_path):
     """Read with pread, not through a map: a shard truncated under the copy is a short read and a one-line
     StreamError (a mapping would kill the process with SIGBUS)."""
-    a = np.arange(3 * es.BLOCK // 4, dtype=np.int32)  # three blocks
+    a = np.arange(3 * BLOCK // 4, dtype=np.int32)  # three blocks
     t = _planned(tmp_path, [a], None)
-    with es.Maps() as maps:
-        blocks = es.tensor_bytes(t, t.dtype, maps)
-        assert bytes(next(blocks)) == a.tobytes()[: es.BLOCK]
+    with Maps() as maps:
+        blocks = tensor_bytes(t, t.dtype, maps)
+        assert bytes(next(blocks)) == a.tobytes()[:BLOCK]
         Path(t.pieces[0].path).write_bytes(b"")  # truncated after the first block was read
-        with pytest.raises(es.StreamError, match="ends early"):
+        with pytest.raises(StreamError, match="ends early"):
             list(blocks)
 
 
@@ -71,11 +73,11 @@ def test_read_back_names_the_tensor_that_differs(tmp_path):
     arrays = {n: np.full((4, 1000), i, dtype=np.float32) for i, n in enumerate(("a", "b", "c"))}
     group = [_planned(tmp_path, [v], None, name=n) for n, v in arrays.items()]
     out = tmp_path / "model.safetensors"
-    with es.Maps() as maps:
-        w = es._write_file(out, group, None, maps, lambda n: None, True)
-    assert es._read_back(out, group, w, lambda: None) == w.file_hash
+    with Maps() as maps:
+        w = _write_file(out, group, None, maps, lambda n: None, True)
+    assert _read_back(out, group, w, lambda: None) == w.file_hash
     with open(out, "r+b") as fh:  # one byte of "b" changed after it was written
         fh.seek(w.data_start + w.lengths[0] + 7)
         fh.write(b"\x01")
-    with pytest.raises(es.StreamError, match="b differs from the concatenation"):
-        es._read_back(out, group, w, lambda: None)
+    with pytest.raises(StreamError, match="b differs from the concatenation"):
+        _read_back(out, group, w, lambda: None)

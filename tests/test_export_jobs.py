@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from test_export_stream import latest_step
 
+from ckpt_audit.export.fsdp_shards import plan_shards
 from ckpt_audit.export.guard import MARKER, ExportError, ExportRefused
 from ckpt_audit.export.orchestrator import export_checkpoint
-from ckpt_audit.lifecycle import export_stream as es
+from ckpt_audit.export.stream_plan import StreamError
+from ckpt_audit.export.stream_write import export_tensors
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +60,7 @@ def test_a_worker_failing_gives_the_error_one_process_gives(verl_run, copy_run, 
     """A storage changed after planning fails its CRC in whichever process copies it: the same one-line error."""
     step = latest_step(copy_run(verl_run))
     files = {r: step / "actor" / f"model_world_size_2_rank_{r}.pt" for r in (0, 1)}
-    plan = es.plan_shards(files, 2, step / "actor")
+    plan = plan_shards(files, 2, step / "actor")
     piece = [p for t in plan.tensors for p in t.pieces if p.entry is not None and p.path == str(files[1])][-1]
     with open(files[1], "r+b") as fh:
         fh.seek(piece.offset)
@@ -68,8 +70,8 @@ def test_a_worker_failing_gives_the_error_one_process_gives(verl_run, copy_run, 
     errors = []
     for jobs in (1, 2):
         (tmp_path / f"w{jobs}").mkdir()
-        with pytest.raises(es.StreamError) as exc:
-            es.export_tensors(
+        with pytest.raises(StreamError) as exc:
+            export_tensors(
                 plan,
                 tmp_path / f"w{jobs}",
                 target=None,

@@ -21,9 +21,11 @@ from test_export_stream import latest_step
 
 from ckpt_audit.cli import cli
 from ckpt_audit.cluster.ray_export import RayFiles
+from ckpt_audit.export.fsdp_shards import plan_shards
 from ckpt_audit.export.guard import ExportError
 from ckpt_audit.export.orchestrator import export_checkpoint
-from ckpt_audit.lifecycle import export_stream as es
+from ckpt_audit.export.stream_plan import StreamError
+from ckpt_audit.export.stream_write import export_tensors
 
 REPO = Path(__file__).resolve().parent.parent
 SHARDS = ["--max-shard-size", "20000", "--max-load-size", "0"]
@@ -76,7 +78,7 @@ def test_a_failing_task_gives_the_error_one_process_gives(ray_cluster, verl_run,
     export --jobs 1 (the worker's own exception, not Ray's traceback)."""
     step = latest_step(copy_run(verl_run))
     files = {r: step / "actor" / f"model_world_size_2_rank_{r}.pt" for r in (0, 1)}
-    plan = es.plan_shards(files, 2, step / "actor")
+    plan = plan_shards(files, 2, step / "actor")
     piece = [p for t in plan.tensors for p in t.pieces if p.entry is not None and p.path == str(files[1])][-1]
     with open(files[1], "r+b") as fh:
         fh.seek(piece.offset)
@@ -86,8 +88,8 @@ def test_a_failing_task_gives_the_error_one_process_gives(ray_cluster, verl_run,
     errors = []
     for name, run_files in (("local", None), ("ray", RayFiles())):
         (tmp_path / name).mkdir()
-        with pytest.raises(es.StreamError) as exc:
-            es.export_tensors(
+        with pytest.raises(StreamError) as exc:
+            export_tensors(
                 plan,
                 tmp_path / name,
                 target=None,
@@ -177,7 +179,7 @@ def test_a_task_killed_is_one_line_and_the_other_tasks_are_stopped(ray_cluster, 
 
     step = latest_step(verl_run)
     files = {r: step / "actor" / f"model_world_size_2_rank_{r}.pt" for r in (0, 1)}
-    plan = es.plan_shards(files, 2, step / "actor")
+    plan = plan_shards(files, 2, step / "actor")
     for node in ray_cluster.ids:
         (ray_cluster.hold / f"{node}.hold").touch()
     killed: list[int] = []
@@ -193,8 +195,8 @@ def test_a_task_killed_is_one_line_and_the_other_tasks_are_stopped(ray_cluster, 
     killer = threading.Thread(target=kill_the_first_started)
     killer.start()
     try:
-        with pytest.raises(es.StreamError) as exc:
-            es.export_tensors(
+        with pytest.raises(StreamError) as exc:
+            export_tensors(
                 plan,
                 tmp_path,
                 target=None,

@@ -20,7 +20,7 @@ from test_export_trees import write_plain, write_raw
 
 from ckpt_audit.export.guard import MARKER, ExportError
 from ckpt_audit.export.orchestrator import export_checkpoint
-from ckpt_audit.lifecycle.export_stream import _cast
+from ckpt_audit.export.stream_copy import _cast
 
 
 def latest_step(run: Path) -> Path:
@@ -222,12 +222,14 @@ def test_plain_byte_copies_need_no_numpy_and_equal_the_torch_engine(tmp_path):
 def test_a_payload_changed_after_the_check_fails_its_crc_in_the_copy(verl_run, copy_run, tmp_path):
     """The stream compares each copied storage with the CRC-32 torch recorded: a byte flipped between the source
     check and the copy (simulated by flipping it in a copy and skipping the guard's re-read) is caught."""
-    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.export.fsdp_shards import plan_shards
+    from ckpt_audit.export.stream_plan import StreamError
+    from ckpt_audit.export.stream_write import export_tensors
 
     step = latest_step(copy_run(verl_run))
     shard = step / "actor" / "model_world_size_2_rank_0.pt"
     files = {0: shard, 1: step / "actor" / "model_world_size_2_rank_1.pt"}
-    plan = es.plan_shards(files, 2, step / "actor")
+    plan = plan_shards(files, 2, step / "actor")
     piece = next(p for t in plan.tensors for p in t.pieces if p.entry is not None and p.path == str(shard))
     with open(shard, "r+b") as fh:
         fh.seek(piece.offset)
@@ -235,8 +237,8 @@ def test_a_payload_changed_after_the_check_fails_its_crc_in_the_copy(verl_run, c
         fh.seek(piece.offset)
         fh.write(bytes([b[0] ^ 0x40]))
     (tmp_path / "w").mkdir()
-    with pytest.raises(es.StreamError, match="fails its CRC-32"):
-        es.export_tensors(
+    with pytest.raises(StreamError, match="fails its CRC-32"):
+        export_tensors(
             plan,
             tmp_path / "w",
             target=None,

@@ -1,8 +1,8 @@
 """export --ray: each output shard written and read back by a Ray task, on the nodes of a cluster that share a store.
 
 The driver plans, writes the index, the marker and swaps the export into place (export.orchestrator, exactly as with
---jobs); this module is only the executor it is handed (export_stream.export_tensors' `run_files`, with
-export_stream._in_workers' signature). Each task runs export_stream._write_and_read_back on one output file: the same
+--jobs); this module is only the executor it is handed (stream_write.export_tensors' `run_files`, with
+stream_write._in_workers' signature). Each task runs stream_write.write_and_read_back on one output file: the same
 bytes, CRC checks and read-back as a local worker.
 
 The work directory and the sources must be the same files on every node (a shared store: NFS, Lustre, a FUSE mount).
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ckpt_audit.export.guard import ExportRefused
-from ckpt_audit.lifecycle import export_stream as es
+from ckpt_audit.export.stream_plan import StreamError
+from ckpt_audit.export.stream_write import write_and_read_back
 
 from .ray_scan import _hold
 
@@ -49,18 +50,18 @@ def _probe_node(probe: str, token: str, sources: dict[str, int]) -> str | None:
 
 
 def _write_task(path: Path, group: list, target, check_crc: bool, verify: bool) -> tuple[int, str, str]:
-    """One output shard (runs on a node): export_stream's worker body, and which node ran it."""
+    """One output shard (runs on a node): stream_write's worker body, and which node ran it."""
     import ray  # noqa: PLC0415 - on the worker, where ray is loaded already
 
     node = ray.get_runtime_context().get_node_id()
     _hold(node)  # test seam (ray_scan.HOLD_ENV): tests kill a task while it runs
-    size, digest = es._write_and_read_back(path, group, target, check_crc, verify)
+    size, digest = write_and_read_back(path, group, target, check_crc, verify)
     return size, digest, node
 
 
 @dataclass
 class RayFiles:
-    """The executor handed to export_stream.export_tensors (`run_files`). `jobs`: most shard tasks in flight at once
+    """The executor handed to stream_write.export_tensors (`run_files`). `jobs`: most shard tasks in flight at once
     (None: as many as there are files; Ray's CPU resources still decide how many run). After the export, `nodes`
     says how many files each node wrote."""
 
@@ -107,7 +108,7 @@ class RayFiles:
 
         nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1]
         if not nodes:
-            raise es.StreamError("the Ray cluster has no alive node with a CPU to run an export task")
+            raise StreamError("the Ray cluster has no alive node with a CPU to run an export task")
         work = files[0][0].parent
         token = os.urandom(16).hex()
         probe = work / f".ckpt-audit-ray-probe-{token[:8]}"
@@ -149,9 +150,9 @@ def _result(ray, ref, path: Path) -> tuple[int, str, str]:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, Exception) and not isinstance(cause, rex.RayError):
             raise cause from None
-        raise es.StreamError(f"the Ray task writing {path.name} failed ({type(exc).__name__})") from None
+        raise StreamError(f"the Ray task writing {path.name} failed ({type(exc).__name__})") from None
     except rex.RayError as exc:  # the worker or its node died, the object was lost
-        raise es.StreamError(
+        raise StreamError(
             f"the Ray task writing {path.name} died ({type(exc).__name__}: a source file truncated, out of memory, "
             "or its node lost?)"
         ) from None

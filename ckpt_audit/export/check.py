@@ -4,7 +4,7 @@ What verl's `model_merger test` should have been: the source's tensors are plann
 (export.plan_source: FSDP shards, a Megatron dist_ckpt, HF weights), then the HF directory's safetensors are compared
 with that plan: both key sets complete (nothing missing, nothing extra), the tied-embedding rule and the expert
 count against the model config, each tensor's shape and dtype, and every tensor's bytes (xxh3-64 of the source's
-bytes as export would write them, against the file's) bit for bit, or exactly the documented cast (export_stream's
+bytes as export would write them, against the file's) bit for bit, or exactly the documented cast (stream_copy's
 round-to-nearest-even through float32) where the HF dtype is another float. Memory is export's block budget.
 """
 
@@ -17,15 +17,8 @@ from pathlib import Path
 
 import xxhash
 
-from ckpt_audit.lifecycle.export_stream import (
-    BLOCK,
-    EXACT_CASTS,
-    SAFETENSORS_DTYPE,
-    Maps,
-    Plan,
-    Planned,
-    tensor_bytes,
-)
+from ckpt_audit.export.stream_copy import BLOCK, Maps, tensor_bytes
+from ckpt_audit.export.stream_plan import EXACT_CASTS, SAFETENSORS_DTYPE, Plan, Planned
 from ckpt_audit.readers import safetensors_header
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 

@@ -8,7 +8,7 @@ entry the bytes. An HF tensor (megatron_names: a megatron tensor at a fixed laye
 cut from the chunks by their global offsets alone, so a checkpoint saved with any tensor / pipeline / expert /
 data-parallel layout merges the same way: rows stacked where tensor parallelism split the rows (column-parallel
 layers), pieces side by side where it split the columns (row-parallel layers). DCP stores each chunk once (replicas
-are deduplicated at save), so nothing is read twice. The copy itself is export_stream's: the same blocks, casts,
+are deduplicated at save), so nothing is read twice. The copy itself is stream_copy's: the same blocks, casts,
 hashes and read-back as the FSDP export.
 """
 
@@ -20,15 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ckpt_audit.export.megatron_names import Arch, NameMapError, Target, arch_of, problems, targets
-from ckpt_audit.lifecycle.export_stream import (
-    ITEMSIZE,
-    Piece,
-    Plan,
-    Planned,
-    StreamError,
-    StreamUnsupported,
-    c_strides,
-)
+from ckpt_audit.export.stream_plan import ITEMSIZE, Piece, Plan, Planned, StreamError, StreamUnsupported, c_strides
 from ckpt_audit.readers import ptzip
 from ckpt_audit.readers.dcp_metadata import DcpMetadata, read_metadata
 from ckpt_audit.readers.pt import TensorInfo, read_zip_structure

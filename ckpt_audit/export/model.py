@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_audit.codes import finding
-from ckpt_audit.lifecycle.export_stream import FLOATS, ITEMSIZE, SAFETENSORS_DTYPE
+from ckpt_audit.export.stream_plan import FLOATS, ITEMSIZE, SAFETENSORS_DTYPE
 from ckpt_audit.models import Finding
 from ckpt_audit.readers import bounded_json, safetensors_header
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS

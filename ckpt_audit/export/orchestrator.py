@@ -1,10 +1,11 @@
 """Export a checkpoint to a HuggingFace model directory: the orchestrator (`export_checkpoint`, `check_export`).
 
-Two engines. The default ("stream", stream_engine over lifecycle/export_stream.py) needs no torch: tensor bytes
-are copied from the shards' stored zip entries in fixed-size blocks, cast by numpy, CRC-checked and hashed in the
-same pass; peak memory is a block budget whatever the model's size. The torch engine (torch_engine) is the oracle it
-is tested against byte for byte, and the fallback for what streaming cannot do exactly. Where the weights are and
-how they are planned is the sources module's; the guards, marker, swap and kill points below are the same for both.
+Two engines. The default ("stream", stream_engine over stream_plan, stream_copy and stream_write) needs no torch:
+tensor bytes are copied from the shards' stored zip entries in fixed-size blocks, cast by numpy, CRC-checked and
+hashed in the same pass; peak memory is a block budget whatever the model's size. The torch engine (torch_engine)
+is the oracle it is tested against byte for byte, and the fallback for what streaming cannot do exactly. Where the
+weights are and how they are planned is the sources module's; the guards, marker, swap and kill points below are the
+same for both.
 
 The shards themselves are re-read in full while they are copied (guard.check_source on its own thread: CRCs, and
 each file's hash against the catalog's manifest; before the copy when the catalog already refuses the checkpoint or
@@ -60,9 +61,9 @@ from ckpt_audit.export.sources import (
     zero_files_to_read,
 )
 from ckpt_audit.export.stream_engine import export_streamed
+from ckpt_audit.export.stream_plan import StreamUnsupported
 from ckpt_audit.export.torch_engine import TORCH_EXTRA, export_torch, torch_available
 from ckpt_audit.killpoints import OpCounter
-from ckpt_audit.lifecycle.export_stream import StreamUnsupported
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 DEFAULT_MAX_SHARD = 5 * 10**9
@@ -105,7 +106,7 @@ def export_checkpoint(
     (export.model). Otherwise ExportRefused (about "model"), unless `allow_unverified`: then it is written, not
     verified, and the findings are in the result and its marker.
 
-    `engine`: "stream" copies tensor bytes without torch (export_stream); "torch" loads the shards with torch (the
+    `engine`: "stream" copies tensor bytes without torch (stream_copy); "torch" loads the shards with torch (the
     oracle); "auto" streams and falls back to torch only for what streaming cannot do exactly. A Megatron dist_ckpt
     is streamed only (export.megatron_dist). `hf_config`: the HF model directory whose config.json (and tokenizer) the
     export takes when the checkpoint holds none (verl's Megatron saves without a bridge).
@@ -115,7 +116,7 @@ def export_checkpoint(
     HF weights exports those unless `weights` is given.
 
     `jobs`: the stream engine writes and reads back that many output files at once, one worker process each
-    (export_stream._in_workers); the files are the same bytes as with 1. `run_files`: the executor that writes
+    (stream_write._in_workers); the files are the same bytes as with 1. `run_files`: the executor that writes
     them instead (export --ray: cluster.ray_export), with _in_workers' signature.
     """
     if engine not in ENGINES:
@@ -270,7 +271,7 @@ def check_export(
 ):
     """`export --check`: is `hf` this checkpoint's model (export.check.compare)? Reads only. Raises ExportError."""
     from ckpt_audit.export.check import CheckError, compare
-    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.export.stream_plan import StreamError, StreamUnsupported
 
     src = Path(step_dir).resolve()
     role_dir, hf_dir, zero = locate(src, role, weights, "auto")
@@ -281,7 +282,7 @@ def check_export(
     try:
         plan = plan_source(role_dir, hf_dir, config, weights=weights)
         return compare(plan, out, config, source=str(role_dir))
-    except (es.StreamError, es.StreamUnsupported, CheckError) as exc:
+    except (StreamError, StreamUnsupported, CheckError) as exc:
         raise ExportError(str(exc)) from None
 
 

@@ -1,7 +1,7 @@
 """Where a checkpoint's weights are and how they are planned: the seam between a trainer's layout and the engines.
 
 `source_kind` tells FSDP shards, a Megatron dist_ckpt and HF weights apart (a DeepSpeed tag is found first, by
-`zero_source`); `plan_source` turns any of them into an export_stream.Plan; `files_to_read` lists what the export
+`zero_source`); `plan_source` turns any of them into an stream_plan.Plan; `files_to_read` lists what the export
 reads or copies (what export.guard re-reads). The directory lookups here are the verl, HF Trainer and DeepSpeed
 layouts' (docs/layouts.md).
 """
@@ -75,7 +75,7 @@ def zero_source(src: Path, weights: str | None, engine: str) -> ZeroFiles | None
     """The DeepSpeed tag files `src` exports (export.zero.ZeroFiles), or None for every other source. An HF Trainer
     checkpoint that holds HF weights exports those unless --weights asks for DeepSpeed's."""
     from ckpt_audit.export import zero
-    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.export.stream_plan import StreamError, StreamUnsupported
 
     if weights is not None and weights not in zero.WEIGHTS:
         raise ExportError(f"unknown weights {weights!r} (use {' or '.join(zero.WEIGHTS)})")
@@ -91,7 +91,7 @@ def zero_source(src: Path, weights: str | None, engine: str) -> ZeroFiles | None
         if engine == "torch":
             raise ExportError(f"{tag}: a DeepSpeed checkpoint exports with the stream engine only (--engine auto)")
         return zero.zero_files(tag)
-    except (es.StreamError, es.StreamUnsupported) as exc:
+    except (StreamError, StreamUnsupported) as exc:
         raise ExportError(str(exc)) from None
 
 
@@ -136,22 +136,23 @@ def source_kind(role_dir: Path, hf_dir: Path) -> str:
 
 
 def plan_source(role_dir: Path, hf_dir: Path, config: dict, *, weights: str | None = None):
-    """The seam between a source and the stream engine: an export_stream.Plan of the model's tensors, whatever the
+    """The seam between a source and the stream engine: an stream_plan.Plan of the model's tensors, whatever the
     trainer's layout. `weights`: `role_dir` is a DeepSpeed tag, planned by export.zero. Raises ExportError, or
-    export_stream.StreamError / StreamUnsupported."""
-    from ckpt_audit.lifecycle import export_stream as es
+    stream_plan.StreamError / StreamUnsupported."""
+    from ckpt_audit.export.fsdp_shards import plan_shards
+    from ckpt_audit.export.stream_plan import StreamError, StreamUnsupported, plan_hf
 
     if weights is not None:
         from ckpt_audit.export.zero import plan_zero
 
         try:
             return plan_zero(role_dir, weights)
-        except es.StreamUnsupported as exc:  # no torch engine to fall back to
-            raise es.StreamError(str(exc)) from None
+        except StreamUnsupported as exc:  # no torch engine to fall back to
+            raise StreamError(str(exc)) from None
     kind = source_kind(role_dir, hf_dir)
     if kind == "fsdp-shards":
         world, files = shard_set(role_dir)
-        return es.plan_shards(files, world, role_dir)
+        return plan_shards(files, world, role_dir)
     if kind == MEGATRON:
         from ckpt_audit.export.megatron_dist import plan_dist_ckpt
         from ckpt_audit.export.megatron_names import NameMapError, arch_of
@@ -163,9 +164,9 @@ def plan_source(role_dir: Path, hf_dir: Path, config: dict, *, weights: str | No
         except NameMapError as exc:
             if bridge := hf_weights(hf_dir):  # an architecture the planner does not map: the bridge's weights as is
                 why = f"exported from {hf_dir} as saved, not checked against the dist_ckpt: {exc}"
-                return replace(es.plan_hf(bridge), warnings=(why,))
+                return replace(plan_hf(bridge), warnings=(why,))
         return plan_dist_ckpt(megatron_dist(role_dir), config)  # type: ignore[arg-type]  # not None: kind
-    return es.plan_hf(hf_weights(hf_dir))
+    return plan_hf(hf_weights(hf_dir))
 
 
 def megatron_dist(role_dir: Path) -> Path | None:

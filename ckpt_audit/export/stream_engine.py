@@ -1,5 +1,5 @@
 """The stream engine as the orchestrator runs it: the source planned (sources.plan_source), its tensor bytes copied
-without torch (lifecycle.export_stream), then the model's other files and the list of what was written."""
+without torch (stream_copy, stream_write), then the model's other files and the list of what was written."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def export_streamed(
 ) -> ExportResult:
     """Tensor bytes copied from the shards in blocks, no torch; `target`: the torch dtype name floating tensors are
     cast to, None to keep theirs. `weights`: the DeepSpeed tag `role_dir`'s weights to plan (export.zero)."""
-    from ckpt_audit.lifecycle import export_stream as es
+    from ckpt_audit.export.stream_plan import StreamError
+    from ckpt_audit.export.stream_write import export_tensors
     from ckpt_audit.readers.hashing import digest_file
 
     try:
@@ -56,7 +57,7 @@ def export_streamed(
             if progress is not None:
                 progress(counter[0], max(total, counter[0]), name)
 
-        outcome = es.export_tensors(
+        outcome = export_tensors(
             plan,
             tmp,
             target=target,
@@ -69,7 +70,7 @@ def export_streamed(
             jobs=jobs,
             run_files=run_files,
         )
-    except es.StreamError as exc:
+    except StreamError as exc:
         raise ExportError(str(exc)) from None
     lora_dir = None
     if outcome.lora:

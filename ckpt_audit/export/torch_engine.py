@@ -39,8 +39,9 @@ from ckpt_audit.export.sources import (
     read_config,
     shard_set,
 )
+from ckpt_audit.export.stream_plan import SAFETENSORS_DTYPE
+from ckpt_audit.export.stream_write import output_shards
 from ckpt_audit.killpoints import OpCounter
-from ckpt_audit.lifecycle.export_stream import SAFETENSORS_DTYPE, output_shards
 from ckpt_audit.rules.hf_trainer import TIED_EMBEDDINGS
 
 TORCH_EXTRA = "pip install 'ckpt-audit[torch]'"

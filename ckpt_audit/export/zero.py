@@ -1,8 +1,8 @@
-"""A DeepSpeed ZeRO checkpoint as a stream-export Plan (export_stream): what zero_to_fp32 rebuilds, without torch,
+"""A DeepSpeed ZeRO checkpoint as a stream-export Plan (stream_plan): what zero_to_fp32 rebuilds, without torch,
 DeepSpeed or the model in memory.
 
 The files are read with the restricted unpickler (readers.pt) only; each output tensor is a list of byte
-ranges in the shards, copied in blocks by export_stream. The layout, as DeepSpeed 0.19 saves it:
+ranges in the shards, copied in blocks by stream_copy. The layout, as DeepSpeed 0.19 saves it:
 
 - The model states (`mp_rank_00_model_states.pt`; ZeRO-3: `zero_pp_rank_D_mp_rank_00_model_states.pt` per rank)
   hold `param_shapes` (one {name: shape} per optimizer parameter group, in flattening order), `buffer_names`,
@@ -32,16 +32,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ckpt_audit.lifecycle.export_stream import (
+from ckpt_audit.export.stream_plan import (
     FLOATS,
     ITEMSIZE,
+    Locator,
     Piece,
     Plan,
     Planned,
     StreamError,
     StreamUnsupported,
-    _Locator,
-    _structure,
+    streamable_structure,
 )
 from ckpt_audit.readers.deepspeed_meta import ZERO_STAGE
 from ckpt_audit.readers.pt import PtStructure, TensorInfo
@@ -120,7 +120,7 @@ def plan_zero(step_dir: str | Path, weights: str = "fp32") -> Plan:
     files = zero_files(tag)
     if 0 not in files.model:
         raise StreamError(f"{tag}: no model states of rank 0")
-    first = _structure(files.model[0])
+    first = streamable_structure(files.model[0])
     tree = first.tree if isinstance(first.tree, dict) else {}
     if not isinstance(tree.get("ds_version"), str) or "param_shapes" not in tree:
         raise StreamError(f"{files.model[0]}: not DeepSpeed model states (no ds_version, no param_shapes)")
@@ -146,7 +146,7 @@ def _plan_module(files: ZeroFiles, first: PtStructure, tree: dict) -> Plan:
             "module); export the fp32 master weights (--weights fp32), or the 16-bit weights the trainer gathered "
             "at save time (HF Trainer's model.safetensors with stage3_gather_16bit_weights_on_model_save)"
         )
-    loc = _Locator(files.model[0], first)
+    loc = Locator(files.model[0], first)
     try:
         out = tuple(_whole(loc, n, t) for n, t in module.items())
     finally:
@@ -171,7 +171,7 @@ class _Fp32:
         self.item = 4
 
     def plan(self) -> Plan:
-        structs = {r: _structure(p) for r, p in sorted(self.files.optim.items())}
+        structs = {r: streamable_structure(p) for r, p in sorted(self.files.optim.items())}
         if not structs:
             raise StreamError(
                 f"{self.files.tag_dir}: no optimizer states (*_optim_states.pt): the fp32 master "
@@ -193,7 +193,7 @@ class _Fp32:
                 f"{self.files.tag_dir}: optimizer shard of rank {extra[0]} beyond partition_count {world}"
             )
         key = "fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"
-        locs = {r: _Locator(self.files.optim[r], s) for r, s in structs.items()}
+        locs = {r: Locator(self.files.optim[r], s) for r, s in structs.items()}
         try:
             groups = {
                 r: [self._flat(locs[r], t) for t in _tensor_list(osd[r].get(key), structs[r].path, key)]
@@ -276,7 +276,7 @@ class _Fp32:
         dtype = self.flat_dtype or "float32"
         return Planned(name=name, shape=shape, dtype=dtype, pieces=tuple(pieces), dim=0 if len(pieces) > 1 else None)
 
-    def _flat(self, loc: _Locator, t: TensorInfo) -> tuple[Piece, int]:
+    def _flat(self, loc: Locator, t: TensorInfo) -> tuple[Piece, int]:
         if len(t.shape) != 1 or t.stride != (1,) or t.dtype not in FLOATS:
             raise StreamError(f"{loc.path}: {t.key} is not a flat floating partition ({t.dtype} {list(t.shape)})")
         if self.flat_dtype not in (None, t.dtype):
@@ -289,7 +289,7 @@ class _Fp32:
     def _buffers(self) -> list[Planned]:
         names = self.tree.get("buffer_names") or []
         module = _tensor_dict(self.tree.get("module"), self.path0, "module")
-        loc = _Locator(self.path0, self.first)
+        loc = Locator(self.path0, self.first)
         try:
             out = []
             for n, t in module.items():
@@ -309,10 +309,10 @@ class _Fp32:
         for r in ranks:
             if r not in self.files.model:
                 raise StreamError(f"{self.files.tag_dir}: missing model states of rank {r} (frozen parameters)")
-            s = self.first if r == 0 else _structure(self.files.model[r])
+            s = self.first if r == 0 else streamable_structure(self.files.model[r])
             tree = s.tree if isinstance(s.tree, dict) else {}
             frags[r] = _tensor_dict(tree.get("frozen_param_fragments"), s.path, "frozen_param_fragments")
-            locs[r] = _Locator(self.files.model[r], s)
+            locs[r] = Locator(self.files.model[r], s)
         try:
             out = []
             for name, shape in shapes.items():
@@ -375,7 +375,7 @@ def _sub(p: Piece, start: int, n: int, item: int) -> Piece:
     return Piece(path=p.path, offset=p.offset + start * item, shape=(n,), strides=(1,))
 
 
-def _whole(loc: _Locator, name: str, t: TensorInfo) -> Planned:
+def _whole(loc: Locator, name: str, t: TensorInfo) -> Planned:
     if t.dtype not in ITEMSIZE or t.storage_key is None:
         raise StreamUnsupported(f"{name}: a {t.dtype} tensor on {t.device}")
     return Planned(name=name, shape=t.shape, dtype=t.dtype, pieces=(loc.piece(t),))
