@@ -15,10 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from ckpt_audit.codes import finding
-from ckpt_audit.layouts import deepspeed
-from ckpt_audit.layouts.tracker import resume_step, tracker_path
+from ckpt_audit.layouts import run_tracker
 from ckpt_audit.models import Checkpoint, FileFacts, Finding, Run, ScanResult, Severity, Status
-from ckpt_audit.rules import deepspeed as ds_rules
 from ckpt_audit.units import format_age
 
 from .noderoots import NodePartials
@@ -178,9 +176,8 @@ def _trackers(run: Run, held: Mapping[str, dict[str, FileFacts]]) -> Run:
 
 
 def _tracker_of(run: Run) -> tuple[str, Callable[[str], int | None]]:
-    """The run's tracker file and the step a copy of it names: DeepSpeed's `latest` names a tag (each node's local
-    rank 0 writes its own under use_node_local_storage), verl's tracker a step number."""
-    if run.layout == deepspeed.NAME:
-        steps = {c.path.rsplit("/", 1)[-1]: c.step for c in run.checkpoints}
-        return f"{run.path}/{ds_rules.LATEST}", lambda text: steps.get(ds_rules.read_latest(text) or "")
-    return tracker_path(run.path), resume_step
+    """The run's tracker file and the step a copy of it names, as its layout reads it (Layout.tracker): DeepSpeed's
+    `latest` names a tag (each node's local rank 0 writes its own under use_node_local_storage), verl's tracker a
+    step number."""
+    tracker = run_tracker(run.layout)
+    return tracker.path(run.path), lambda text: tracker.named(text, run.checkpoints)[0]

@@ -11,6 +11,7 @@ layout to claim a directory builds it (`build_run`). Run layouts that contain pe
 
 Layouts must stay torch-free and do no IO: everything they need is in the `Tree` and the `FileFacts`. What `verify`
 checks beyond that (the torch side) a layout names in `deep_checks`: functions of `ckpt_audit.deep`, by name only.
+What its runs' resume reads to find a checkpoint (fix-tracker, `latest --print tag`, the cluster) is its `tracker`.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ckpt_audit.models import Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status, from_slots
 from ckpt_audit.rules.status import ScanContext
 from ckpt_audit.tree import FileFacts, Tree
+
+if TYPE_CHECKING:
+    from ckpt_audit.layouts.tracker import Tracker
 
 # module path of each layout plug-in, in priority order (first claim wins).
 LAYOUTS: tuple[str, ...] = (
@@ -71,6 +75,11 @@ class Layout(Protocol):
         """What verify checks beyond the scan, on this layout's components and checkpoints."""
         ...
 
+    @property
+    def tracker(self) -> Tracker | None:
+        """What this layout's runs' resume reads to find its checkpoint (None: a component format, no runs)."""
+        ...
+
     def is_step_dir(self, name: str) -> bool:
         """A directory by this name is one checkpoint (a step) in this layout: a path inside it scans it alone."""
         ...
@@ -116,9 +125,28 @@ def deep_checks(layout: str) -> tuple[str, ...]:
     return ()
 
 
+def layout_named(name: str) -> Layout | None:
+    """The layout whose name is `name` (a Run.layout), or None."""
+    return next((each for each in load_layouts() if each.name == name), None)
+
+
 def deep_step_checks(layout: str) -> tuple[str, ...]:
     """The deep checks of the files a checkpoint of a run whose `Run.layout` is `layout` holds itself."""
-    return next((each.deep_checks.step for each in load_layouts() if each.name == layout), ())
+    found = layout_named(layout)
+    return () if found is None else found.deep_checks.step
+
+
+def run_tracker(layout: str) -> Tracker:
+    """The tracker of a run whose `Run.layout` is `layout`. Raises LookupError for a name no run layout has."""
+    found = layout_named(layout)
+    if found is None or found.tracker is None:
+        raise LookupError(f"no layout builds runs named {layout!r}")
+    return found.tracker
+
+
+def tracker_by_file(name: str) -> Tracker | None:
+    """The tracker a file by this name is, as a fix writes it: the first layout's whose resume reads it."""
+    return next((t for each in load_layouts() if (t := each.tracker) and t.file == name and not t.refusal), None)
 
 
 def enclosing_step_dir(path: str) -> str | None:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import DeepChecks, TextRead, shard_file
-from ckpt_audit.layouts.verl_fsdp import STEP_RE
+from ckpt_audit.layouts.verl_fsdp import STEP_RE, STEP_TRACKER
 from ckpt_audit.models import MAX_STEP, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules import megatron_v2, status
@@ -182,6 +182,8 @@ class DcpLayout:
             DCP: ("ckpt_audit.deep.dcp_check:check",),
         }
     )
+
+    tracker = STEP_TRACKER  # a plain DCP run's: verl's tracker file, naming any directory of the step
 
     def is_step_dir(self, name: str) -> bool:
         return False  # its steps are verl's global_step_N (or a directory named for the step)

@@ -24,6 +24,7 @@ from dataclasses import replace
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import DeepChecks, TextRead, one_component_checkpoint, shard_file
+from ckpt_audit.layouts.tracker import Tracker
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import deepspeed as rules
 from ckpt_audit.rules import hf_trainer as hf_rules
@@ -47,10 +48,26 @@ def classify(name: str) -> FileKind:
     return FileKind.OTHER
 
 
+def _opens(name: str, step: int) -> bool:
+    """load_checkpoint(tag=None) opens `<save_dir>/<latest read as UTF-8 text, stripped>`: a tag whose name has
+    surrounding whitespace, an unprintable character or an undecodable byte cannot be named by `latest`."""
+    return name == name.strip() and name.isprintable() and _utf8(name)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # an undecodable byte in the directory's name (surrogateescape)
+        return False
+    return True
+
+
 class DeepSpeed:
     name = NAME
     text_files = {"latest": TextRead(), "latest_universal": TextRead()}
     deep_checks = DeepChecks(components={NAME: ("ckpt_audit.deep.deepspeed_check:check",)})
+    # `<save_dir>/latest` names the tag directory load_checkpoint(tag=None) resumes; a tag is any directory of shards
+    tracker = Tracker(file=rules.LATEST, takes_tag=True, resolves=_opens, step_entry=rules.is_shard)
 
     def is_step_dir(self, name: str) -> bool:
         return rules.STEP_TAG_RE.fullmatch(name) is not None  # a custom tag has no telling name

@@ -21,6 +21,7 @@ from dataclasses import replace
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import DeepChecks, TextRead, deepspeed, one_component_checkpoint, shard_file
+from ckpt_audit.layouts.verl_fsdp import STEP_TRACKER
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, Status
 from ckpt_audit.rules import hf_trainer as rules
 from ckpt_audit.rules import status
@@ -85,6 +86,13 @@ class HfTrainer:
     # its resume pickles, and DeepSpeed's tags inside a checkpoint-N as a bare engine tree's
     deep_checks = DeepChecks(
         components={NAME: ("ckpt_audit.deep.hf_check:check", "ckpt_audit.deep.deepspeed_check:check")}
+    )
+
+    # Trainer reads no tracker: one written there would only mislead
+    tracker = replace(
+        STEP_TRACKER,
+        refusal="an HF Trainer run has no tracker (resume_from_checkpoint=True loads the highest checkpoint-N): "
+        "pass `ckpt-audit latest` to resume_from_checkpoint instead",
     )
 
     def is_step_dir(self, name: str) -> bool:

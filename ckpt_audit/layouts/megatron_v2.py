@@ -27,6 +27,7 @@ from ckpt_audit.layouts.dcp import (
     check_megatron_metadata,
     dcp_files,
 )
+from ckpt_audit.layouts.tracker import Tracker
 from ckpt_audit.layouts.verl_fsdp import STEP_RE
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.rules import megatron_v2 as rules
@@ -71,6 +72,7 @@ class MegatronV2:
         **{n: TextRead(INDEX_TEXT_LIMIT, prefix=True) for n in INDEX_FILES},
     }
     deep_checks = DeepChecks(components={NAME: ("ckpt_audit.deep.megatron_check:check_v2",)})
+    tracker: Tracker | None = None  # a component format: its runs are verl's, and so is their tracker
 
     def is_step_dir(self, name: str) -> bool:
         return False  # its steps are verl's global_step_N

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import DeepChecks, TextRead, one_component_checkpoint, shard_file
 from ckpt_audit.layouts.dcp import DISTCP_RE, METADATA, check_byte_ranges, check_dcp_dir, check_model_keys
+from ckpt_audit.layouts.verl_fsdp import STEP_TRACKER
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.rules import status
 from ckpt_audit.rules.status import ScanContext
@@ -61,6 +63,12 @@ class Torchtitan:
     name = NAME
     text_files: Mapping[str, TextRead] = {}
     deep_checks = DeepChecks(components={NAME: ("ckpt_audit.deep.dcp_check:check",)})  # a torchtitan step is DCP
+    # torchtitan resumes from the highest step-N with a .metadata, whatever is there
+    tracker = replace(
+        STEP_TRACKER,
+        refusal="a torchtitan run has no tracker (it resumes from the highest step-N holding a .metadata): "
+        "move a broken newest step-N aside, or set checkpoint.load_step",
+    )
 
     def is_step_dir(self, name: str) -> bool:
         return STEP_DIR_RE.fullmatch(name) is not None

@@ -19,7 +19,7 @@ from dataclasses import replace
 from ckpt_audit import models
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import DeepChecks, TextRead, component_for, shard_file
-from ckpt_audit.layouts.tracker import TRACKER, read_tracker, tracker_path
+from ckpt_audit.layouts.tracker import TRACKER, Tracker, read_tracker, tracker_path
 from ckpt_audit.models import MAX_STEP, Checkpoint, Component, FileKind, Finding, Run, ShardFile, Status
 from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules import megatron_v2, save_order, shards, status, tracker
@@ -69,6 +69,20 @@ def step_of(name: str) -> tuple[int | None, bool]:
     return None, False
 
 
+def _opens(name: str, step: int) -> bool:
+    """verl resumes from exactly `<run>/global_step_<N>`: a `global_step_06` is never what a tracker saying 6 loads."""
+    return name == step_dir_name(step)
+
+
+def _numbered(name: str) -> bool:
+    """A step directory (global_step_N, or misnamed) with N within 1..2^63-1: fix-tracker's re-check of the run
+    (a global_step_0 is not counted, as before this moved here)."""
+    return (step_of(name)[0] or MAX_STEP + 1) <= MAX_STEP
+
+
+# a tracker naming a step by number, written as verl writes it: any directory of that step is what it names
+STEP_TRACKER = Tracker(file=TRACKER, step_entry=_numbered)
+
 HF_CHECKPOINT_RE = re.compile(r"checkpoint-\d+")  # HF Trainer's checkpoint-N (layouts.hf_trainer): not a verl run
 
 
@@ -79,6 +93,7 @@ class VerlFsdp:
     deep_checks = DeepChecks(
         components={NAME: ("ckpt_audit.deep.verl_fsdp:check",)}, step=("ckpt_audit.deep.verl_fsdp:check_step",)
     )
+    tracker = replace(STEP_TRACKER, resolves=_opens)
 
     def is_step_dir(self, name: str) -> bool:
         return step_of(name)[0] is not None  # global_step_N, or misnamed

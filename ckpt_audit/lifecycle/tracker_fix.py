@@ -5,8 +5,8 @@ can find (docs/verl-format.md §4). `plan_fix` decides from a fresh scan (pure, 
 `apply_fix` writes it: the old content kept beside the tracker, the new one written to a temporary file, fsynced
 and renamed over the tracker (what verl's SFT trainer does), after checking the tracker did not change since the
 plan. Same target as the resume gate (`lifecycle.latest`): complete, or whole beyond a lagging tracker.
-A DeepSpeed run's tracker is `<save_dir>/latest`, naming a tag directory; it gets the tag's name, as DeepSpeed's
-`save_checkpoint` writes it (`fd.write(tag)`, no newline), by the same safe write.
+Which file a run's tracker is, what it names and how a fix renders it are its layout's (`Layout.tracker`): a
+DeepSpeed run's is `<save_dir>/latest`, naming a tag directory by name, written by the same safe write.
 """
 
 from __future__ import annotations
@@ -17,15 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_audit.killpoints import OpCounter
-from ckpt_audit.layouts.deepspeed import NAME as DEEPSPEED
-from ckpt_audit.layouts.hf_trainer import NAME as HF_TRAINER
-from ckpt_audit.layouts.torchtitan import NAME as TORCHTITAN
-from ckpt_audit.layouts.tracker import resume_step, tracker_path
-from ckpt_audit.layouts.verl_fsdp import NAME as VERL_FSDP
-from ckpt_audit.layouts.verl_fsdp import step_dir_name, step_of
+from ckpt_audit.layouts import run_tracker, tracker_by_file
+from ckpt_audit.layouts.tracker import Tracker
+from ckpt_audit.layouts.tracker import content_for as content_for  # what verl writes (re-exported)
 from ckpt_audit.lifecycle.latest import why_not
-from ckpt_audit.models import MAX_STEP, Checkpoint, Run, Status
-from ckpt_audit.rules import deepspeed as ds_rules
+from ckpt_audit.models import Checkpoint, Run, Status
 
 BACKUP_INFIX = ".ckpt-audit-old-"  # <tracker>.ckpt-audit-old-<ns>: the content before a fix
 TMP_INFIX = ".ckpt-audit-tmp-"
@@ -62,10 +58,10 @@ class TrackerFix:
 
     @property
     def new_content(self) -> bytes | None:
-        """What is written: the step for verl's tracker, the tag's directory name for DeepSpeed's `latest`."""
+        """What is written, as the tracker renders its target (verl's: the step; DeepSpeed's `latest`: the tag)."""
         if self.new_step is None or self.new_path is None:
             return None
-        return os.path.basename(self.new_path).encode() if _is_latest(self.tracker_path) else content_for(self.new_step)
+        return _tracker_at(self.tracker_path).render(self.new_path, self.new_step)
 
     def to_dict(self) -> dict:
         return {
@@ -82,48 +78,35 @@ class TrackerFix:
         }
 
 
-def content_for(step: int) -> bytes:
-    """What verl writes: the decimal step, no newline."""
-    return str(step).encode()
-
-
-def _is_latest(tracker: str) -> bool:
-    return os.path.basename(tracker) == ds_rules.LATEST
+def _tracker_at(path: str) -> Tracker:
+    """The tracker a file at `path` is (plan_fix only ever names a layout's tracker file)."""
+    found = tracker_by_file(os.path.basename(path))
+    assert found is not None, path
+    return found
 
 
 def tracker_of(run: Run) -> str:
     """The file a run's resume reads to find its checkpoint."""
-    return f"{run.path}/{ds_rules.LATEST}" if run.layout == DEEPSPEED else tracker_path(run.path)
-
-
-def _named(run: Run, ckpts: list[Checkpoint], content: bytes | None) -> tuple[int | None, Checkpoint | None]:
-    """(step the tracker names, the checkpoint it resolves to or None). DeepSpeed's load_checkpoint opens
-    `<save_dir>/<content.strip()>`: the tag is matched by directory name, its step is that tag's."""
-    if content is None:
-        return None, None
-    if run.layout != DEEPSPEED:
-        step = resume_step(content)
-        return step, next((c for c in ckpts if c.step == step), None)
-    tag = ds_rules.read_latest(content.decode("utf-8", "replace"))
-    named = next((c for c in ckpts if os.path.basename(c.path) == tag), None)
-    return (None if named is None else named.step), named
+    return run_tracker(run.layout).path(run.path)
 
 
 def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window_ns: int) -> TrackerFix:
     """What the tracker should say, and whether it may be rewritten now."""
-    ckpts = sorted((c for c in run.checkpoints if _resolves(run, c)), key=lambda c: c.step)
-    old_step, named = _named(run, ckpts, tracker.content)
+    kind = run_tracker(run.layout)
+    ckpts = sorted((c for c in run.checkpoints if _resolves(kind, c)), key=lambda c: c.step)
+    content = tracker.content
+    old_step, named = (None, None) if content is None else kind.named(content.decode("utf-8", "replace"), ckpts)
     base: dict[str, Any] = dict(
         run_path=run.path, tracker_path=tracker.path, old_content=tracker.content, old_step=old_step
     )
-    deepspeed = run.layout == DEEPSPEED
+    tag = kind.takes_tag
     target = next((c for c in reversed(ckpts) if why_not(c, run) is None), None)
     if not tracker.exists:
         problem = "missing"
     elif tracker.content is None:
         problem = "unreadable"
-    elif not tracker.content.strip() if deepspeed else (old_step is None or old_step < 0):
-        problem = "garbage"  # DeepSpeed: empty (it loads `<save_dir>/`); verl: not a step number
+    elif not tracker.content.strip() if tag else (old_step is None or old_step < 0):
+        problem = "garbage"  # a tag: empty (DeepSpeed loads `<save_dir>/`); a step: not a number
     elif named is None:
         problem = "dangling"
     elif (no := why_not(named, run)) is not None:
@@ -134,8 +117,8 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         problem = "behind"
     else:
         return TrackerFix(**base, problem="ok", detail=f"the tracker names step {old_step}, the newest resumable")
-    old = tracker.content.decode("utf-8", "replace").strip() if deepspeed and tracker.content else old_step
-    refused = _refusal(run, tracker, problem, target, now_ns=now_ns, window_ns=in_progress_window_ns)
+    old = tracker.content.decode("utf-8", "replace").strip() if tag and tracker.content else old_step
+    refused = kind.refusal or _refusal(run, tracker, problem, target, now_ns=now_ns, window_ns=in_progress_window_ns)
     if target is None:
         return TrackerFix(**base, problem=problem, refused=refused or "no complete checkpoint to point the tracker at")
     return TrackerFix(
@@ -144,38 +127,26 @@ def plan_fix(run: Run, tracker: TrackerState, *, now_ns: int, in_progress_window
         new_step=target.step,
         new_path=target.path,
         refused=refused,
-        detail=f"{_what(problem, old, deepspeed)}{_aside(run, old_step, problem)}: point it at step {target.step}",
+        detail=f"{_what(problem, old, tag)}{_aside(run, kind, old_step, problem)}: point it at step {target.step}",
     )
 
 
-def _resolves(run: Run, ckpt) -> bool:
-    """Whether verl finds `ckpt` from a tracker naming its step: it opens exactly `<run>/global_step_<N>`, so a
-    `global_step_06` is never what a tracker saying 6 loads (nor a target it may be pointed at). DeepSpeed finds a
-    tag whose name survives being written to `latest` and read back stripped."""
-    name = os.path.basename(ckpt.path)
-    if run.layout == DEEPSPEED:  # load_checkpoint opens <save_dir>/<`latest` read as UTF-8 text, stripped>
-        return name == name.strip() and name.isprintable() and _utf8(name)
-    return run.layout != VERL_FSDP or name == step_dir_name(ckpt.step)
+def _resolves(kind: Tracker, ckpt: Checkpoint) -> bool:
+    """Whether the resume finds `ckpt` from a tracker naming it (nor may a tracker be pointed at it otherwise): verl
+    opens exactly `<run>/global_step_<N>`, DeepSpeed a tag whose name survives `latest` read back stripped."""
+    return kind.resolves(os.path.basename(ckpt.path), ckpt.step)
 
 
-def _utf8(name: str) -> bool:
-    try:
-        name.encode()
-    except UnicodeEncodeError:  # an undecodable byte in the directory's name (surrogateescape)
-        return False
-    return True
-
-
-def _aside(run: Run, step: int | None, problem: str) -> str:
+def _aside(run: Run, kind: Tracker, step: int | None, problem: str) -> str:
     """For a dangling tracker: the step directory verl cannot open that holds its step (`global_step_06`)."""
     if problem != "dangling":
         return ""
-    names = [os.path.basename(c.path) for c in run.checkpoints if c.step == step and not _resolves(run, c)]
+    names = [os.path.basename(c.path) for c in run.checkpoints if c.step == step and not _resolves(kind, c)]
     return f" ({names[0]} is, but verl never resolves that name: rename it to resume from it)" if names else ""
 
 
-def _what(problem: str, old: int | str | None, deepspeed: bool) -> str:
-    if deepspeed:
+def _what(problem: str, old: int | str | None, tag: bool) -> str:
+    if tag:
         return {
             "missing": "no `latest` (load_checkpoint(tag=None) trains from scratch)",
             "garbage": "`latest` is empty (load_checkpoint(tag=None) looks for the shards in the save directory)",
@@ -191,17 +162,7 @@ def _what(problem: str, old: int | str | None, deepspeed: bool) -> str:
 
 
 def _refusal(run: Run, tracker: TrackerState, problem: str, target, *, now_ns: int, window_ns: int) -> str:
-    """Why the tracker must not be touched now; "" when it may."""
-    if run.layout == HF_TRAINER:  # Trainer reads no tracker: one written there would only mislead
-        return (
-            "an HF Trainer run has no tracker (resume_from_checkpoint=True loads the highest checkpoint-N): "
-            "pass `ckpt-audit latest` to resume_from_checkpoint instead"
-        )
-    if run.layout == TORCHTITAN:  # torchtitan resumes from the highest step-N with a .metadata, whatever is there
-        return (
-            "a torchtitan run has no tracker (it resumes from the highest step-N holding a .metadata): "
-            "move a broken newest step-N aside, or set checkpoint.load_step"
-        )
+    """Why the tracker must not be touched now; "" when it may (after the layout's own refusal, Tracker.refusal)."""
     if tracker.is_link:
         return "the tracker is a symbolic link: not replacing a link (fix its target by hand)"
     if tracker.exists and not tracker.is_file:
@@ -252,7 +213,7 @@ def apply_fix(fix: TrackerFix, *, step_names: frozenset[str] | None = None) -> s
         raise FixError(f"cannot re-read {path}: {exc.strerror or exc}") from None
     if current != fix.old_content:
         raise FixError(f"{path} changed since it was read: not rewriting it (run again)")
-    if step_names is not None and _step_names(fix.run_path, _is_latest(path)) != step_names:
+    if step_names is not None and _step_names(fix.run_path, _tracker_at(path)) != step_names:
         raise FixError(f"{fix.run_path} gained or lost a step directory since it was read: not rewriting (run again)")
     stamp = time.time_ns()
     backup = None
@@ -291,19 +252,20 @@ def _remove_killed_temporaries(directory: str, name: str) -> None:
             _unlink_quietly(os.path.join(directory, n))
 
 
-def _step_names(run_path: str, deepspeed: bool) -> frozenset[str]:
-    """The run's step directories now (a DeepSpeed run's: directories holding its shards, a custom tag too)."""
+def _step_names(run_path: str, kind: Tracker) -> frozenset[str]:
+    """The run's step directories now, as its tracker tells them (a tag's: directories holding its shards, a custom
+    tag too)."""
     try:
-        if deepspeed:
-            return frozenset(n for n in os.listdir(run_path) if _holds_shards(os.path.join(run_path, n)))
-        return frozenset(n for n in os.listdir(run_path) if (step_of(n)[0] or MAX_STEP + 1) <= MAX_STEP)
+        if kind.takes_tag:
+            return frozenset(n for n in os.listdir(run_path) if _holds(os.path.join(run_path, n), kind))
+        return frozenset(n for n in os.listdir(run_path) if kind.step_entry(n))
     except OSError:
         return frozenset()
 
 
-def _holds_shards(path: str) -> bool:
+def _holds(path: str, kind: Tracker) -> bool:
     try:
-        return os.path.isdir(path) and not os.path.islink(path) and any(map(ds_rules.is_shard, os.listdir(path)))
+        return os.path.isdir(path) and not os.path.islink(path) and any(map(kind.step_entry, os.listdir(path)))
     except OSError:
         return False
 

@@ -85,7 +85,7 @@ def latest(
     fails on, a cron scan holding the lock or a catalog it may not write. Raises SessionError when `run` is not one
     run."""
     from ckpt_audit.answers import LatestAnswer
-    from ckpt_audit.layouts.deepspeed import NAME as DEEPSPEED
+    from ckpt_audit.layouts import run_tracker
     from ckpt_audit.lifecycle.latest import gate, oldest_verified
 
     previous = _previous_or_empty(catalog_path)
@@ -137,7 +137,7 @@ def latest(
         files_reused=scans[0].files_reused,
         files_read=sum(s.files_hashed for s in scans),
         not_recorded=not_recorded,
-        takes_tag=the_run.layout == DEEPSPEED,
+        takes_tag=run_tracker(the_run.layout).takes_tag,
     )
 
 
