@@ -151,6 +151,18 @@ def test_fix_tracker_never_trusts_a_step_directory_verl_does_not_open(run, tmp_p
     assert (run / TRACKER).read_text() == "4"
 
 
+def test_fix_tracker_counts_a_global_step_0_as_the_scan_does(run, tmp_path):
+    """The act re-lists the run's step directories to see that no save began since the scan; it skipped
+    global_step_0, which the scan counts, so every fix of such a run failed with "gained or lost a step directory"."""
+    db = tmp_path / "c.db"
+    shutil.copytree(run / "global_step_2", run / "global_step_0")
+    set_tracker(run, "9")  # dangling
+    age(run)
+    out = ckpt_audit("fix-tracker", "--yes", run, catalog=db)
+    assert out.returncode == 0, out.stderr
+    assert (run / TRACKER).read_text() == "6"
+
+
 def test_latest_verified_reads_now_whatever_time_the_catalog_claims(run, tmp_path):
     """A catalog time after now (a clock stepped back, another node's clock) is no read made now."""
     db = tmp_path / "c.db"

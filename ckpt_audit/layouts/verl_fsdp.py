@@ -75,9 +75,10 @@ def _opens(name: str, step: int) -> bool:
 
 
 def _numbered(name: str) -> bool:
-    """A step directory (global_step_N, or misnamed) with N within 1..2^63-1: fix-tracker's re-check of the run
-    (a global_step_0 is not counted, as before this moved here)."""
-    return (step_of(name)[0] or MAX_STEP + 1) <= MAX_STEP
+    """A step directory (global_step_N, or misnamed) with N within 0..2^63-1, as the scan counts them:
+    fix-tracker's re-check of the run compares this listing with the scanned checkpoints."""
+    step = step_of(name)[0]
+    return step is not None and step <= MAX_STEP
 
 
 # a tracker naming a step by number, written as verl writes it: any directory of that step is what it names
