@@ -182,8 +182,8 @@ class ReuseStage:
         verified = {p: f.verified_ns or 0 for p, f in cached.items()}
         verified.update(self.kept.verified)
         stats, kept = self.stats, self.kept
-        # their bytes: the kept runs' as the walk added them up, less their unrowed files' (a stat looked up for each
-        # of a million catalog paths cost ~0.7 s at 1M files)
+        # their bytes: the kept runs' as the digest pass added them up, less their unrowed files' (a stat looked up
+        # for each of a million catalog paths cost ~0.7 s at 1M files)
         total = sum(map(_SIZE, map(stats.__getitem__, cached))) + kept.bytes
         total -= sum(map(_SIZE, map(stats.__getitem__, kept.unrowed)))
         return plan_scrub(
@@ -247,7 +247,7 @@ class _Kept:
     verified: Mapping[str, int] = field(default_factory=dict)
     unrowed: frozenset[str] = frozenset()  # the rest (the tracker, run-level files, anything new): read now
     every: frozenset[str] = frozenset()  # both
-    bytes: int = 0  # the size of every
+    bytes: int = 0  # the size of every (the runs' Settled.bytes)
     source: vc.Source | None = None
 
     @property
