@@ -256,6 +256,24 @@ def test_the_scrub_under_a_kept_verdict_moves_on_and_keeps_every_fact(tree, tmp_
         assert {r[0]: r for r in conn.execute(f"SELECT {columns} FROM files WHERE present = 1")} == before
 
 
+def test_the_scrub_share_under_a_kept_verdict_counts_the_catalogued_bytes_alone(tree, tmp_path):
+    """The share is of the bytes a cache would reuse: a kept run's files with a row, not a big run-level file the
+    catalog keeps no row for (read every scan anyway). Half a period since the last content read: half those bytes."""
+    (tree / "notes.bin").write_bytes(os.urandom(4 << 20))
+    age(tree.parent)
+    db = tmp_path / "c.db"
+    cached_scan(tree, db)
+    period = 10 * 86_400 * 10**9
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE files SET verified_ns = ?", [time.time_ns() - period // 2])  # keeps the verdict
+        rowed = [s for (s,) in conn.execute("SELECT size_bytes FROM files WHERE present = 1 AND hash IS NOT NULL")]
+        assert str(tree / "notes.bin") not in {p for (p,) in conn.execute("SELECT path FROM files")}
+    again = cached_scan(tree, db, scrub=ScrubPolicy(period_ns=period))
+    assert again.runs_reused == {str(tree)}
+    share = sum(rowed) / 2
+    assert share <= again.bytes_scrubbed < share + max(rowed)  # oldest first until the share is taken
+
+
 def test_a_rewritten_catalog_row_or_status_deletes_the_verdict(tree, tmp_path):
     db = tmp_path / "c.db"
     cached_scan(tree, db)

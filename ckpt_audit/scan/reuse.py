@@ -178,15 +178,18 @@ class ReuseStage:
         policy = self.caches.scrub
         if policy is None:
             return ScrubPlan()
-        # every file either cache would reuse -> when last read by content; their sizes added up in C (a million
-        # files at 1M: a Python call each cost ~0.5 s)
+        # every file either cache would reuse -> when last read by content
         verified = {p: f.verified_ns or 0 for p, f in cached.items()}
         verified.update(self.kept.verified)
-        stats = self.stats
+        stats, kept = self.stats, self.kept
+        # their bytes: the kept runs' as the digest pass added them up, less their unrowed files' (a stat looked up
+        # for each of a million catalog paths cost ~0.7 s at 1M files)
+        total = sum(map(_SIZE, map(stats.__getitem__, cached))) + kept.bytes
+        total -= sum(map(_SIZE, map(stats.__getitem__, kept.unrowed)))
         return plan_scrub(
             verified,
             lambda p: stats[p].st_size,
-            total_bytes=sum(map(_SIZE, map(stats.__getitem__, verified))),
+            total_bytes=total,
             now_ns=self.now_ns,
             policy=policy,
             budget_bytes=policy.budget_bytes,
@@ -244,6 +247,7 @@ class _Kept:
     verified: Mapping[str, int] = field(default_factory=dict)
     unrowed: frozenset[str] = frozenset()  # the rest (the tracker, run-level files, anything new): read now
     every: frozenset[str] = frozenset()  # both
+    bytes: int = 0  # the size of every (the runs' Settled.bytes)
     source: vc.Source | None = None
 
     @property
@@ -261,7 +265,8 @@ class _Kept:
         every = frozenset(chain.from_iterable(runs.values()))  # set operations in C: a million files at 1M
         verified = source.verified(root, among=every)
         unrowed = every.difference(verified)
-        return cls(runs=runs, stored=stored, verified=verified, unrowed=unrowed, every=every, source=source)
+        size = sum(settled[r].bytes for r in runs)
+        return cls(runs=runs, stored=stored, verified=verified, unrowed=unrowed, every=every, bytes=size, source=source)
 
     def by_run(self, paths: Iterable[str]) -> dict[str, list[str]]:
         """Of the runs' files `paths`, run -> those under it, sorted (a kept run is never nested in another)."""

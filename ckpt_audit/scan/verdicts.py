@@ -170,10 +170,12 @@ class Source(Protocol):
 
 
 class Settled(NamedTuple):
-    """A run whose verdict may be cached: its files (sorted) and the digest of its subtree as the walk saw it."""
+    """A run whose verdict may be cached: its files (sorted), the digest of its subtree as the walk saw it, and its
+    files' bytes (the scrub's share counts them without a lookup per file)."""
 
     files: list[str]
     digest: str
+    bytes: int
 
 
 def settled_runs(
@@ -208,11 +210,12 @@ def settled_runs(
             continue
         if sts and max(map(_MTIME, sts)) > young:
             continue
-        out[run] = Settled(files, _digest(len(run), dirs, mtimes, files, sts))
+        out[run] = Settled(files, _digest(len(run), dirs, mtimes, files, sts), sum(map(_SIZE, sts)))
     return out
 
 
 _MTIME = attrgetter("st_mtime_ns")
+_SIZE = attrgetter("st_size")
 _KEYED = attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns")  # a file's part of the digest
 
 
