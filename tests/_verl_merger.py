@@ -43,6 +43,7 @@ CASES = {
     "llama-untied": ("llama-untied", [], "v2"),
     "llama-untied-tie-flag": ("llama-untied", ["--tie-word-embedding"], "v2"),  # the flag given on an untied model
     "qwen3moe": ("qwen3moe", [], "v2"),
+    "llama-pp2": ("llama-pp2", [], "v2"),  # saved with pipeline parallelism 2, merged at 1
     # verl <= 0.8's layout (dist_ckpt/ and huggingface/ under the role), and the same with huggingface/ moved by
     # hand to model/huggingface/, where the merger looks for the config
     "old-layout": ("qwen2-tied", ["--tie-word-embedding"], "old"),
