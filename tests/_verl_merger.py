@@ -56,10 +56,11 @@ def _stub() -> None:
     import verl.model_merger.megatron_model_merger as mm
     import verl.models.mcore.model_initializer as mi
 
-    mm.get_nccl_backend = lambda: "gloo"
-    torch.cuda.set_device = lambda *a, **k: None
-    mm.model_parallel_cuda_manual_seed = lambda *a, **k: None
-    torch.cuda.Stream = lambda *a, **k: None
+    mm.get_nccl_backend = lambda: "gloo"  # the platform fallback says "nccl"; CPU torch has gloo only
+    torch.cuda.set_device = lambda *a, **k: None  # set_device("cuda:0"): no CUDA device to select
+    mm.model_parallel_cuda_manual_seed = lambda *a, **k: None  # seeds CUDA RNG states; weights come from the ckpt
+    torch.cuda.Stream = lambda *a, **k: None  # made by the MoE dispatcher's constructor, used only in forward
+    # Transformer Engine (CUDA only) is absent: megatron-core's local spec, as the trees were written
     te_spec = mi.get_gpt_decoder_block_spec
 
     def local_spec(config, use_transformer_engine, **kwargs):
@@ -68,7 +69,7 @@ def _stub() -> None:
     mi.get_gpt_decoder_block_spec = local_spec
     convert = mm.hf_to_mcore_config
 
-    def without_te_options(*args, **kwargs):
+    def without_te_options(*args, **kwargs):  # what verl's converter sets for TE: its fused norm, grouped GEMM
         config = convert(*args, **kwargs)
         config.persist_layer_norm = False
         config.moe_grouped_gemm = False

@@ -127,8 +127,8 @@ def test_moe_merger_names_sequential_experts_that_transformers_does_not_load(mgx
 def test_merger_on_the_old_layout(merged, tmp_path):
     """verl <= 0.8's layout: the merger fails on its config path (it reads model/huggingface/) and leaves the tree
     as it was. With huggingface/ moved there by hand, it creates an empty model/dist_ckpt/ in the checkpoint it reads
-    and fails; verl's load then no longer raises its migration error (the role has model/) but fails on that empty
-    directory, and the scan says the step is incomplete, naming it."""
+    and fails. verl's load of that role (it has model/, so no migration error) fails on the same empty directory,
+    and the scan says the step is incomplete, naming it."""
     results = json.loads((merged / "results.json").read_text())
     old = merged / "old-layout" / "exp" / M.STEP / "actor"
     assert results["old-layout"]["error"].startswith("OSError") and not (old / "model").exists()
