@@ -50,6 +50,21 @@ def ray_address(ctx: click.Context, param: click.Parameter, value: str | None) -
     )
 
 
+def ray_option(help: str):
+    """--ray [ADDRESS] as scan, prune and export spell it: the address defaults to "auto" (the running cluster)
+    when the flag is given bare; `help` says what the command does on the cluster."""
+    return click.option(
+        "--ray",
+        "ray_address",
+        is_flag=False,
+        flag_value="auto",
+        default=None,
+        callback=ray_address,
+        metavar="[ADDRESS]",
+        help=help,
+    )
+
+
 catalog_option = click.option(
     "--catalog",
     type=click.Path(dir_okay=False),

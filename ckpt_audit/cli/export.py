@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ckpt_audit.cli.common import Bar, CommandError, catalog_option, emit_json, ray_address, session
+from ckpt_audit.cli.common import Bar, CommandError, catalog_option, emit_json, ray_option, session
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -60,18 +60,11 @@ from ckpt_audit.exitcodes import ExitCode
     help="Write (and read back) this many output shards at once, one local process each; the files are the same "
     "as with 1. Useful with several shards (--max-shard-size) on a machine with spare cores and disk.",
 )
-@click.option(
-    "--ray",
-    "ray_address",
-    is_flag=False,
-    flag_value="auto",
-    default=None,
-    callback=ray_address,
-    metavar="[ADDRESS]",
-    help="Write (and read back) each output shard in a Ray task on the cluster's nodes; --to and the checkpoint "
+@ray_option(
+    "Write (and read back) each output shard in a Ray task on the cluster's nodes; --to and the checkpoint "
     "must be on a store every node mounts at the same path (checked first, else exit 2). --jobs caps the tasks at "
     "once (default: Ray's CPUs decide). Stream engine only (docs/lifecycle.md; needs the extra: pip install "
-    "'ckpt-audit[ray]', else exit 2).",
+    "'ckpt-audit[ray]', else exit 2)."
 )
 @click.option("--no-verify", is_flag=True, help="Skip reading the export back and comparing it with the shards.")
 @click.option(

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ckpt_audit.cli.common import DURATION, catalog_option, emit_json, ray_address, session
+from ckpt_audit.cli.common import DURATION, catalog_option, emit_json, ray_option, session
 from ckpt_audit.exitcodes import ExitCode
 
 
@@ -57,16 +57,9 @@ from ckpt_audit.exitcodes import ExitCode
     "by store checksum (docs/remote.md).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (plan and outcome) to stdout.")
-@click.option(
-    "--ray",
-    "ray_address",
-    is_flag=False,
-    flag_value="auto",
-    default=None,
-    callback=ray_address,
-    metavar="[ADDRESS]",
-    help="Plan over the union of a Ray cluster's node-local disks and delete on the nodes holding each checkpoint "
-    "(docs/ray.md; needs the extra: pip install 'ckpt-audit[ray]', else exit 2).",
+@ray_option(
+    "Plan over the union of a Ray cluster's node-local disks and delete on the nodes holding each checkpoint "
+    "(docs/ray.md; needs the extra: pip install 'ckpt-audit[ray]', else exit 2)."
 )
 @catalog_option
 @click.pass_context

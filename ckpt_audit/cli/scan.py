@@ -17,7 +17,7 @@ from ckpt_audit.cli.common import (
     check_junit_writable,
     emit_json,
     junit_option,
-    ray_address,
+    ray_option,
     require_torch,
     resolve_catalog,
     session,
@@ -108,17 +108,10 @@ def scrub_options(f):
     help="Also write Prometheus metrics here for node_exporter's textfile collector (written atomically; e.g. "
     "/var/lib/node_exporter/textfile/ckpt_audit.prom). Sample alerts: docs/alerts.yml.",
 )
-@click.option(
-    "--ray",
-    "ray_address",
-    is_flag=False,
-    flag_value="auto",
-    default=None,
-    callback=ray_address,
-    metavar="[ADDRESS]",
-    help="Scan on a Ray cluster: each node its own disk's copy of each root, or all nodes one shared root "
+@ray_option(
+    "Scan on a Ray cluster: each node its own disk's copy of each root, or all nodes one shared root "
     "(--placement; docs/ray.md; needs the "
-    "extra: pip install 'ckpt-audit[ray]', else exit 2). Example: ckpt-audit scan --ray auto /ckpts",
+    "extra: pip install 'ckpt-audit[ray]', else exit 2). Example: ckpt-audit scan --ray auto /ckpts"
 )
 @click.option(
     "--node-gone-after",
