@@ -106,6 +106,42 @@ def test_a_source_truncated_mid_export_leaves_nothing_at_to(verl_run, copy_run, 
     assert not os.path.lexists(tmp_path / "out")  # the parent this export made is gone too
 
 
+_CUT_UNDER_EXPORT = """
+import os, sys
+from pathlib import Path
+from ckpt_audit.export.orchestrator import export_checkpoint
+step, out, dtype = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+victim = step / "actor" / "model_world_size_2_rank_1.pt"
+def progress(done, total, name):
+    if victim.stat().st_size > 4096:
+        os.truncate(victim, 4096)
+try:
+    export_checkpoint(step, out, jobs=1, dtype=dtype, max_shard_size=20_000, max_load_size=0, progress=progress)
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+"""
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_source_truncated_under_a_serial_export_is_one_line(verl_run, copy_run, tmp_path, dtype):
+    """--jobs 1 copies in this process: a rank file cut mid-export is a one-line error, in the cast's path (bf16:
+    numpy's blocks) as in the plain copy's, never SIGBUS from a mapping; nothing is left at --to or beside it. In its
+    own process: a SIGBUS would kill pytest."""
+    step = latest_step(copy_run(verl_run))
+    out = tmp_path / "out" / "hf"
+    proc = subprocess.run(
+        [sys.executable, "-c", _CUT_UNDER_EXPORT, str(step), str(out), dtype],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("ExportError: ") and "ends early" in proc.stdout, proc.stdout
+    assert proc.stdout.count("\n") == 1
+    assert (step / "actor" / "model_world_size_2_rank_1.pt").stat().st_size == 4096
+    assert not os.path.lexists(tmp_path / "out")
+
+
 def test_cli_jobs_option(verl_run, tmp_path):
     env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
     args = [latest_step(verl_run), "--max-shard-size", "20000", "--max-load-size", "0", "--json"]

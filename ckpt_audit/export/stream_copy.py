@@ -5,9 +5,8 @@ A merged tensor is a byte copy: Shard(0) pieces follow one another, Shard(d>0) p
 at a time, and a cast (bf16/fp16/fp32) is done by numpy on the same blocks. Where no cast is needed (every tensor of
 an FSDP2 or Megatron checkpoint saved in the dtype exported) the pieces' bytes are read with preadv into one reused
 1 MiB buffer, rows of a Shard(d>0) piece scattered to their places by the kernel, and numpy is never imported. A cast
-reads through read-only file mappings whose pages are dropped from this process after each block (MADV_DONTNEED on a
-file mapping only forgets pages; the next touch re-reads the file). Memory is a fixed block budget whatever the
-model's size.
+reads each block with preadv too, into a fresh array (never a file mapping: a file cut under a mapping kills the
+process with SIGBUS, a short read is one line). Memory is a fixed block budget whatever the model's size.
 
 On the way, every storage entry copied whole is checked against the CRC-32 torch recorded for it (so the bytes
 exported are the bytes the source check read).
@@ -33,7 +32,6 @@ except ImportError:  # pragma: no cover - isal is a declared dependency
 # from the read through the CRC, both hashes and the write
 BLOCK = 1024 * 1024
 _IOV_MAX = 1024  # iovecs one preadv takes (Linux's UIO_MAXIOV)
-_MARGIN = 256 * 1024  # dropped around each block as well (see Maps.release)
 # numpy has no bfloat16 or float8: their bits travel as unsigned ints of the same width
 _NUMPY = {
     "float64": "<f8",
@@ -77,17 +75,12 @@ def tensor_bytes(t: Planned, dst: str, maps: Maps, crcs: dict[int, int] | None =
                 if i in crcs:
                     crcs[i] = _crc32(_bytes(src), crcs[i])
             yield _bytes(np.ascontiguousarray(_cast(block, t.dtype, dst)))
-            for i, src in sources:
-                maps.release(t.pieces[i], src)
 
 
 class Maps:
-    """The source files, each opened once: a descriptor (and one buffer) for _gather, a read-only map for numpy's
-    path, whose pages are dropped after each block."""
+    """The source files, each opened once: a descriptor for preadv, and one buffer for _gather."""
 
     def __init__(self) -> None:
-        self.maps: dict[str, mmap.mmap] = {}
-        self.addresses: dict[str, int] = {}
         self.crc_off: dict[str, bool] = {}
         self.fds: dict[str, int] = {}
         self.sizes: dict[str, int] = {}
@@ -99,18 +92,6 @@ class Maps:
     def __exit__(self, *exc) -> None:
         for fd in self.fds.values():
             os.close(fd)
-        for m in self.maps.values():
-            try:
-                m.close()
-            except BufferError:  # a numpy view still alive (an exception unwinding): the GC closes it
-                pass
-
-    def get(self, path: str) -> mmap.mmap:
-        m = self.maps.get(path)
-        if m is None:
-            with open(path, "rb") as fh:
-                m = self.maps[path] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        return m
 
     def buffer(self) -> memoryview:
         """The one BLOCK-sized buffer _gather reads into (anonymous memory, made once)."""
@@ -149,43 +130,25 @@ class Maps:
             self.crc_off[path] = not open_archive(path).crc_disabled
         return self.crc_off[path]
 
-    def view(self, p: Piece, dtype: str):
+    def rows(self, p: Piece, dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], r0: int, r1: int):
+        """Rows [r0, r1) of p seen as `shape`/`strides` (elements; p's own, or flattened), read into a new array."""
         np = _numpy()
 
         item = ITEMSIZE[dtype]
-        try:
-            return np.ndarray(
-                p.shape,
-                dtype=np.dtype(_NUMPY[dtype]),
-                buffer=self.get(p.path),
-                offset=p.offset,
-                strides=tuple(s * item for s in p.strides),
-            )
-        except (TypeError, ValueError) as exc:
-            raise StreamError(f"{p.path}: a tensor's bytes lie outside the file ({exc})") from None
+        strides = tuple(s * item for s in strides)
+        part = (r1 - r0, *shape[1:])
+        buf = np.empty(_extent(part, strides, item), np.uint8)
+        fd = self.fd(p, _extent(shape, strides, item))
+        if buf.size:
+            self.read(p, fd, [memoryview(buf)], p.offset + r0 * strides[0])
+        return np.ndarray(part, dtype=np.dtype(_NUMPY[dtype]), buffer=buf, strides=strides)
 
-    def release(self, p: Piece, block) -> None:
-        """Drop the pages under `block` (a numpy view into p's map) from this process."""
-        if block.size == 0:
-            return
-        if p.path not in self.addresses:
-            np = _numpy()
-            self.addresses[p.path] = np.frombuffer(self.maps[p.path], dtype=np.uint8, count=1).ctypes.data
-        base = block.__array_interface__["data"][0] - self.addresses[p.path]
-        extent = block.itemsize + sum((n - 1) * s for n, s in zip(block.shape, block.strides))
-        self.drop(p.path, base, extent)
 
-    def drop(self, path: str, base: int, extent: int) -> None:
-        """Drop the pages of bytes [base, base + extent) of `path`'s map from this process."""
-        if not hasattr(mmap, "MADV_DONTNEED") or extent <= 0:
-            return
-        m = self.maps[path]
-        # with a margin: the kernel maps pages around a faulting one (fault-around, 64 KiB), so pages of the pieces
-        # before and after get mapped too and would stay resident, ~100 KiB a tensor, growing with the model
-        lo = max(0, (base - _MARGIN) // mmap.PAGESIZE * mmap.PAGESIZE)
-        hi = min(len(m), base + extent + _MARGIN)
-        if hi > lo:
-            m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+def _extent(shape: tuple[int, ...], strides: tuple[int, ...], item: int) -> int:
+    """Bytes from an array's first element to the end of its last (strides in bytes)."""
+    if 0 in shape:
+        return 0
+    return item + sum((n - 1) * s for n, s in zip(shape, strides))
 
 
 def _runs(t: Planned, dst: str) -> tuple[int, list[int]] | None:
@@ -234,35 +197,34 @@ def _gather(t: Planned, outer: int, runs: list[int], maps: Maps, crcs: dict[int,
                 yield view
 
 
-def _rows(v, budget: int = BLOCK):
-    """Slices of `v` along dim 0 of about `budget` bytes (a contiguous array is flattened first)."""
-    if v.ndim == 0 or v.flags.c_contiguous:
-        v = v.reshape(-1)
-    row = max(1, v[:1].nbytes if v.shape[0] else 1)
-    step = max(1, budget // row)
-    for r in range(0, v.shape[0], step):
-        yield v[r : r + step]
+def _rows(p: Piece, dtype: str, maps: Maps) -> Iterator[object]:
+    """p's elements in C order, blocks of about BLOCK bytes: a C-contiguous piece cut anywhere (flattened first),
+    another along dim 0."""
+    shape, strides = p.shape, p.strides
+    if not shape or contiguous(shape, strides):
+        shape, strides = (numel(shape),), (1,)
+    step = max(1, BLOCK // max(1, numel(shape[1:]) * ITEMSIZE[dtype]))
+    for r in range(0, shape[0], step):
+        yield maps.rows(p, dtype, shape, strides, r, min(r + step, shape[0]))
 
 
 def _blocks(t: Planned, maps: Maps) -> Iterator[tuple[object, list[tuple[int, object]]]]:
-    """(block in the source dtype, [(piece index, the source view it came from)]) in output byte order."""
+    """(block in the source dtype, [(piece index, the source rows it came from)]) in output byte order."""
     np = _numpy()
 
-    views = [maps.view(p, t.dtype) for p in t.pieces]
     if t.dim is None or t.dim == 0:
-        for i, v in enumerate(views):
-            if v.size:
-                for b in _rows(v):
-                    yield b, [(i, b)]
+        for i, p in enumerate(t.pieces):
+            for b in _rows(p, t.dtype, maps):
+                yield b, [(i, b)]
         return
-    live = [(i, v) for i, v in enumerate(views) if v.size]
+    live = [(i, p) for i, p in enumerate(t.pieces) if numel(p.shape)]
     if not live:
         return
     rows = live[0][1].shape[0]
-    row_bytes = sum(v[:1].nbytes for _i, v in live) or 1
+    row_bytes = sum(numel(p.shape[1:]) for _i, p in live) * ITEMSIZE[t.dtype] or 1
     step = max(1, BLOCK // row_bytes)
     for r in range(0, rows, step):
-        parts = [(i, v[r : r + step]) for i, v in live]
+        parts = [(i, maps.rows(p, t.dtype, p.shape, p.strides, r, min(r + step, rows))) for i, p in live]
         yield np.concatenate([b for _i, b in parts], axis=t.dim), parts
 
 
@@ -302,14 +264,10 @@ def same_bytes(a: Piece, b: Piece, dtype: str, maps: Maps | None = None) -> bool
     if maps is None:
         with Maps() as own:
             return same_bytes(a, b, dtype, own)
-    va, vb = maps.view(a, dtype), maps.view(b, dtype)
-    if va.shape != vb.shape:
+    if a.shape != b.shape:
         return False
-    for x, y in zip(_rows(va), _rows(vb)):
-        same = np.array_equal(np.frombuffer(_bytes(x), np.uint8), np.frombuffer(_bytes(y), np.uint8))
-        maps.release(a, x)
-        maps.release(b, y)
-        if not same:
+    for x, y in zip(_rows(a, dtype, maps), _rows(b, dtype, maps)):
+        if not np.array_equal(np.frombuffer(_bytes(x), np.uint8), np.frombuffer(_bytes(y), np.uint8)):
             return False
     return True
 
