@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+from cli_proc import ckpt_audit
+
 
 def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -58,3 +60,31 @@ def test_ray_flag_does_not_swallow_the_path_after_it(tmp_path):
         assert out.returncode == 2, (args, out.stderr)
         assert f"Invalid value for '--ray': '{tmp_path}' is not a Ray address" in out.stderr
         assert not (tmp_path / "c.db").exists() and not (tmp_path / "hf").exists()
+
+
+def test_ray_values_that_are_no_address_are_usage_errors(tmp_path):
+    """An empty host or port, a port that is no number or out of range, a bare scheme: each a usage error naming
+    the forms, at once, before anything is read or created (Ray took ':' with a logged traceback, 'ray://' after
+    30 s of gRPC errors, 'host:notaport' as exit 3)."""
+    catalog = tmp_path / "c.db"
+    for value in (":", ":6379", "host:", "host:notaport", "host:0", "host:65536", "ray://", "ray://:10001", "ray://h"):
+        for cmd in (["scan", tmp_path], ["export", tmp_path, "--to", tmp_path / "hf"]):
+            out = ckpt_audit(*cmd, "--ray", value, catalog=catalog, timeout=20)
+            assert out.returncode == 2, (value, cmd, out.stderr)
+            assert f"Invalid value for '--ray': '{value}' is not a Ray address" in out.stderr, out.stderr
+            assert "Traceback" not in out.stderr
+    assert not catalog.exists() and not (tmp_path / "hf").exists()
+
+
+def test_ray_client_address_nobody_answers_is_one_line_exit_3_at_once(tmp_path):
+    """ray://HOST:PORT at a port nobody listens on: Ray's client retried for 30 s and warned; the TCP check that
+    HOST:PORT gets makes it one line, exit 3, before the catalog is created."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"ray://127.0.0.1:{s.getsockname()[1]}"
+    out = ckpt_audit("scan", tmp_path, "--ray", address, catalog=tmp_path / "c.db", timeout=20)
+    assert out.returncode == 3, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"ckpt-audit: error: cannot reach the Ray cluster at {address} (Connection refused)"
+    ]
+    assert not (tmp_path / "c.db").exists()

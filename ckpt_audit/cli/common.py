@@ -39,8 +39,12 @@ def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) ->
 def ray_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--ray [ADDRESS]'s value. Click gives the optional value the word after the flag, so `--ray /ckpts` would
     take the root (or the step directory) as the address and then scan nothing or miss an argument: a value that is
-    neither `auto` nor HOST:PORT nor a ray:// URL is refused here, before anything else is read."""
-    if value is None or value == "auto" or ":" in value:
+    neither `auto` nor HOST:PORT nor ray://HOST:PORT (a host, a port 1-65535) is refused here, before anything else is
+    read: Ray took ':' with a logged traceback and 'ray://' after 30 s of gRPC errors."""
+    if value is None or value == "auto":
+        return value
+    host, _, port = value.removeprefix("ray://").rpartition(":")
+    if host and port.isdigit() and 0 < int(port) < 65536:
         return value
     raise click.BadParameter(
         f"{value!r} is not a Ray address (auto, HOST:PORT or ray://HOST:PORT): --ray takes the word after it, so "

@@ -2,9 +2,9 @@
 driver and calls ray.init.
 
 Ray's own init retries a host:port nobody answers for minutes, printing a warning every few seconds; a command in
-cron would hang there. An explicit host:port is therefore tried with a plain TCP connect first, and a refusal or
-timeout is one line. "auto" (the cluster `ray start` last recorded here) and ray:// client addresses go to Ray as
-given: with nothing recorded, Ray fails at once.
+cron would hang there, and its client (ray://) for 30 s. An explicit host:port, ray:// or not, is therefore tried
+with a plain TCP connect first, and a refusal or timeout is one line. "auto" (the cluster `ray start` last recorded
+here) goes to Ray as given: with nothing recorded, Ray fails at once.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def connect(address: str | None):
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    host, _, port = (address or "").rpartition(":")
-    if host and port.isdigit() and "://" not in (address or ""):
+    host, _, port = (address or "").removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():
         try:
-            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+            socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
         except OSError as exc:
             raise RayConnectError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc})") from None
     try:
