@@ -165,6 +165,7 @@ def test_remote_copy_configured_without_a_complete_local_checkpoint(run, tmp_pat
         ("twelve", "garbage", 6),
         ("", "garbage", 6),
         ("999", "dangling", 6),
+        ("9" * 30, "dangling", 6),  # past SQLite's INTEGER: the fix was written, then its log raised (exit 3)
         ("4", "behind", 6),
         ("6", "names-corrupt", 4),
     ],

@@ -9,7 +9,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def record_fix(db, fix: TrackerFix, *, at_ns: int, backup_path: str | None) -> None:
-
+    # a step past SQLite's INTEGER (a tracker of 30 digits) raised after the tracker was rewritten: old_content keeps it
+    old_step = fix.old_step if fix.old_step is None or abs(fix.old_step) < 2**63 else None
     with db.atomic():
         db["tracker_fixes"].insert(
             {
@@ -18,7 +19,7 @@ def record_fix(db, fix: TrackerFix, *, at_ns: int, backup_path: str | None) -> N
                 "tracker_path": fix.tracker_path,
                 "problem": fix.problem,
                 "old_content": None if fix.old_content is None else fix.old_content.decode("utf-8", "replace"),
-                "old_step": fix.old_step,
+                "old_step": old_step,
                 "new_step": fix.new_step,
                 "backup_path": backup_path,
             }
