@@ -349,6 +349,18 @@ def test_a_copy_pass_failing_while_the_source_check_runs_is_one_line_and_leaves_
     assert not (tmp_path / "made").exists()
 
 
+@pytest.mark.parametrize("config", [b"{garbage", b"[1, 2]", b"\xff\xfe"])
+def test_a_config_json_that_is_not_a_json_object_is_refused_by_name(verl_run, copy_run, tmp_path, config):
+    """huggingface/config.json garbled: transformers cannot load the export, so it is refused as the model check
+    refuses a missing config (exit 1, naming config.json), not a bare JSONDecodeError or TypeError; nothing at --to."""
+    run = Path(copy_run(verl_run))
+    (step(run, 6) / "actor" / "huggingface" / "config.json").write_bytes(config)
+    out = tmp_path / "hf"
+    proc = ckpt_audit("export", step(run, 6), "--to", out, "--max-load-size", "0", catalog=tmp_path / "c.db")
+    one_line_error(proc, 1, "config.json")
+    assert not out.exists() and not list(tmp_path.glob(".hf*"))
+
+
 def test_allow_corrupt_exports_and_records_the_override(scanned, tmp_path):
     _root, run, catalog = scanned
     flip_payload_byte(shard(run, 6))

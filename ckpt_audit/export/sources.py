@@ -266,10 +266,12 @@ def _mtime_ns(path: Path) -> int:
 
 
 def read_config(hf: Path) -> dict:
+    """config.json as a dict; {} when it cannot be read or is no JSON object (the model check names it)."""
     try:
-        return bounded_json.load_file(str(hf / "config.json"))
+        config = bounded_json.load_file(str(hf / "config.json"))
     except (OSError, ValueError):
         return {}
+    return config if isinstance(config, dict) else {}
 
 
 def copy_hf_files(hf: Path, tmp: Path, out_dtype) -> None:
@@ -280,8 +282,7 @@ def copy_hf_files(hf: Path, tmp: Path, out_dtype) -> None:
         if p.is_file() and model_file(p.name):
             shutil.copy2(p, tmp / p.name)
     cfg = tmp / "config.json"
-    if cfg.is_file():
-        data = json.loads(cfg.read_text())
+    if cfg.is_file() and (data := read_config(tmp)):  # one that is not a JSON object is copied as is, and refused
         name = str(out_dtype).removeprefix("torch.")
         data["torch_dtype" if "torch_dtype" in data and "dtype" not in data else "dtype"] = name
         cfg.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
