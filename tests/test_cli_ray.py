@@ -88,3 +88,17 @@ def test_ray_client_address_nobody_answers_is_one_line_exit_3_at_once(tmp_path):
         f"ckpt-audit: error: cannot reach the Ray cluster at {address} (Connection refused)"
     ]
     assert not (tmp_path / "c.db").exists()
+
+
+def test_ray_auto_at_a_recorded_cluster_that_is_gone_is_one_line_exit_3_at_once(tmp_path):
+    """Bare --ray (auto) connects where RAY_ADDRESS (or the last `ray start`) points; a cluster gone since left Ray
+    retrying for minutes with a page of C++ logs. The address auto resolves to gets the same TCP check."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{s.getsockname()[1]}"
+    out = ckpt_audit("scan", tmp_path, "--ray", catalog=tmp_path / "c.db", env={"RAY_ADDRESS": gone}, timeout=20)
+    assert out.returncode == 3, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"ckpt-audit: error: cannot reach the Ray cluster at {gone} (Connection refused)"
+    ]
+    assert not (tmp_path / "c.db").exists()

@@ -3,8 +3,9 @@ driver and calls ray.init.
 
 Ray's own init retries a host:port nobody answers for minutes, printing a warning every few seconds; a command in
 cron would hang there, and its client (ray://) for 30 s. An explicit host:port, ray:// or not, is therefore tried
-with a plain TCP connect first, and a refusal or timeout is one line. "auto" (the cluster `ray start` last recorded
-here) goes to Ray as given: with nothing recorded, Ray fails at once.
+with a plain TCP connect first, and a refusal or timeout is one line; so is the address "auto" resolves to
+(RAY_ADDRESS, else the cluster `ray start` last recorded here, which may be long gone). With nothing recorded, Ray
+fails at once.
 """
 
 from __future__ import annotations
@@ -39,15 +40,26 @@ def connect(address: str | None):
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    host, _, port = (address or "").removeprefix("ray://").rpartition(":")
+    target = _resolved(ray, address)
+    host, _, port = target.removeprefix("ray://").rpartition(":")
     if host and port.isdigit():
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
         except OSError as exc:
-            raise RayConnectError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc})") from None
+            raise RayConnectError(f"cannot reach the Ray cluster at {target} ({exc.strerror or exc})") from None
     try:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError for a bad address
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RayConnectError(f"cannot connect to the Ray cluster at {address}: {why}") from None
     return ray
+
+
+def _resolved(ray, address: str | None) -> str:
+    """The host:port Ray will connect to for `address`: "auto" (or None) as Ray resolves it, else as given."""
+    if address not in (None, "auto"):
+        return address
+    try:
+        return ray._private.services.get_ray_address_from_environment(address, None) or ""
+    except Exception:  # noqa: BLE001 - nothing recorded, or Ray's lookup changed: ray.init says why
+        return ""
