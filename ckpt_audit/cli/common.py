@@ -41,10 +41,11 @@ def ray_address(ctx: click.Context, param: click.Parameter, value: str | None) -
     take the root (or the step directory) as the address and then scan nothing or miss an argument: a value that is
     neither `auto` nor HOST:PORT nor ray://HOST:PORT (a host, a port 1-65535) is refused here, before anything else is
     read: Ray took ':' with a logged traceback and 'ray://' after 30 s of gRPC errors."""
-    if value is None or value == "auto":
+    if value is None:
         return value
-    host, _, port = value.removeprefix("ray://").rpartition(":")
-    if host and port.isdigit() and 0 < int(port) < 65536:
+    from ckpt_audit.session.cluster import is_ray_address  # only for --ray: scan without it loads no cluster code
+
+    if is_ray_address(value):
         return value
     raise click.BadParameter(
         f"{value!r} is not a Ray address (auto, HOST:PORT or ray://HOST:PORT): --ray takes the word after it, so "

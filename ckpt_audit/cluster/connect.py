@@ -25,6 +25,15 @@ class RayConnectError(RuntimeError):
     """The cluster could not be reached: one line."""
 
 
+def host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a HOST:PORT or ray://HOST:PORT address (port 1-65535; an IPv6 host without its brackets), or
+    None for anything else ("auto", a path, "host:notaport")."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if host and port.isdigit() and 0 < int(port) < 65536:
+        return host.strip("[]"), int(port)
+    return None
+
+
 def import_ray():
     """The ray module, or RayUnavailable."""
     try:
@@ -41,10 +50,9 @@ def connect(address: str | None):
     if ray.is_initialized():
         return ray
     target = _resolved(ray, address)
-    host, _, port = target.removeprefix("ray://").rpartition(":")
-    if host and port.isdigit():
+    if (where := host_port(target)) is not None:
         try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+            socket.create_connection(where, timeout=CONNECT_TIMEOUT_S).close()
         except OSError as exc:
             raise RayConnectError(f"cannot reach the Ray cluster at {target} ({exc.strerror or exc})") from None
     try:

@@ -32,6 +32,14 @@ class RayUnavailable(Exception):
     """The optional Ray extra is not installed (or cannot start): a usage error (exit 2)."""
 
 
+def is_ray_address(value: str) -> bool:
+    """Whether a front end's --ray value names a cluster: "auto", HOST:PORT or ray://HOST:PORT (cluster.connect's
+    host_port, the same parse the connection uses)."""
+    from ckpt_audit.cluster.connect import host_port
+
+    return value == "auto" or host_port(value) is not None
+
+
 def connect_ray(address: str | None):
     """The ray module, connected to `address`; front ends call it before they open the catalog. Raises
     RayUnavailable (one line to show after the command's name), or SessionError where the cluster cannot be reached
