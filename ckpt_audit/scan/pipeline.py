@@ -24,7 +24,7 @@ from ckpt_audit.scan.read import Progress, Reader, read_all, reading
 from ckpt_audit.scan.reduce import reduce
 from ckpt_audit.scan.reuse import Caches, ReuseStage
 from ckpt_audit.scan.scrub import ScrubPolicy
-from ckpt_audit.scan.walk import walk, without_trash
+from ckpt_audit.scan.walk import files_under, walk, without_trash
 from ckpt_audit.tree import FileFacts, Tree
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ def scan_partial(
     owners = claim_runs(tree, layouts)
     if not owners:  # cron must not report "clean" for an empty mount point
         found.append(finding("no-runs", root, "no checkpoint runs found under this root"))
-    run_files = {r: sorted(tree.files_below(r)) for r in owners}
+    run_files = files_under(owners, stats)
     paths, leftovers = files_to_read(run_files, stats, focus)
     found.extend(leftovers)
     stage = ReuseStage(

@@ -204,28 +204,26 @@ def settled_runs(
         if len(mtimes) < len(dirs) or any(m > young for m in mtimes):
             continue
         files = run_files[run]
-        try:
-            sts = list(map(stats.__getitem__, files))  # in C: a run may hold a hundred thousand files
+        try:  # in C: a run may hold a hundred thousand files
+            numbers = [*mtimes, *chain.from_iterable(map(_KEYED, map(stats.__getitem__, files)))]
         except KeyError:
             continue
-        if sts and max(map(_MTIME, sts)) > young:
+        n = len(mtimes)
+        if files and max(numbers[n + 1 :: 4]) > young:  # each file's (size, mtime, inode, ctime) after the dirs'
             continue
-        out[run] = Settled(files, _digest(len(run), dirs, mtimes, files, sts), sum(map(_SIZE, sts)))
+        out[run] = Settled(files, _digest(len(run), dirs, files, numbers), sum(numbers[n::4]))
     return out
 
 
-_MTIME = attrgetter("st_mtime_ns")
-_SIZE = attrgetter("st_size")
 _KEYED = attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns")  # a file's part of the digest
 
 
-def _digest(cut: int, dirs: list[str], mtimes: list[int], files: list[str], sts: list[os.stat_result]) -> str:
+def _digest(cut: int, dirs: list[str], files: list[str], numbers: list[int]) -> str:
     """The run's subtree as the walk saw it: each directory with its mtime, each file with its size, mtime, inode
     and ctime (a chmod, or a rewrite with the mtime put back, moves the ctime). Two parts, each unambiguous: the
     names below the run joined by NUL (which no name holds), then the numbers in the names' order."""
     h = xxhash.xxh3_128(b"%d %d\0" % (len(dirs), len(files)))
     h.update("\0".join([d[cut:] for d in dirs] + [p[cut:] for p in files]).encode("utf-8", "surrogateescape"))
-    numbers = [*mtimes, *chain.from_iterable(map(_KEYED, sts))]
     try:
         packed = b"B" + array.array("q", numbers).tobytes()  # 8 bytes a number
     except OverflowError:  # an inode past 2**63, or a ctime past 2262: the numbers as text, tagged apart
