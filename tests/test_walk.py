@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from cli_proc import unprivileged
+
 from ckpt_audit.scan.walk import files_under, walk
 
 
@@ -25,3 +33,53 @@ def test_each_directory_lists_its_subtree_whatever_sorts_beside_its_name(tmp_pat
     assert lists[str(root / "exp")] == [str(root / p) for p in below_exp]
     assert files_under([str(root / "exp/zz")], stats)[str(root / "exp/zz")] == [str(root / "exp/zz/q.pt")]
     assert all(any(p is k for k in stats) for p in lists[str(root)])  # the walk's own strings, not copies
+
+
+WALK_AS_USER = r"""
+import json, sys
+from ckpt_audit.scan.walk import walk
+tree, stats, found = walk(sys.argv[1])
+print(json.dumps({
+    "dirs": {d: list(s) for d, s in tree.dirs.items()},
+    "files": {d: list(f) for d, f in tree.files.items()},
+    "mtimes": sorted(tree.dir_mtime_ns),
+    "stats": sorted(stats),
+    "found": sorted([f.code, f.path] for f in found),
+}))
+"""
+
+
+@pytest.mark.skipif(unprivileged() is None, reason="running as root without setpriv: chmod cannot be enforced")
+def test_directories_that_cannot_be_listed_or_searched_become_findings(tmp_path):
+    """A directory without read permission (listed by no one) and one without search permission (its names listed,
+    none of its entries stat'ed): each says so, as `unreadable`, and the rest of the tree is walked."""
+    root = tmp_path / "root"
+    _touch(root / "ok" / "a.pt")
+    _touch(root / "nolist" / "b.pt")
+    _touch(root / "nosearch" / "c.pt")
+    _touch(root / "nosearch" / "d.pt")
+    (root / "nolist").chmod(0o300)
+    (root / "nosearch").chmod(0o600)
+    try:
+        out = subprocess.run(
+            [*unprivileged(), sys.executable, "-c", WALK_AS_USER, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+    finally:
+        (root / "nolist").chmod(0o700)
+        (root / "nosearch").chmod(0o700)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    r = str(root)
+    assert got["found"] == [
+        ["unreadable", f"{r}/nolist"],
+        ["unreadable", f"{r}/nosearch/c.pt"],
+        ["unreadable", f"{r}/nosearch/d.pt"],
+    ]
+    assert got["dirs"] == {r: ["nolist", "nosearch", "ok"], f"{r}/ok": [], f"{r}/nolist": [], f"{r}/nosearch": []}
+    assert got["files"][f"{r}/nolist"] == [] and got["files"][f"{r}/nosearch"] == []
+    assert got["stats"] == [f"{r}/ok/a.pt"]
+    assert got["mtimes"] == sorted([r, f"{r}/ok", f"{r}/nolist", f"{r}/nosearch"])  # each stat'ed, listed or not

