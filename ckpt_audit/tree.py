@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 
 from ckpt_audit.models import FileFacts, Finding, PtFacts, Run, reduce_as_tuple
 
@@ -52,6 +53,16 @@ class Tree:
 
     def has_dir(self, path: str) -> bool:
         return path in self.dirs
+
+    # a layout's find_runs tests each distinct name once, then looks for the names it took: a store repeats the same
+    # few names in every directory (1M files, verl's: claim_runs 0.66 -> 0.15 s)
+    def distinct_file_names(self) -> set[str]:
+        """Every file name in the tree, once."""
+        return set(chain.from_iterable(self.files.values()))
+
+    def distinct_dir_names(self) -> set[str]:
+        """Every directory name in the tree (as a child of another), once."""
+        return set(chain.from_iterable(self.dirs.values()))
 
     def walk(self, top: str) -> Iterator[str]:
         """Every directory at or below `top`, parents first."""

@@ -241,7 +241,9 @@ class DcpLayout:
     # -- plain DCP runs -----------------------------------------------------------------------------------------
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
-        runs = set()
+        runs: set[str] = set()
+        if METADATA not in tree.distinct_file_names():
+            return []
         for d in tree.dirs:
             if METADATA not in tree.file_names(d) or d.rsplit("/", 1)[-1] == DIST_CKPT or _under_verl_step(d):
                 continue

@@ -73,6 +73,8 @@ class DeepSpeed:
         return rules.STEP_TAG_RE.fullmatch(name) is not None  # a custom tag has no telling name
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
+        if not any(map(rules.is_shard, tree.distinct_file_names())):
+            return  # no shard anywhere, so no tag
         tags = {d for d in tree.dirs if is_tag(d, tree)}  # each directory tested once: this runs on every scan
         for d, subdirs in tree.dirs.items():
             names = tree.file_names(d)

@@ -99,10 +99,13 @@ class HfTrainer:
         return CHECKPOINT_RE.fullmatch(name) is not None
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
+        steps = {s for s in tree.distinct_dir_names() if step_of(s) is not None}
+        if not steps:
+            return
         for d, subdirs in tree.dirs.items():
-            if step_of(d.rsplit("/", 1)[-1]) is not None:
+            if steps.isdisjoint(subdirs) or step_of(d.rsplit("/", 1)[-1]) is not None:
                 continue  # a checkpoint is never itself a run (nested output dirs are not Trainer's)
-            if any(step_of(s) is not None and _is_hf_checkpoint(f"{d}/{s}", tree) for s in subdirs):
+            if any(s in steps and _is_hf_checkpoint(f"{d}/{s}", tree) for s in subdirs):
                 yield d
 
     def file_kind(self, path: str) -> FileKind | None:

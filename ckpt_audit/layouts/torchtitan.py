@@ -74,10 +74,13 @@ class Torchtitan:
         return STEP_DIR_RE.fullmatch(name) is not None
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
+        steps = {s for s in tree.distinct_dir_names() if step_of(s) is not None}
+        if not steps:
+            return
         for d, subdirs in tree.dirs.items():
-            if step_of(d.rsplit("/", 1)[-1]) is not None:
+            if steps.isdisjoint(subdirs) or step_of(d.rsplit("/", 1)[-1]) is not None:
                 continue  # a step folder is never itself a run
-            if any(step_of(s) is not None and _markers(tree.file_names(f"{d}/{s}")) for s in subdirs):
+            if any(s in steps and _markers(tree.file_names(f"{d}/{s}")) for s in subdirs):
                 yield d
 
     def file_kind(self, path: str) -> FileKind | None:

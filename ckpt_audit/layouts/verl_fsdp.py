@@ -100,8 +100,9 @@ class VerlFsdp:
         return step_of(name)[0] is not None  # global_step_N, or misnamed
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
+        steps = {s for s in tree.distinct_dir_names() if step_of(s)[0] is not None}
         for d, subdirs in tree.dirs.items():
-            if TRACKER in tree.file_names(d) or any(step_of(s)[0] is not None for s in subdirs):
+            if TRACKER in tree.file_names(d) or not steps.isdisjoint(subdirs):
                 # a step directory is never itself a run (verl's SFT nests nothing below it)
                 if step_of(d.rsplit("/", 1)[-1])[0] is None and not _hf_checkpoint(d, tree):
                     yield d
