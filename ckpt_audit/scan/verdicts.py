@@ -41,6 +41,7 @@ import xxhash  # already loaded by the readers; hashlib's OpenSSL start-up costs
 from ckpt_audit import __version__
 from ckpt_audit.models import FileFacts, Finding, Run, from_slots
 from ckpt_audit.readers import RULES
+from ckpt_audit.scan.walk import files_under
 from ckpt_audit.tree import Tree
 
 if TYPE_CHECKING:
@@ -195,11 +196,12 @@ def settled_runs(
     tainted = {d for f in walk_findings for d in (f.path, *ancestors(f.path))}  # each finding and what holds it
     young = now_ns - window_ns  # the status rules' "recent": now - mtime < window (a future mtime is recent too)
     dir_mtimes = tree.dir_mtime_ns
+    below = files_under(runs, tree.dirs)  # the directories as the files: sorted once, sliced per run
     out: dict[str, Settled] = {}
     for run in runs:
         if run in inside or run in tainted:
             continue
-        dirs = sorted(tree.walk(run))
+        dirs = [run, *below[run]]
         mtimes = [m for d in dirs if (m := dir_mtimes.get(d)) is not None]
         if len(mtimes) < len(dirs) or any(m > young for m in mtimes):
             continue
@@ -211,19 +213,20 @@ def settled_runs(
         n = len(mtimes)
         if files and max(numbers[n + 1 :: 4]) > young:  # each file's (size, mtime, inode, ctime) after the dirs'
             continue
-        out[run] = Settled(files, _digest(len(run), dirs, files, numbers), sum(numbers[n::4]))
+        out[run] = Settled(files, _digest(dirs, files, numbers), sum(numbers[n::4]))
     return out
 
 
 _KEYED = attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns")  # a file's part of the digest
 
 
-def _digest(cut: int, dirs: list[str], files: list[str], numbers: list[int]) -> str:
+def _digest(dirs: list[str], files: list[str], numbers: list[int]) -> str:
     """The run's subtree as the walk saw it: each directory with its mtime, each file with its size, mtime, inode
     and ctime (a chmod, or a rewrite with the mtime put back, moves the ctime). Two parts, each unambiguous: the
-    names below the run joined by NUL (which no name holds), then the numbers in the names' order."""
+    paths joined by NUL (which no name holds; whole, as the walk made them: the key names the run anyway), then the
+    numbers in the paths' order."""
     h = xxhash.xxh3_128(b"%d %d\0" % (len(dirs), len(files)))
-    h.update("\0".join([d[cut:] for d in dirs] + [p[cut:] for p in files]).encode("utf-8", "surrogateescape"))
+    h.update("\0".join(dirs + files).encode("utf-8", "surrogateescape"))
     try:
         packed = b"B" + array.array("q", numbers).tobytes()  # 8 bytes a number
     except OverflowError:  # an inode past 2**63, or a ctime past 2262: the numbers as text, tagged apart
