@@ -85,7 +85,9 @@ class Layout(Protocol):
         ...
 
     def find_runs(self, tree: Tree) -> Iterable[str]:
-        """Directories of `tree` that are runs in this layout (absolute paths)."""
+        """Directories of `tree` that are runs in this layout (absolute paths). Asked on every scan of every directory
+        of the store: test each distinct name once (`Tree.distinct_file_names`, `distinct_dir_names`) and look only
+        where the names taken are, not every file of every directory."""
         ...
 
     def file_kind(self, path: str) -> FileKind | None:
