@@ -31,7 +31,6 @@ from __future__ import annotations
 import array
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from itertools import chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -39,7 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import xxhash  # already loaded by the readers; hashlib's OpenSSL start-up costs ~4 ms
 
 from ckpt_audit import __version__
-from ckpt_audit.models import FileFacts, Finding, Run, from_slots
+from ckpt_audit.models import FileFacts, Finding, Run, RunSummary, from_slots
 from ckpt_audit.readers import RULES
 from ckpt_audit.tree import Tree
 
@@ -143,20 +142,30 @@ class WithRows(Mapping):
         return len(self.facts) + sum(1 for p in self.rows if p not in self.facts)
 
 
+class Stored(NamedTuple):
+    """A run's cached verdict as a re-scan reads it: its key, its summary (what `scan -q`, the exit code and the
+    record step need of it) and its files the catalog keeps no row for (read every scan, keyed by their facts). The
+    model itself is decoded only when someone asks for it (models.LazyRuns)."""
+
+    key: str
+    summary: RunSummary
+    unrowed: tuple[str, ...]
+
+
 class Source(Protocol):
     """Where the scanner finds cached verdicts (the catalog implements it: catalog.verdicts.CatalogVerdicts)."""
 
-    def stored(self) -> Mapping[str, str]:
-        """run path -> its cached verdict's key."""
+    def stored(self) -> Mapping[str, Stored]:
+        """run path -> its cached verdict (a damaged one left out)."""
         ...
 
     def rows(self, root: str) -> Mapping[str, Row]:
         """path -> files row, for the present files at or under `root`."""
         ...
 
-    def verified(self, root: str, *, among: AbstractSet[str]) -> Mapping[str, int]:
-        """path -> verified_ns, for the present files at or under `root` that were read cleanly once, of those
-        `among`."""
+    def verified_order(self, runs: Iterable[str], *, newest_first: bool = False) -> Iterator[tuple[str, int, int]]:
+        """(path, verified_ns, size_bytes) of the present files of `runs` read cleanly under today's readers, oldest
+        verified first (ties by path; `newest_first`: the other way), read only as far as iterated."""
         ...
 
     def facts(self, paths: Iterable[str]) -> dict[str, FileFacts]:
