@@ -86,7 +86,7 @@ class ReuseStage:
         self.prior: dict[str, FileFacts | None] = {}  # the kept runs' files read now -> their catalog facts
         self.runs: dict[str, tuple[str, RunSummary]] = {}  # the kept runs: run -> (key, summary)
         self.models: dict[str, Run] = {}  # their models, when decoded now (Caches.kept_models)
-        self.rows: list[str] = []
+        self.rows: list[tuple[list[str], set[str]]] = []  # the kept runs' files, and those of them read now
         self.reread: list[str] = []  # the kept runs' catalogued files the scrub read again (same content)
 
     def kind(self, path: str) -> FileKind:
@@ -164,8 +164,7 @@ class ReuseStage:
             if run in standing:  # its summary answers; its model is decoded only if asked for (models.LazyRuns)
                 self.runs[run] = (standing[run], kept.stored[run].summary)
                 self.reread.extend(scrubbed.get(run, ()))
-                read_now = {*unrowed.get(run, ()), *scrubbed.get(run, ())}  # a few files, tested against each
-                self.rows.extend(p for p in files if p not in read_now)
+                self.rows.append((files, {*unrowed.get(run, ()), *scrubbed.get(run, ())}))  # less a few read now
                 continue
             for p in files:  # judged afresh: its files are reused by stat or read, as in any re-scan
                 if p in facts:

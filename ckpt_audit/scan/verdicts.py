@@ -31,6 +31,7 @@ from __future__ import annotations
 import array
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from itertools import chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -90,12 +91,20 @@ def light_facts(path: str, row: Row) -> FileFacts:
 
 
 class LaterRows(Mapping):
-    """path -> Row for `paths`, read from the catalog on first use: a cron re-scan that prints a summary never asks
-    for them (a row per file cost ~4 us to load; ~0.4 s at 100k files)."""
+    """path -> Row for the files of `runs` (each: its files, and those of them read now, left out), read from the
+    catalog on first use: a cron re-scan that prints a summary never asks for them (a row per file cost ~4 us to
+    load; ~0.4 s at 100k files), nor for the set of their paths (~0.35 s at 1M)."""
 
-    def __init__(self, source: Source, root: str, paths: Iterable[str]) -> None:
-        self.source, self.root, self.paths = source, root, frozenset(paths)
+    def __init__(self, source: Source, root: str, runs: Sequence[tuple[Sequence[str], AbstractSet[str]]]) -> None:
+        self.source, self.root, self.runs = source, root, runs
+        self._paths: frozenset[str] | None = None
         self._rows: dict[str, Row] | None = None
+
+    @property
+    def paths(self) -> frozenset[str]:
+        if self._paths is None:
+            self._paths = frozenset(p for files, read in self.runs for p in files if p not in read)
+        return self._paths
 
     def _loaded(self) -> dict[str, Row]:
         if self._rows is None:
@@ -110,7 +119,7 @@ class LaterRows(Mapping):
         return path in self.paths
 
     def __bool__(self) -> bool:  # not by len(): that would read the rows
-        return bool(self.paths)
+        return any(len(files) > len(read) for files, read in self.runs)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._loaded())
