@@ -1,9 +1,11 @@
 """The catalog's side of the run verdict cache (ckpt_audit.scan.verdicts): reading cached verdicts for a scan, and
 the run model as JSON (never pickle: the catalog is a file anyone with write access could have edited).
 
-Table `run_verdicts` (migration m007): one row per run, its key, when it was judged, and the run model. Triggers
-delete a run's row whenever a files row under it or one of its checkpoints' status changes by any other path (a
-prune survivor check, a verify, a focused scan), so a row only ever describes what the catalog still holds.
+Table `run_verdicts` (migration m007): one row per run, its key, when it was judged, and the run model; its summary
+and the files of the run without a files row (m011), which a re-scan decides and answers the run from without
+decoding the model. Triggers delete a run's row whenever a files row under it changes or stops vouching by content,
+or one of its checkpoints' status changes, by any other path (a prune survivor check, a verify, a focused scan), so a
+row only ever describes what the catalog still holds.
 """
 
 from __future__ import annotations
@@ -253,7 +255,7 @@ def record_verdicts(
     row is left as it is: nothing this scan wrote moved it, and were it gone the next scan would judge afresh."""
     for run in runs:
         key = keys.get(run.path)
-        if key is None:
+        if key is None or run.path not in unrowed:
             conn.execute("DELETE FROM run_verdicts WHERE run_path = ?", [run.path])
         else:
             conn.execute(
