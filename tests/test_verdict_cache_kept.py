@@ -21,6 +21,7 @@ from ckpt_audit.catalog.verdicts import CatalogVerdicts
 from ckpt_audit.models import KeptVerdictError, LazyRuns
 from ckpt_audit.readers import RULES
 from ckpt_audit.report import summary
+from ckpt_audit.scan import reuse
 from ckpt_audit.scan.scrub import DAY_NS, ScrubPolicy, plan_ordered, plan_scrub
 
 
@@ -142,3 +143,15 @@ def test_the_scrub_pick_from_the_catalog_is_plan_scrubs(tmp_path):
                     picked = plan_ordered(source.verified_order(map(str, runs)), newest_ns=newest, **options)
                     assert picked == plan_scrub(verified, sizes.__getitem__, **options), (now, period, budget)
                     assert picked.paths or picked.overdue_files or period > now
+
+
+def test_the_kept_runs_files_are_cut_from_the_sorted_paths_by_slices():
+    """The stat cache looks only at files of no kept run; each kept run's files are one slice of the sorted paths,
+    also when a neighbour's name sorts between the run and its files ("/r/a-b/" before "/r/a/")."""
+    runs = {"/r/a": ["/r/a/1.pt", "/r/a/s/2.pt"], "/r/c": ["/r/c/x"]}
+    paths = sorted(["/r/a-b/1.pt", "/r/a.x", "/r/b/1.pt", "/r/c0/y", "/r/cc/z", *runs["/r/a"], *runs["/r/c"]])
+    kept = reuse._Kept(runs=runs)
+    every = {p for files in runs.values() for p in files}
+    assert kept.outside(paths) == [p for p in paths if p not in every]
+    assert kept.outside([]) == [] and reuse._Kept().outside(paths) == paths
+    assert [kept.rowed(p) for p in ("/r/a/s/2.pt", "/r/a-b/1.pt", "/r/c/gone")] == [True, False, False]

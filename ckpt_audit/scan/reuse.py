@@ -23,7 +23,6 @@ from bisect import bisect_left
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
-from itertools import chain
 from operator import attrgetter, itemgetter
 
 import ckpt_audit.scan.verdicts as vc
@@ -101,9 +100,8 @@ class ReuseStage:
         for p in todo:
             self.kind(p)
         cached: dict[str, FileFacts] = {}
-        for p in paths:
-            if p in kept.every:
-                continue  # a kept run's file: its verdict may stand (settle() decides, once its unrowed are read)
+        # a kept run's files are left out: its verdict may stand (settle() decides, once its unrowed are read)
+        for p in kept.outside(paths):
             prev, kind = previous.get(p), self.kind(p)
             if not rehash and vouched(prev, self.stats[p], kind):
                 cached[p] = prev
@@ -274,12 +272,25 @@ class _Kept:
     # not compared here: the key holds it, and a row changed since the verdict was stored, or no longer vouching
     # by content, would have deleted it (m007, m011), so a matching key vouches
     unrowed: frozenset[str] = frozenset()
-    every: frozenset[str] = frozenset()  # both
-    bytes: int = 0  # the size of every (the runs' Settled.bytes)
+    bytes: int = 0  # the size of their files (the runs' Settled.bytes)
     source: vc.Source | None = None
 
     def rowed(self, path: str) -> bool:
-        return path in self.every and path not in self.unrowed
+        """`path` is a file one of the runs holds now, with a row."""
+        run = next((d for d in vc.ancestors(path) if d in self.runs), None)
+        return run is not None and _holds(self.runs[run], path) and path not in self.unrowed
+
+    def outside(self, paths: Sequence[str]) -> list[str]:
+        """Of `paths` (sorted), those of no kept run: each run's files are one slice of them (all of `run/`, and no
+        other run's: a kept run is never nested), cut by bisection instead of a lookup per file (~0.6 s at 1M)."""
+        out: list[str] = []
+        at = 0
+        for below in sorted(run + "/" for run in self.runs):  # the slices' order ("a/b-c/" sorts before "a/b/")
+            lo = bisect_left(paths, below, at)
+            out.extend(paths[at:lo])
+            at = bisect_left(paths, below[:-1] + "0", lo)  # "0" follows "/": past the last path under `below`
+        out.extend(paths[at:])
+        return out
 
     @classmethod
     def of(cls, settled: Mapping[str, vc.Settled], source: vc.Source | None) -> _Kept:
@@ -289,11 +300,10 @@ class _Kept:
         runs = {r: s.files for r, s in settled.items() if r in stored}
         if not runs:
             return cls()
-        every = frozenset(chain.from_iterable(runs.values()))  # set operations in C: a million files at 1M
         # a listed file gone since has moved the run's digest (judged afresh): only those it holds now are read
         unrowed = frozenset(p for r, files in runs.items() for p in stored[r].unrowed if _holds(files, p))
         size = sum(settled[r].bytes for r in runs)
-        return cls(runs=runs, stored=stored, unrowed=unrowed, every=every, bytes=size, source=source)
+        return cls(runs=runs, stored=stored, unrowed=unrowed, bytes=size, source=source)
 
     def by_run(self, paths: Iterable[str]) -> dict[str, list[str]]:
         """Of the runs' files `paths`, run -> those under it, sorted (a kept run is never nested in another)."""
