@@ -8,7 +8,8 @@ Paths are absolute strings, so results serialise to JSON and SQLite as they are.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
@@ -277,6 +278,11 @@ class Checkpoint:
         return sizes.pop() if len(sizes) == 1 else None
 
 
+def run_name(path: str) -> str:
+    """A run's `project/experiment` name: the last two parts of its path."""
+    return "/".join(path.rstrip("/").split("/")[-2:])
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
     """A `<project>/<experiment>` directory holding global_step_N directories and (usually) a tracker."""
@@ -290,8 +296,7 @@ class Run:
 
     @property
     def name(self) -> str:
-        parts = self.path.rstrip("/").split("/")
-        return "/".join(parts[-2:])
+        return run_name(self.path)
 
     @property
     def latest_complete(self) -> Checkpoint | None:
@@ -301,6 +306,106 @@ class Run:
     @property
     def size_bytes(self) -> int:
         return sum(c.size_bytes for c in self.checkpoints)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSummary:
+    """What a scan's light consumers read of a run (the exit code, `scan -q`, the summary line, the record step).
+    A run whose cached verdict stood is this, stored with its verdict, until someone asks for its model (LazyRuns)."""
+
+    path: str
+    layout: str
+    tracker_step: int | None
+    metrics_path: str | None
+    size_bytes: int
+    checkpoints: tuple[tuple[str, int, Status], ...]  # (path, step, status), in the run's order
+    # (checkpoint path, or None for the run's own, finding), in ScanResult.all_findings' order
+    findings: tuple[tuple[str | None, Finding], ...]
+
+    @classmethod
+    def of(cls, run: Run) -> RunSummary:
+        found: list[tuple[str | None, Finding]] = [(None, f) for f in run.findings]
+        found += [(c.path, f) for c in run.checkpoints for f in c.all_findings]
+        return cls(
+            path=run.path,
+            layout=run.layout,
+            tracker_step=run.tracker_step,
+            metrics_path=run.metrics_path,
+            size_bytes=run.size_bytes,
+            checkpoints=tuple((c.path, c.step, c.status) for c in run.checkpoints),
+            findings=tuple(found),
+        )
+
+    @property
+    def latest_complete_step(self) -> int | None:
+        return max((step for _p, step, st in self.checkpoints if st is Status.COMPLETE), default=None)
+
+
+class LazyRuns(Sequence[Run]):
+    """A scan's runs, sorted by path: those judged now, and those whose cached verdict stood (`kept`: run -> (key,
+    summary)), whose models `load` decodes from the catalog on first use, all at once (run -> key in, run ->
+    model out). Light consumers ask `summaries()` and decode nothing (a million files' models cost ~2 s)."""
+
+    def __init__(
+        self,
+        judged: Iterable[Run],
+        kept: Mapping[str, tuple[str, RunSummary]],
+        load: Callable[[Mapping[str, str]], Mapping[str, Run]],
+    ) -> None:
+        self.judged = {r.path: r for r in judged}
+        self.kept, self.load = kept, load
+        self.order = sorted({*self.judged, *kept})
+        self._models: tuple[Run, ...] | None = None
+
+    def summaries(self) -> Iterator[RunSummary]:
+        for path in self.order:
+            yield self.kept[path][1] if path in self.kept else RunSummary.of(self.judged[path])
+
+    def models(self) -> tuple[Run, ...]:
+        if self._models is None:
+            loaded = self.load({p: key for p, (key, _s) in self.kept.items()}) if self.kept else {}
+            for path, (_key, stored) in self.kept.items():
+                if path not in loaded or RunSummary.of(loaded[path]) != stored:
+                    raise KeptVerdictError(path)
+            self._models = tuple(self.judged[p] if p in self.judged else loaded[p] for p in self.order)
+        return self._models
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, i):  # an int or a slice, as a tuple's
+        return self.models()[i]
+
+    def __iter__(self) -> Iterator[Run]:
+        return iter(self.models())
+
+    def __eq__(self, other: object) -> bool:  # as the tuple of its models
+        return isinstance(other, Sequence) and not isinstance(other, str) and self.models() == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable cache inside: not hashable, as a list
+
+
+class KeptVerdictError(Exception):
+    """A kept run's stored model is gone, unreadable or disagrees with its stored summary (asked for after the scan
+    answered from the summary): a one-line error; `scan --rehash` judges it afresh."""
+
+    def __init__(self, run: str) -> None:
+        super().__init__(
+            f"the catalog's kept verdict of {run} is gone or does not match its summary (the catalog changed "
+            "under this scan, or was edited): run `ckpt-audit scan --rehash` on it"
+        )
+
+
+def run_summaries(runs: Sequence[Run]) -> Iterator[RunSummary]:
+    """Each run's summary, decoding no kept run (LazyRuns)."""
+    return runs.summaries() if isinstance(runs, LazyRuns) else map(RunSummary.of, runs)
+
+
+def judged_runs(runs: Sequence[Run], kept: AbstractSet[str]) -> Iterator[Run]:
+    """The runs judged now (not in `kept`), decoding no kept run (LazyRuns)."""
+    if isinstance(runs, LazyRuns):
+        return iter(runs.judged.values())
+    return (r for r in runs if r.path not in kept)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -329,7 +434,7 @@ class ScanResult:
     """What one scan found: the runs judged, findings outside any run, what was read and what reused."""
 
     roots: tuple[str, ...]
-    runs: tuple[Run, ...] = ()
+    runs: Sequence[Run] = ()  # a re-scan's are LazyRuns: the kept runs' models are decoded when first asked for
     findings: tuple[Finding, ...] = ()  # not attached to any run (e.g. a broken link under a root)
     started_ns: int = 0
     finished_ns: int = 0
@@ -346,7 +451,10 @@ class ScanResult:
     file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
     cluster: ClusterView | None = None  # scan --ray: the nodes and each file's copies; None for a local scan
     run_keys: Mapping[str, str] = field(default_factory=dict)  # run -> verdict cache key, for the runs to cache
+    # run -> its files the catalog keeps no row for, for the runs judged now with a key (kept with the verdict)
+    run_unrowed: Mapping[str, Sequence[str]] = field(default_factory=dict)
     runs_reused: frozenset[str] = frozenset()  # runs whose verdict the catalog's verdict cache gave (nothing moved)
+    kept_reread: frozenset[str] = frozenset()  # their catalogued files the scrub read again (same content)
     # verify: checkpoint path -> the findings the deep checks added to the scan's (() for none), for each
     # checkpoint deepened and not being written; the catalog keeps them (catalog.deep_verdicts)
     deep_found: Mapping[str, tuple[Finding, ...]] = field(default_factory=dict)
@@ -354,8 +462,6 @@ class ScanResult:
     @property
     def all_findings(self) -> tuple[Finding, ...]:
         out = list(self.findings)
-        for run in self.runs:
-            out.extend(run.findings)
-            for ckpt in run.checkpoints:
-                out.extend(ckpt.all_findings)
+        for s in run_summaries(self.runs):
+            out.extend(f for _ckpt, f in s.findings)
         return tuple(out)

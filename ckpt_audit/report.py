@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Mapping
 
-from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile
+from ckpt_audit.models import Checkpoint, Component, Finding, Run, ScanResult, Severity, ShardFile, run_summaries
 from ckpt_audit.units import format_age, format_size
 
 FAIL_ON = {"info": Severity.INFO, "warning": Severity.WARNING, "error": Severity.ERROR}
@@ -18,12 +18,14 @@ def failing(result: ScanResult, fail_on: Severity) -> list[Finding]:
 def summary(result: ScanResult) -> dict:
     every = result.all_findings
     statuses: dict[str, int] = {}
-    for run in result.runs:
-        for c in run.checkpoints:
-            statuses[c.status.value] = statuses.get(c.status.value, 0) + 1
+    checkpoints = 0
+    for run in run_summaries(result.runs):  # a kept run's model is not decoded for the summary line
+        checkpoints += len(run.checkpoints)
+        for _path, _step, status in run.checkpoints:
+            statuses[status.value] = statuses.get(status.value, 0) + 1
     return {
         "runs": len(result.runs),
-        "checkpoints": sum(len(r.checkpoints) for r in result.runs),
+        "checkpoints": checkpoints,
         "statuses": statuses,
         "errors": sum(1 for f in every if f.severity is Severity.ERROR),
         "warnings": sum(1 for f in every if f.severity is Severity.WARNING),

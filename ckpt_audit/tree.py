@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
 
-from ckpt_audit.models import FileFacts, Finding, PtFacts, Run, reduce_as_tuple
+from ckpt_audit.models import FileFacts, Finding, PtFacts, Run, RunSummary, reduce_as_tuple
 
 __all__ = ["FileFacts", "Partial", "PtFacts", "Tree", "TRASH_PREFIX", "trash_entry"]  # the facts live in models
 
@@ -114,7 +114,9 @@ class Partial:
     # the verdict cache (ckpt_audit.scan.verdicts): the settled runs' stat digests, and the runs whose cached
     # verdict stood (their files are not in `facts` unless read now)
     run_digests: Mapping[str, str] = field(default_factory=dict)
-    reused_runs: Mapping[str, tuple[str, Run]] = field(default_factory=dict)  # run -> (key, model)
+    reused_runs: Mapping[str, tuple[str, RunSummary]] = field(default_factory=dict)  # run -> (key, summary)
+    kept_models: Mapping[str, Run] = field(default_factory=dict)  # their models, when decoded during the scan
+    kept_reread: frozenset[str] = frozenset()  # their catalogued files the scrub read again (same content)
     # their files not read this scan -> the catalog's (size, mtime_ns, inode, hash, crc_ok, verified_ns)
     reused_rows: Mapping[str, tuple] = field(default_factory=dict)
     # run dir -> the name of the layout that claims it, as found in `tree` (reduce reuses it for one partial:

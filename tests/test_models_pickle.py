@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ckpt_audit.models import Checkpoint, DcpFacts, FileFacts, Finding, PtFacts, Run, Severity, Status
+from ckpt_audit.models import Checkpoint, DcpFacts, FileFacts, Finding, PtFacts, Run, RunSummary, Severity, Status
 from ckpt_audit.tree import Partial, Tree
 
 FINDING = Finding(
@@ -49,6 +49,7 @@ TREE = Tree(
     dir_mtime_ns={"/c": 1, "/c/p": 2},
     links={"/c/p/l": "/c/p/x.pt"},
 )
+RUN = Run(path="/c/r", layout="verl-fsdp", findings=(FINDING,))
 PARTIAL = Partial(
     root="/c",
     tree=TREE,
@@ -61,7 +62,9 @@ PARTIAL = Partial(
     files_scrubbed=4,
     bytes_scrubbed=5,
     run_digests={"/c/r": "d" * 32},
-    reused_runs={"/c/r": ("k" * 32, Run(path="/c/r", layout="verl-fsdp", findings=(FINDING,)))},
+    reused_runs={"/c/r": ("k" * 32, RunSummary.of(RUN))},
+    kept_models={"/c/r": RUN},
+    kept_reread=frozenset({FACTS.path}),
     reused_rows={FACTS.path: (1, 2, 3, "h" * 32, True, 4)},
     owners={"/c/r": "verl-fsdp"},
 )

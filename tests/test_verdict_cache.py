@@ -180,10 +180,10 @@ def test_bytes_that_changed_under_a_kept_verdict_are_found_by_the_scrub(tree, tm
     cached_scan(tree, db)
     victim = str(shard(steps_of(tree)[2]))
     with sqlite3.connect(db) as conn:
-        saved = conn.execute("SELECT run_path, key, judged_ns, run_doc FROM run_verdicts").fetchall()
+        saved = conn.execute("SELECT run_path, key, judged_ns, run_doc, summary FROM run_verdicts").fetchall()
         conn.execute("UPDATE files SET hash = ? WHERE path = ?", ["0" * 32, victim])
         assert conn.execute("SELECT count(*) FROM run_verdicts").fetchone() == (0,)  # the trigger
-        conn.executemany("INSERT INTO run_verdicts VALUES (?, ?, ?, ?)", saved)
+        conn.executemany("INSERT INTO run_verdicts VALUES (?, ?, ?, ?, ?)", saved)
     # without a content read, the stat cache and the verdict both stand (as for any stat-keyed cache)
     assert cached_scan(tree, db, scrub=None).runs_reused == {str(tree)}
     every = cached_scan(tree, db, scrub=ScrubPolicy(period_ns=0))  # re-read every file by content
@@ -217,10 +217,10 @@ def test_bit_rot_under_one_of_two_kept_runs_judges_that_run_alone_afresh(tmp_pat
     cached_scan(root, db)
     victim = str(shard(steps_of(b)[2]))
     with sqlite3.connect(db) as conn:  # bit rot under a kept stat, as in the test above: the row says other bytes
-        saved = conn.execute("SELECT run_path, key, judged_ns, run_doc FROM run_verdicts").fetchall()
+        saved = conn.execute("SELECT run_path, key, judged_ns, run_doc, summary FROM run_verdicts").fetchall()
         conn.execute("UPDATE files SET hash = ? WHERE path = ?", ["0" * 32, victim])
         conn.execute("DELETE FROM run_verdicts")
-        conn.executemany("INSERT INTO run_verdicts VALUES (?, ?, ?, ?)", saved)
+        conn.executemany("INSERT INTO run_verdicts VALUES (?, ?, ?, ?, ?)", saved)
     again = cached_scan(root, db, scrub=ScrubPolicy(period_ns=0))  # every file re-read by content
     assert again.runs_reused == {str(a)}
     by_path = {r.path: r for r in again.runs}

@@ -14,6 +14,7 @@ import sqlite3
 from typing import TYPE_CHECKING
 
 from ckpt_audit.catalog.manifest import findings_from_json, findings_to_json, query_read_only
+from ckpt_audit.models import run_summaries
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.models import ScanResult
@@ -51,9 +52,14 @@ def read_deep_verdicts(
 def record_deep_verdicts(conn: sqlite3.Connection, result: ScanResult, scan_id: int) -> None:
     """Keep what a deep scan found beyond the shallow one (`result.deep_found`), with its checkpoints' files as read;
     and drop the verdicts this scan found stale (files changed since: they no longer bind)."""
-    stale = [
-        (c.path,) for r in result.runs for c in r.checkpoints if any(f.code == "deep-verdict-stale" for f in c.findings)
-    ]
+    stale = sorted(  # from the summaries: a kept run's model is not decoded (models.LazyRuns)
+        {
+            (ckpt,)
+            for s in run_summaries(result.runs)
+            for ckpt, f in s.findings
+            if f.code == "deep-verdict-stale" and ckpt
+        }
+    )
     conn.executemany("DELETE FROM deep_verdicts WHERE checkpoint_path = ?", stale)
     if not result.deep_found:
         return

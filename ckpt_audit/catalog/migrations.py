@@ -360,3 +360,33 @@ def m010_store_checksums(db) -> None:
     big-endian value as S3's headers give them; scan --store-checksums): a remote scan checks a bucket's copy of the
     file against them without downloading it (docs/remote.md). NULL: not computed."""
     db.execute("ALTER TABLE files ADD COLUMN store_checksums TEXT")
+
+
+@MIGRATIONS()
+def m011_kept_run_summaries(db) -> None:
+    """A kept run answered without decoding its model (ckpt_audit.scan.reuse): each verdict row gets a small summary
+    (statuses, findings, tracker step, size; the files the catalog keeps no row for), and a scan picks the scrub's
+    files by an index in verified order instead of loading a row per file. A verdict now also goes when a files row
+    of its run stops vouching by content (verified_ns emptied, or read under other readers' rules): the summary's
+    list of files to read every scan stays the whole truth. Rows from before this migration have no summary: their
+    runs are judged afresh once."""
+    db.execute("ALTER TABLE run_verdicts ADD COLUMN summary TEXT")  # JSON (catalog.verdicts); NULL: judge afresh
+    db.execute("CREATE INDEX files_verified ON files(verified_ns, path) WHERE present = 1 AND hash IS NOT NULL")
+    forget = "DELETE FROM run_verdicts WHERE run_path"
+    cols = (
+        "size_bytes, mtime_ns, inode, hash, crc_ok, file_findings, pt_facts, dcp_facts, present, run_path, "
+        "checkpoint_path, role, kind, rank, world_size, verified_ns IS NULL, read_rules"
+    )
+    new = ", ".join(f"NEW.{c.strip()}" for c in cols.split(","))
+    old = ", ".join(f"OLD.{c.strip()}" for c in cols.split(","))
+    db.execute("DROP TRIGGER run_verdicts_file_written")
+    db.execute("DROP TRIGGER run_verdicts_file_changed")
+    db.execute(  # BEFORE: an INSERT OR REPLACE still sees the row it replaces
+        f"CREATE TRIGGER run_verdicts_file_written BEFORE INSERT ON files "
+        f"WHEN NOT EXISTS (SELECT 1 FROM files WHERE path = NEW.path AND ({cols}) IS ({new})) "
+        f"BEGIN {forget} IN (NEW.run_path, (SELECT run_path FROM files WHERE path = NEW.path)); END"
+    )
+    db.execute(
+        f"CREATE TRIGGER run_verdicts_file_changed AFTER UPDATE ON files WHEN ({old}) IS NOT ({new}) "
+        f"BEGIN {forget} IN (OLD.run_path, NEW.run_path); END"
+    )

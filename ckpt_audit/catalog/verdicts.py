@@ -1,9 +1,11 @@
 """The catalog's side of the run verdict cache (ckpt_audit.scan.verdicts): reading cached verdicts for a scan, and
 the run model as JSON (never pickle: the catalog is a file anyone with write access could have edited).
 
-Table `run_verdicts` (migration m007): one row per run, its key, when it was judged, and the run model. Triggers
-delete a run's row whenever a files row under it or one of its checkpoints' status changes by any other path (a
-prune survivor check, a verify, a focused scan), so a row only ever describes what the catalog still holds.
+Table `run_verdicts` (migration m007): one row per run, its key, when it was judged, and the run model; its summary
+and the files of the run without a files row (m011), which a re-scan decides and answers the run from without
+decoding the model. Triggers delete a run's row whenever a files row under it changes or stops vouching by content,
+or one of its checkpoints' status changes, by any other path (a prune survivor check, a verify, a focused scan), so a
+row only ever describes what the catalog still holds.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Mapping
-from collections.abc import Set as AbstractSet
+from collections.abc import Iterable, Iterator, Mapping
 
 from ckpt_audit import models
 from ckpt_audit.catalog.manifest import VERIFIED_UNDER_TODAYS_RULES as VERIFIED
@@ -23,13 +24,15 @@ from ckpt_audit.models import (
     FileKind,
     Finding,
     Run,
+    RunSummary,
     Severity,
     ShardFile,
     Status,
     from_slots,
     many_from_slots,
 )
-from ckpt_audit.scan.verdicts import Row
+from ckpt_audit.readers import RULES
+from ckpt_audit.scan.verdicts import Row, Stored
 from ckpt_audit.tree import FileFacts
 
 
@@ -37,6 +40,30 @@ def run_to_json(run: Run) -> str:
     """The run model, whole, as nested lists in slot order (models.from_slots puts them back; a list of the wrong
     length is a TypeError there, so a damaged row is judged afresh, never half-read)."""
     return json.dumps(_run(run), separators=(",", ":"))
+
+
+def summary_to_json(s: RunSummary, unrowed: Iterable[str]) -> str:
+    """A kept run's summary (models.RunSummary) and the files of the run the catalog keeps no row for (read every
+    scan): what a re-scan needs of a kept run, small beside its model."""
+    checkpoints = [[p, step, st.value] for p, step, st in s.checkpoints]
+    found = [[ckpt, *_finding(f)] for ckpt, f in s.findings]
+    fields = [s.path, s.layout, s.tracker_step, s.metrics_path, s.size_bytes, checkpoints, found, sorted(unrowed)]
+    return json.dumps(fields, separators=(",", ":"))
+
+
+def summary_from_json(doc: str) -> tuple[RunSummary, tuple[str, ...]]:
+    """(summary, unrowed files); ValueError, TypeError, KeyError or AttributeError for a damaged one."""
+    path, layout, tracker, metrics, size, checkpoints, found, unrowed = json.loads(doc)
+    summary = RunSummary(
+        path=str(path),
+        layout=str(layout),
+        tracker_step=tracker,
+        metrics_path=metrics,
+        size_bytes=int(size),
+        checkpoints=tuple((str(p), int(step), _STATUSES[st]) for p, step, st in checkpoints),
+        findings=tuple((ckpt, _unfinding(f)) for ckpt, *f in found),
+    )
+    return summary, tuple(map(str, unrowed))
 
 
 def run_from_json(doc: str) -> Run:
@@ -143,16 +170,37 @@ class CatalogVerdicts:
         conn = self.connection()
         return [] if conn is None else query_read_only(self.path, sql, params, conn=conn)  # no table yet: nothing
 
-    def stored(self) -> Mapping[str, str]:
-        return dict(self._query("SELECT run_path, key FROM run_verdicts"))
+    def stored(self) -> Mapping[str, Stored]:
+        out: dict[str, Stored] = {}
+        for run_path, key, doc in self._query(
+            "SELECT run_path, key, summary FROM run_verdicts WHERE summary IS NOT NULL"
+        ):
+            try:
+                summary, unrowed = summary_from_json(doc)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # an edited or damaged row: judged afresh, and the scan's record replaces it
+            if summary.path == run_path:
+                out[run_path] = Stored(key, summary, unrowed)
+        return out
 
     def rows(self, root: str) -> Mapping[str, Row]:
         rows = self._present_under(root, f"path, size_bytes, mtime_ns, inode, hash, crc_ok, {VERIFIED}")
         return {r[0]: r[1:] for r in rows}  # crc_ok stays 0/1/NULL here: light_facts makes it a bool
 
-    def verified(self, root: str, *, among: AbstractSet[str]) -> Mapping[str, int]:
-        rows = self._present_under(root, f"path, {VERIFIED}", f"hash IS NOT NULL AND {VERIFIED} IS NOT NULL")
-        return {p: v for p, v in rows if p in among}
+    def verified_order(self, runs: Iterable[str], *, newest_first: bool = False) -> Iterator[tuple[str, int, int]]:
+        # files_verified (m011) walks them in order: a scrub takes a few of a million without loading the rest
+        conn, order = self.connection(), "DESC" if newest_first else "ASC"
+        if conn is None:
+            return
+        try:
+            yield from conn.execute(
+                "SELECT path, verified_ns, size_bytes FROM files INDEXED BY files_verified"
+                f" WHERE present = 1 AND hash IS NOT NULL AND read_rules = {RULES} AND verified_ns IS NOT NULL"
+                f" AND run_path IN (SELECT value FROM json_each(?)) ORDER BY verified_ns {order}, path {order}",
+                [json.dumps(sorted(runs))],
+            )
+        except sqlite3.DatabaseError as exc:
+            raise CatalogError(f"catalog {self.path} is not a usable SQLite database: {exc}") from None
 
     def _present_under(self, root: str, columns: str, where: str = "1") -> list[tuple]:
         below = root.rstrip("/") + "/"
@@ -194,18 +242,24 @@ class CatalogVerdicts:
 
 
 def record_verdicts(
-    conn: sqlite3.Connection, runs: Iterable[Run], keys: Mapping[str, str], *, reused: frozenset[str], judged_ns: int
+    conn: sqlite3.Connection,
+    runs: Iterable[Run],
+    keys: Mapping[str, str],
+    unrowed: Mapping[str, Iterable[str]],
+    *,
+    judged_ns: int,
 ) -> None:
-    """Keep each run's verdict under its key, after the scan's files and checkpoints rows are written (their
-    triggers have cleared what no longer holds). A run judged now is written whole; a reused one only if its row
-    went; a run without a key (not settled, or not read cleanly) keeps none."""
-    have = dict(conn.execute("SELECT run_path, key FROM run_verdicts"))
+    """Keep the verdict of each run judged now (`runs`) under its key, with its summary and the files the catalog
+    keeps no row for (`unrowed`), after the scan's files and checkpoints rows are written (their triggers have
+    cleared what no longer holds); a run without a key (not settled, or not read cleanly) keeps none. A kept run's
+    row is left as it is: nothing this scan wrote moved it, and were it gone the next scan would judge afresh."""
     for run in runs:
         key = keys.get(run.path)
-        if key is None:
+        if key is None or run.path not in unrowed:
             conn.execute("DELETE FROM run_verdicts WHERE run_path = ?", [run.path])
-        elif run.path not in reused or have.get(run.path) != key:
+        else:
             conn.execute(
-                "INSERT OR REPLACE INTO run_verdicts (run_path, key, judged_ns, run_doc) VALUES (?, ?, ?, ?)",
-                [run.path, key, judged_ns, run_to_json(run)],
+                "INSERT OR REPLACE INTO run_verdicts (run_path, key, judged_ns, run_doc, summary)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [run.path, key, judged_ns, run_to_json(run), summary_to_json(RunSummary.of(run), unrowed[run.path])],
             )

@@ -255,7 +255,15 @@ def run_scan(
             done = (
                 s.verify(paths, progress=progress, **options)
                 if deep
-                else s.scan(progress=progress, reader=reader, cached_verdicts=True, **options)
+                else s.scan(
+                    progress=progress,
+                    reader=reader,
+                    cached_verdicts=True,
+                    # only what the exit code and `-q` print need: the kept runs' summaries (a million files'
+                    # models cost ~2 s to decode); --json, the text report and the textfiles walk every run
+                    kept_models=as_json or not quiet or metrics_file is not None or junit_xml is not None,
+                    **options,
+                )
             )
     from ckpt_audit import report  # after the scan: rendering is not on the path to the first file read
 

@@ -52,12 +52,15 @@ def scan(
     reader: Reader | None = None,
     verdicts: vc.Source | None = None,
     deep: Mapping[str, DeepVerdict] | None = None,
+    kept_models: bool = True,
 ) -> ScanResult:
     """Scan `roots`: directories above runs, runs, or step directories (and paths inside them).
 
     `verdicts`: where kept run verdicts are (scan.verdicts.Source); None: every run is judged afresh.
     `deep`: the deep verdicts the catalog keeps (catalog.deep_verdicts), which bind each checkpoint's judgement
     while the files they read are unchanged (rules.deep_verdict); None: the shallow verdict alone (verify's own scan).
+    `kept_models`: decode the kept runs' models during the scan; False: `runs` answers them from their stored
+    summaries and decodes them only when walked (models.LazyRuns: what `scan -q` and the record step read needs none).
 
     `scrub` re-reads a rolling share of the files the catalog could vouch for (scan.scrub); None: reuse them all.
     Its budget is shared by the roots, in order.
@@ -89,6 +92,7 @@ def scan(
                 scrub=_budget_left(scrub, partials),
                 rehash=rehash,
                 deep_stamps=stamps,
+                kept_models=kept_models,
             )
             partials.append(
                 scan_partial(
@@ -106,7 +110,7 @@ def scan(
         from ckpt_audit.rules.status import ScanContext  # made on first use, as is the judged model: off start-up
 
         ctx = ScanContext(now_ns=now, in_progress_window_ns=window_ns, deep=deep)
-        result = reduce(partials, ctx=ctx, layouts=layouts)
+        result = reduce(partials, ctx=ctx, layouts=layouts, kept=kept)
         if focus:
             result = only_checkpoints(result, focus, whole=frozenset(walk_roots) - {os.path.dirname(f) for f in focus})
         return replace(result, roots=tuple(real_roots), started_ns=started, finished_ns=time.time_ns())
@@ -274,6 +278,8 @@ def _partial(root: str, tree: Tree, found: list[Finding], stage: ReuseStage, own
         bytes_scrubbed=sum(facts[p].size_bytes for p in scrubbed if facts[p].hash is not None),
         run_digests=stage.digests,
         reused_runs=stage.runs,
+        kept_models=stage.models,
+        kept_reread=frozenset(stage.reread),
         reused_rows=stage.kept_rows(),
         owners=owners,
     )

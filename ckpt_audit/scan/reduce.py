@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import ckpt_audit.scan.verdicts as vc
 from ckpt_audit.codes import UNREAD_CODES
 from ckpt_audit.layouts import Layout, load_layouts
-from ckpt_audit.models import Finding, ScanResult
+from ckpt_audit.models import Finding, LazyRuns, Run, ScanResult
 from ckpt_audit.tree import FileFacts, Tree
 
 if TYPE_CHECKING:
@@ -42,7 +43,15 @@ def merge_partials(partials: Sequence[Partial]) -> tuple[Tree, Mapping[str, File
     return Tree(dirs=dirs, files=files, dir_mtime_ns=dir_mtimes, links=links), facts, tuple(found)
 
 
-def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[Layout] | None = None) -> ScanResult:
+def reduce(
+    partials: Sequence[Partial],
+    *,
+    ctx: ScanContext,
+    layouts: Sequence[Layout] | None = None,
+    kept: vc.Source | None = None,
+) -> ScanResult:
+    """The scan's result from its partials; `kept`: where the partials' kept runs were found, which decodes their
+    models when they were not decoded during the scan."""
     layouts = layouts if layouts is not None else load_layouts()
     tree, facts, walk_findings = merge_partials(partials)
     # "no runs" speaks of a root, not of one node's copy of it: a node whose copy holds none is normal
@@ -61,13 +70,19 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
             for d in layout.find_runs(tree):
                 owner.setdefault(d, layout)
     reused = {d: kept for part in partials for d, kept in part.reused_runs.items()}
-    runs = tuple(reused[d][1] if d in reused else owner[d].build_run(d, tree, facts, ctx) for d in sorted(owner))
-    judged = [r for r in runs if r.path not in reused]
-    keys = {d: key for d, (key, _run) in reused.items()} | _verdict_keys(
-        partials, judged, tree, facts, ctx, layouts, owner
-    )
-    # a walk finding inside a checkpoint (or on a run's tracker) now belongs to it: report it once
-    attached = {f for run in runs for f in (*run.findings, *(x for c in run.checkpoints for x in c.findings))}
+    judged = [owner[d].build_run(d, tree, facts, ctx) for d in sorted(owner) if d not in reused]
+    keys, unrowed = _verdict_keys(partials, judged, tree, facts, ctx, layouts, owner)
+    keys |= {d: key for d, (key, _summary) in reused.items()}
+    decoded = {d: m for part in partials for d, m in part.kept_models.items()}
+    runs: Sequence[Run]
+    if decoded.keys() == reused.keys():
+        runs = tuple(sorted([*judged, *decoded.values()], key=_PATH))
+    else:
+        assert kept is not None, "kept runs come from a verdict source"
+        runs = LazyRuns(judged, reused, kept.runs)
+    # a walk finding inside a checkpoint (or on a run's tracker) now belongs to it: report it once (a kept run has
+    # none: a walk finding inside a run leaves it unsettled)
+    attached = {f for run in judged for f in (*run.findings, *(x for c in run.checkpoints for x in c.findings))}
     return ScanResult(
         roots=tuple(p.root for p in partials),
         runs=runs,
@@ -80,8 +95,13 @@ def reduce(partials: Sequence[Partial], *, ctx: ScanContext, layouts: Sequence[L
         bytes_scrubbed=sum(p.bytes_scrubbed for p in partials),
         file_facts=vc.WithRows(facts, rows) if (rows := _reused_rows(partials)) else facts,
         run_keys=keys,
+        run_unrowed=unrowed,
         runs_reused=frozenset(reused),
+        kept_reread=frozenset().union(*(p.kept_reread for p in partials)),
     )
+
+
+_PATH = attrgetter("path")
 
 
 def _reused_rows(partials: Sequence[Partial]) -> Mapping[str, tuple]:
@@ -90,13 +110,15 @@ def _reused_rows(partials: Sequence[Partial]) -> Mapping[str, tuple]:
     return rows[0] if len(rows) == 1 else ChainMap(*rows)  # type: ignore[arg-type]  # read only: nothing writes
 
 
-def _verdict_keys(partials, runs, tree, facts, ctx, layouts, owner) -> dict[str, str]:
-    """run -> its verdict cache key, for the settled runs whose every file was read (or reused) cleanly: the
-    catalog keeps these verdicts. A file of the run's checkpoints has a catalog row; the rest enter by their facts."""
+def _verdict_keys(partials, runs, tree, facts, ctx, layouts, owner) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """(run -> its verdict cache key, run -> its files the catalog keeps no row for), for the settled runs whose
+    every file was read (or reused) cleanly: the catalog keeps these verdicts. A file of the run's checkpoints has a
+    catalog row; the rest enter by their facts, and are listed with the verdict (read every scan)."""
     digests = {d: g for part in partials for d, g in part.run_digests.items()}
     names = [layout.name for layout in layouts]
     stamps = vc.deep_stamps(ctx.deep) if ctx.deep else {}
     keys: dict[str, str] = {}
+    unrowed: dict[str, list[str]] = {}
     for run in runs:
         if run.path not in digests:
             continue
@@ -104,13 +126,14 @@ def _verdict_keys(partials, runs, tree, facts, ctx, layouts, owner) -> dict[str,
         if not all(p in facts and vc.clean(facts[p]) for p in files):
             continue
         rowed = {f.path for c in run.checkpoints for f in c.all_files}
+        unrowed[run.path] = [p for p in files if p not in rowed]
         keys[run.path] = vc.run_key(
             run.path,
             digests[run.path],
             layout=owner[run.path].name,
             layouts=names,
             window_ns=ctx.in_progress_window_ns,
-            unrowed={p: facts[p] for p in files if p not in rowed},
+            unrowed={p: facts[p] for p in unrowed[run.path]},
             deep=stamps.get(run.path, ""),
         )
-    return keys
+    return keys, unrowed

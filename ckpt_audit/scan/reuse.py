@@ -16,20 +16,22 @@ marker (`reused_paths()`, `runs`, `kept_rows()`), which reduce and the record st
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from bisect import bisect_left
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
-from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 import ckpt_audit.scan.verdicts as vc
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, file_kind
-from ckpt_audit.models import FileKind, Finding, Run, ShardFile, format_size
+from ckpt_audit.models import FileKind, Finding, Run, RunSummary, ShardFile, format_size
 from ckpt_audit.readers import hashing
 from ckpt_audit.scan.read import reused, vouched
-from ckpt_audit.scan.scrub import ScrubPlan, ScrubPolicy, plan_scrub
+from ckpt_audit.scan.scrub import ScrubPlan, ScrubPolicy, oldest_first, plan_ordered
 from ckpt_audit.tree import FileFacts, Tree
 
 
@@ -44,6 +46,9 @@ class Caches:
     scrub: ScrubPolicy | None = None
     rehash: bool = False
     deep_stamps: Mapping[str, str] = field(default_factory=dict)  # run -> its recorded deep verdicts (vc.deep_stamps)
+    # the kept runs' models decoded now (a consumer will walk them: --json, the text report); False: answered from
+    # their summaries, decoded only if asked for later (models.LazyRuns; a cron `scan -q` never asks)
+    kept_models: bool = True
 
 
 class ReuseStage:
@@ -72,14 +77,16 @@ class ReuseStage:
         self.digests = {r: s.digest for r, s in settled.items()}
         # --store-checksums: a kept verdict would leave its files unread, without the checksums asked for
         fresh = caches.rehash or hashing.store_checksums_enabled()
-        self.kept = _Kept.of(root, settled, caches.verdicts) if settled and not fresh else _Kept()
+        self.kept = _Kept.of(settled, caches.verdicts) if settled and not fresh else _Kept()
         self.facts: dict[str, FileFacts] = {}  # what is reused by stat, then what is read
         self.kinds: dict[str, FileKind] = {}
         self.read_paths: list[str] = []
         self.scrub = ScrubPlan()
         self.prior: dict[str, FileFacts | None] = {}  # the kept runs' files read now -> their catalog facts
-        self.runs: dict[str, tuple[str, Run]] = {}
-        self.rows: list[str] = []
+        self.runs: dict[str, tuple[str, RunSummary]] = {}  # the kept runs: run -> (key, summary)
+        self.models: dict[str, Run] = {}  # their models, when decoded now (Caches.kept_models)
+        self.rows: list[tuple[list[str], set[str]]] = []  # the kept runs' files, and those of them read now
+        self.reread: list[str] = []  # the kept runs' catalogued files the scrub read again (same content)
 
     def kind(self, path: str) -> FileKind:
         if path not in self.kinds:
@@ -93,9 +100,8 @@ class ReuseStage:
         for p in todo:
             self.kind(p)
         cached: dict[str, FileFacts] = {}
-        for p in paths:
-            if p in kept.every:
-                continue  # a kept run's file: its verdict may stand (settle() decides, once its unrowed are read)
+        # a kept run's files are left out: its verdict may stand (settle() decides, once its unrowed are read)
+        for p in kept.outside(paths):
             prev, kind = previous.get(p), self.kind(p)
             if not rehash and vouched(prev, self.stats[p], kind):
                 cached[p] = prev
@@ -107,7 +113,7 @@ class ReuseStage:
                 todo.append(p)
             else:
                 self.facts[p] = reused(p, prev, self.stats[p])
-        scrubbed_rowed = sorted(p for p in plan.paths if p in kept.rowed)
+        scrubbed_rowed = sorted(p for p in plan.paths if p not in cached)  # the kept runs' (kept.rowed)
         # the catalog's facts of the kept runs' files read now (hash-drift compares them), looked up by path: the
         # whole manifest is loaded only if some run is judged afresh
         self.prior = dict.fromkeys(kept.unrowed)
@@ -130,7 +136,7 @@ class ReuseStage:
         names = [layout.name for layout in self.layouts]
         # the few files each run has read now, grouped once (a run may hold a hundred thousand files)
         unrowed = kept.by_run(kept.unrowed)
-        scrubbed = kept.by_run(p for p in self.scrub.paths if p in kept.rowed)
+        scrubbed = kept.by_run(p for p in self.scrub.paths if kept.rowed(p))
         standing: dict[str, str] = {}
         for run in kept.runs:
             key = vc.run_key(
@@ -144,19 +150,22 @@ class ReuseStage:
             )
             # a scrubbed file that read back different: the verdict was judged from other bytes
             steady = all(_same(facts[p], self.prior.get(p)) for p in scrubbed.get(run, ()))
-            if key == kept.stored[run] and steady:
+            if key == kept.stored[run].key and steady:
                 standing[run] = key
-        models = kept.source.runs(standing) if standing and kept.source is not None else {}
+        if self.caches.kept_models and standing and kept.source is not None:
+            # decoded now: a row that cannot be read back, or whose summary does not match it, is judged afresh
+            models = kept.source.runs(standing)
+            self.models = {r: m for r, m in models.items() if RunSummary.of(m) == kept.stored[r].summary}
+            standing = {r: key for r, key in standing.items() if r in self.models}
         again: list[str] = []
-        rowed = kept.rowed
         for run, files in kept.runs.items():
-            if run in models:
-                self.runs[run] = (standing[run], models[run])
-                read_now = {*unrowed.get(run, ()), *scrubbed.get(run, ())}  # a few files, tested against each
-                self.rows.extend(p for p in files if p not in read_now)
+            if run in standing:  # its summary answers; its model is decoded only if asked for (models.LazyRuns)
+                self.runs[run] = (standing[run], kept.stored[run].summary)
+                self.reread.extend(scrubbed.get(run, ()))
+                self.rows.append((files, {*unrowed.get(run, ()), *scrubbed.get(run, ())}))  # less a few read now
                 continue
             for p in files:  # judged afresh: its files are reused by stat or read, as in any re-scan
-                if p in facts or p not in rowed:
+                if p in facts:
                     continue
                 prev = previous.get(p)
                 if vouched(prev, self.stats[p], self.kind(p)):
@@ -175,25 +184,41 @@ class ReuseStage:
         return vc.LaterRows(self.kept.source, self.root, self.rows) if self.rows and self.kept.source else {}
 
     def _plan_scrub(self, cached: Mapping[str, FileFacts]) -> ScrubPlan:
-        policy = self.caches.scrub
+        policy, kept, stats = self.caches.scrub, self.kept, self.stats
         if policy is None:
             return ScrubPlan()
-        # every file either cache would reuse -> when last read by content
+        # every file either cache would reuse, with when it was last read by content: the stat cache's here, the
+        # kept runs' from the catalog in verified order (a million rows not loaded to take a few)
         verified = {p: f.verified_ns or 0 for p, f in cached.items()}
-        verified.update(self.kept.verified)
-        stats, kept = self.stats, self.kept
+        newest = [max(verified.values())] if verified else []
+        with closing(self._kept_files(newest_first=True)) as latest:
+            newest.extend(v for _p, v, _size in itertools.islice(latest, 1))
+        if not newest:
+            return ScrubPlan()
+        mine = ((p, v, stats[p].st_size) for p, v in oldest_first(verified))
         # their bytes: the kept runs' as the digest pass added them up, less their unrowed files' (a stat looked up
         # for each of a million catalog paths cost ~0.7 s at 1M files)
         total = sum(map(_SIZE, map(stats.__getitem__, cached))) + kept.bytes
         total -= sum(map(_SIZE, map(stats.__getitem__, kept.unrowed)))
-        return plan_scrub(
-            verified,
-            lambda p: stats[p].st_size,
-            total_bytes=total,
-            now_ns=self.now_ns,
-            policy=policy,
-            budget_bytes=policy.budget_bytes,
-        )
+        with closing(self._kept_files(newest_first=False)) as theirs:  # the query ends with the plan
+            return plan_ordered(
+                heapq.merge(mine, theirs, key=_AGE),
+                newest_ns=max(newest),
+                total_bytes=total,
+                now_ns=self.now_ns,
+                policy=policy,
+                budget_bytes=policy.budget_bytes,
+            )
+
+    def _kept_files(self, *, newest_first: bool) -> Generator[tuple[str, int, int]]:
+        """The kept runs' rowed files in verified order, from the catalog as iterated, with their size as the walk
+        saw it."""
+        kept = self.kept
+        if not kept.runs or kept.source is None:
+            return
+        for p, v, _size in kept.source.verified_order(list(kept.runs), newest_first=newest_first):
+            if kept.rowed(p):  # a row of a file gone since (the run will not stand) is not the scrub's
+                yield p, v, self.stats[p].st_size
 
     def _overdue(self, plan: ScrubPlan) -> list[Finding]:
         if not plan.overdue_files:
@@ -210,6 +235,7 @@ class ReuseStage:
 
 
 _SIZE = attrgetter("st_size")
+_AGE = itemgetter(1, 0)  # (verified_ns, path): the scrub's order
 
 
 def _same(read: FileFacts, prior: FileFacts | None) -> bool:
@@ -240,33 +266,44 @@ class _Kept:
     """The settled runs of a root that hold a stored verdict, and how their files stand in the catalog."""
 
     runs: Mapping[str, list[str]] = field(default_factory=dict)  # run -> its files
-    stored: Mapping[str, str] = field(default_factory=dict)  # run -> its stored verdict's key
-    # the runs' files with a clean catalog row -> when last read by content. They are not read unless scrubbed.
-    # Their stat is not compared here: the key holds it, and a row changed since the verdict was stored would have
-    # deleted it (m007), so a matching key vouches
-    verified: Mapping[str, int] = field(default_factory=dict)
-    unrowed: frozenset[str] = frozenset()  # the rest (the tracker, run-level files, anything new): read now
-    every: frozenset[str] = frozenset()  # both
-    bytes: int = 0  # the size of every (the runs' Settled.bytes)
+    stored: Mapping[str, vc.Stored] = field(default_factory=dict)  # run -> its stored verdict
+    # the runs' files the catalog kept no row for when the verdict was judged (the tracker, run-level files), as
+    # stored with it: read every scan. The rest have a clean row: they are not read unless scrubbed. Their stat is
+    # not compared here: the key holds it, and a row changed since the verdict was stored, or no longer vouching
+    # by content, would have deleted it (m007, m011), so a matching key vouches
+    unrowed: frozenset[str] = frozenset()
+    bytes: int = 0  # the size of their files (the runs' Settled.bytes)
     source: vc.Source | None = None
 
-    @property
-    def rowed(self) -> AbstractSet[str]:
-        return self.verified.keys()
+    def rowed(self, path: str) -> bool:
+        """`path` is a file one of the runs holds now, with a row."""
+        run = next((d for d in vc.ancestors(path) if d in self.runs), None)
+        return run is not None and _holds(self.runs[run], path) and path not in self.unrowed
+
+    def outside(self, paths: Sequence[str]) -> list[str]:
+        """Of `paths` (sorted), those of no kept run: each run's files are one slice of them (all of `run/`, and no
+        other run's: a kept run is never nested), cut by bisection instead of a lookup per file (~0.6 s at 1M)."""
+        out: list[str] = []
+        at = 0
+        for below in sorted(run + "/" for run in self.runs):  # the slices' order ("a/b-c/" sorts before "a/b/")
+            lo = bisect_left(paths, below, at)
+            out.extend(paths[at:lo])
+            at = bisect_left(paths, below[:-1] + "0", lo)  # "0" follows "/": past the last path under `below`
+        out.extend(paths[at:])
+        return out
 
     @classmethod
-    def of(cls, root: str, settled: Mapping[str, vc.Settled], source: vc.Source | None) -> _Kept:
+    def of(cls, settled: Mapping[str, vc.Settled], source: vc.Source | None) -> _Kept:
         if source is None:
             return cls()
         stored = source.stored()
         runs = {r: s.files for r, s in settled.items() if r in stored}
         if not runs:
             return cls()
-        every = frozenset(chain.from_iterable(runs.values()))  # set operations in C: a million files at 1M
-        verified = source.verified(root, among=every)
-        unrowed = every.difference(verified)
+        # a listed file gone since has moved the run's digest (judged afresh): only those it holds now are read
+        unrowed = frozenset(p for r, files in runs.items() for p in stored[r].unrowed if _holds(files, p))
         size = sum(settled[r].bytes for r in runs)
-        return cls(runs=runs, stored=stored, verified=verified, unrowed=unrowed, every=every, bytes=size, source=source)
+        return cls(runs=runs, stored=stored, unrowed=unrowed, bytes=size, source=source)
 
     def by_run(self, paths: Iterable[str]) -> dict[str, list[str]]:
         """Of the runs' files `paths`, run -> those under it, sorted (a kept run is never nested in another)."""
@@ -278,3 +315,9 @@ class _Kept:
 
     def full_facts(self, paths: Sequence[str]) -> dict[str, FileFacts]:
         return {} if not paths or self.source is None else self.source.facts(paths)
+
+
+def _holds(files: list[str], path: str) -> bool:
+    """`path` is one of `files` (sorted)."""
+    i = bisect_left(files, path)
+    return i < len(files) and files[i] == path

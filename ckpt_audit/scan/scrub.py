@@ -18,7 +18,7 @@ Pure planning; the scanner does the reading.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -57,17 +57,39 @@ def plan_scrub(
     (None: no cap)."""
     if not verified:
         return ScrubPlan()
-    since = max(0, now_ns - max(verified.values()))
+    files = ((path, v, size_of(path)) for path, v in oldest_first(verified))
+    return plan_ordered(
+        files,
+        newest_ns=max(verified.values()),
+        total_bytes=total_bytes,
+        now_ns=now_ns,
+        policy=policy,
+        budget_bytes=budget_bytes,
+    )
+
+
+def plan_ordered(
+    files: Iterable[tuple[str, int, int]],
+    *,
+    newest_ns: int,
+    total_bytes: int,
+    now_ns: int,
+    policy: ScrubPolicy,
+    budget_bytes: int | None,
+) -> ScrubPlan:
+    """plan_scrub's rule over the files already in order: (path, verified_ns, size) oldest verified first, ties by
+    path, read only as far as the rule goes (a catalog query walks them by its index: scan.reuse); `newest_ns`:
+    the latest verified_ns of them all."""
+    since = max(0, now_ns - newest_ns)
     share = total_bytes if policy.period_ns <= 0 else total_bytes * min(1.0, since / policy.period_ns)
     due_before = now_ns - policy.period_ns
     taken: list[str] = []
     taken_bytes = 0
     overdue_files = overdue_bytes = 0
-    for path, verified_ns in _oldest_first(verified):
+    for path, verified_ns, size in files:
         due = verified_ns <= due_before
         if not due and taken_bytes >= share:
             break  # oldest first: nothing later is due either
-        size = size_of(path)
         if budget_bytes is not None and taken_bytes >= budget_bytes:
             if not due:
                 break
@@ -81,7 +103,7 @@ def plan_scrub(
     )
 
 
-def _oldest_first(verified: Mapping[str, int]) -> Iterator[tuple[str, int]]:
+def oldest_first(verified: Mapping[str, int]) -> Iterator[tuple[str, int]]:
     """(path, verified_ns), oldest verified first, ties by path. A scan usually takes a few files of many (a
     million at 1M files): the first few are picked in one linear pass (nsmallest), more only when asked for."""
     n, done = 64, 0

@@ -102,11 +102,14 @@ class Session:
         record: bool = True,
         reader: Reader | None = None,
         cached_verdicts: bool = False,
+        kept_models: bool = True,
     ) -> Recorded:
         """Scan `roots` (default: the session's) reusing the catalogued hashes; record it unless `record` is False
         (prune records its scan only once it deletes). `reader`: who reads the files (Reader; default this
         process; scan --ray's shared placement spreads them over the cluster's nodes). `cached_verdicts`: reuse
-        the catalog's run verdicts where nothing they read moved (scan.verdicts; the cron scan's)."""
+        the catalog's run verdicts where nothing they read moved (scan.verdicts; the cron scan's); `kept_models`
+        False: their models stay in the catalog unless the result's runs are walked (what `scan -q` reads needs
+        none: models.LazyRuns)."""
         verdicts, previous = None, self.previous
         if cached_verdicts and self.catalog_path is not None and record:
             from ckpt_audit.catalog.manifest import LazyManifest
@@ -128,6 +131,7 @@ class Session:
                 now_ns=now_ns,
                 reader=reader,
                 deep=read_kept_deep(self.catalog_path, conn=verdicts.connection() if verdicts is not None else None),
+                kept_models=kept_models,
             )
         finally:
             if verdicts is not None:
@@ -195,7 +199,7 @@ class Session:
 
         if scanned is None:
             scanned = self.scan(now_ns=now_ns, record=False).result
-        runs = scanned.runs
+        runs = tuple(scanned.runs)
         rules = []
         for rule in policy.rules:
             if isinstance(rule, KeepBest):
