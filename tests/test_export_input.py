@@ -93,3 +93,24 @@ def test_deepspeed_optimizer_states_in_a_spelling_deepspeed_never_writes_are_not
         export_checkpoint(save, tmp_path / "hf", allow_unverified=True)
     assert "fp16_zero_pp_rank_0" not in str(err.value) or "not" in str(err.value)
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.slow
+def test_a_shard_replaced_between_the_walk_and_the_check_is_caught(verl_run, copy_run, tmp_path):
+    """export.guard re-reads what export_input listed at the moment it acts: a shard swapped for a link to a copy
+    of itself (same bytes, CRCs fine) after the walk chose it is not the file the walk listed."""
+    from ckpt_audit.export.guard import changed_since, check_source
+    from ckpt_audit.export.sources import export_input, files_to_read
+
+    run = copy_run(verl_run)
+    inp = export_input((run / "global_step_6").resolve(), "actor", None, "auto")
+    shard = inp.role_dir / "model_world_size_2_rank_1.pt"
+    assert (1, shard) in inp.shards
+    copy = tmp_path / "copy.pt"
+    shutil.copy2(shard, copy)
+    shard.unlink()
+    shard.symlink_to(copy)
+    check = check_source(files_to_read(inp, inp.hf_dir), manifest={}, status=None)
+    assert not check.findings  # the bytes alone pass
+    assert changed_since(check) is None  # and nothing moved since the check
+    assert changed_since(check, inp.listed) == str(shard)

@@ -204,7 +204,7 @@ def export_checkpoint(
         placement.sync_tree(tmp)
         placement.write_marker(tmp, result)
         ops.tick()  # complete and marked: right before the rename
-        if (moved := changed_since(check)) is not None:
+        if (moved := changed_since(check, inp.listed)) is not None:
             raise ExportError(f"{moved} changed while it was exported; nothing was replaced (export again)")
         # what --to holds may have changed during a long export (a file added to the earlier one, a directory
         # made there): judge it again, as it is now, right before it is replaced

@@ -15,7 +15,8 @@ import os
 import re
 import shutil
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,8 @@ class ExportInput:
     zero: ZeroFiles | None = None  # DEEPSPEED: the tag's states
     problem: str = ""  # why the weights cannot be told apart (source_kind raises it)
     unwalked: tuple[Finding, ...] = ()  # what the walk did not follow or read (a link out of the run...)
+    # path -> (size, mtime_ns, inode) as the walk listed each file: the guard's re-read must find the same file
+    listed: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,7 @@ def export_input(src: Path, role: str, weights: str | None, engine: str) -> Expo
     ckpt = enclosing_step_dir(str(src))
     tree, stats, found = walk(os.path.dirname(ckpt) if ckpt else str(src))
     walked = _Walked(tree, stats, tuple(found))
+    listed = {p: (st.st_size, st.st_mtime_ns, st.st_ino) for p, st in stats.items()}
     zero = zero_source(src, weights, engine, walked)
     if zero is not None:
         tag = zero.tag_dir
@@ -116,6 +120,7 @@ def export_input(src: Path, role: str, weights: str | None, engine: str) -> Expo
             hf_dir=tag.parent,
             hf_files=walked.model_files(tag.parent),
             zero=zero,
+            listed=listed,
         )
     role_dir = role_dir_of(src, role, walked)
     hf_dir = hf_dir_of(role_dir, walked)
@@ -129,6 +134,7 @@ def export_input(src: Path, role: str, weights: str | None, engine: str) -> Expo
         hf_weights=walked.hf_weights(hf_dir),
         lora_config=lora / "adapter_config.json" if "adapter_config.json" in walked.names(lora) else None,
         unwalked=walked.findings,
+        listed=listed,
     )
     if fsdp := _fsdp_shards(src, role_dir, walked):
         return replace(base, kind=FSDP, **fsdp)
