@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckpt_audit.export.guard import ExportError, ExportRefused
-from ckpt_audit.layouts import enclosing_step_dir, hf_trainer, verl_fsdp
+from ckpt_audit.layouts import enclosing_step_dir, hf_trainer, megatron_v2, verl_fsdp
 from ckpt_audit.models import FileKind, Finding
 from ckpt_audit.readers import bounded_json
 from ckpt_audit.rules.shards import shard_name
@@ -138,9 +138,9 @@ def export_input(src: Path, role: str, weights: str | None, engine: str) -> Expo
     )
     if fsdp := _fsdp_shards(src, role_dir, walked):
         return replace(base, kind=FSDP, **fsdp)
-    if (dist := megatron_dist(role_dir, walked)) is not None:
-        files = tuple(dist / n for n in walked.names(dist))
-        return replace(base, kind=MEGATRON, dist_ckpt=dist, dist_files=files)
+    if (dist := megatron_v2.model_dirs(str(role_dir), walked.tree)[0]) is not None:
+        files = tuple(Path(dist, n) for n in walked.tree.file_names(dist))
+        return replace(base, kind=MEGATRON, dist_ckpt=Path(dist), dist_files=files)
     return replace(base, kind=HF if base.hf_weights else "")
 
 
@@ -278,22 +278,12 @@ def plan_source(inp: ExportInput, config: dict, *, weights: str | None = None):
     return plan_hf(list(inp.hf_weights))
 
 
-def megatron_dist(role_dir: Path, walked: _Walked) -> Path | None:
-    """The model's dist_checkpointing directory: model/dist_ckpt (verl's layout v2), else dist_ckpt/ (pre-v2)."""
-    for d in (role_dir / "model" / "dist_ckpt", role_dir / "dist_ckpt"):
-        if ".metadata" in walked.names(d):
-            return d
-    return None
-
-
 def hf_dir_of(role_dir: Path, walked: _Walked) -> Path:
-    """Where HF files sit: the role dir itself (HF Trainer's checkpoint-N), model/huggingface (verl's Megatron v2),
-    else huggingface/."""
+    """Where HF files sit: the role dir itself (HF Trainer's checkpoint-N), else where verl saves them
+    (layouts.megatron_v2.model_dirs)."""
     if walked.hf_trainer(role_dir):
         return role_dir
-    if walked.is_dir(role_dir / "model" / "huggingface") or walked.is_dir(role_dir / "model" / "dist_ckpt"):
-        return role_dir / "model" / "huggingface"
-    return role_dir / "huggingface"
+    return Path(megatron_v2.model_dirs(str(role_dir), walked.tree)[1])
 
 
 def config_dir_of(inp: ExportInput, hf_config: str | Path | None) -> Path:
