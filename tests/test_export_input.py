@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit, unprivileged
 from test_export_zero import ds_export  # noqa: F401  DeepSpeed's own ZeRO saves, cached
 
 from ckpt_audit.export.guard import ExportError
@@ -114,3 +115,20 @@ def test_a_shard_replaced_between_the_walk_and_the_check_is_caught(verl_run, cop
     assert not check.findings  # the bytes alone pass
     assert changed_since(check) is None  # and nothing moved since the check
     assert changed_since(check, inp.listed) == str(shard)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(unprivileged() is None, reason="needs setpriv to drop root's read bypass")
+def test_an_unreadable_role_directory_is_named_in_the_refusal(verl_run, copy_run, tmp_path):
+    """The walk records a directory it cannot list (unreadable), as the scan reports it; export's one line says so
+    instead of only that no weights were found."""
+    run = copy_run(verl_run)
+    actor = run / "global_step_6" / "actor"
+    actor.chmod(0)
+    try:
+        res = ckpt_audit("export", run / "global_step_6", "--to", tmp_path / "hf", as_user=True)
+    finally:
+        actor.chmod(0o755)
+    assert res.returncode == 3, res.stderr
+    assert f"{actor}: unreadable: cannot read: Permission denied" in res.stderr
+    assert not (tmp_path / "hf").exists()

@@ -240,7 +240,10 @@ def source_kind(inp: ExportInput) -> str:
     if inp.problem:
         raise ExportError(inp.problem)
     if not inp.kind:
-        raise ExportError(NO_WEIGHTS.format(role_dir=inp.role_dir, hf_dir=inp.hf_dir))
+        inside = f"{inp.role_dir}/"
+        unread = [f for f in inp.unwalked if f.path == str(inp.role_dir) or f.path.startswith(inside)]
+        why = f"; {unread[0].path}: {unread[0].code}: {unread[0].message}" if unread else ""
+        raise ExportError(NO_WEIGHTS.format(role_dir=inp.role_dir, hf_dir=inp.hf_dir) + why)
     return inp.kind
 
 
