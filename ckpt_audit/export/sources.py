@@ -136,7 +136,7 @@ def export_input(src: Path, role: str, weights: str | None, engine: str) -> Expo
         unwalked=walked.findings,
         listed=listed,
     )
-    if fsdp := _fsdp_shards(src, role_dir, walked):
+    if fsdp := _fsdp_shards(role_dir, walked):
         return replace(base, kind=FSDP, **fsdp)
     if (dist := megatron_v2.model_dirs(str(role_dir), walked.tree)[0]) is not None:
         files = tuple(Path(dist, n) for n in walked.tree.file_names(dist))
@@ -144,12 +144,13 @@ def export_input(src: Path, role: str, weights: str | None, engine: str) -> Expo
     return replace(base, kind=HF if base.hf_weights else "")
 
 
-def _fsdp_shards(src: Path, role_dir: Path, walked: _Walked) -> dict:
+def _fsdp_shards(role_dir: Path, walked: _Walked) -> dict:
     """The FSDP model shards of the component the scan builds of `role_dir` (layouts.verl_fsdp), as ExportInput
     fields; {} when it holds no model shards named with their world size."""
     top = str(role_dir)
     facts = {p: stat_facts(p, walked.stats[p]) for p in walked.tree.files_below(top) if p in walked.stats}
-    name = "" if role_dir == src else role_dir.name  # SFT: the step directory is the component
+    sft = verl_fsdp.step_of(role_dir.name)[0] is not None  # SFT: the step directory is the component, role ""
+    name = "" if sft else role_dir.name
     ctx = ScanContext(now_ns=time.time_ns())
     comp = verl_fsdp.LAYOUT.build_component(name, top, walked.tree, facts, ctx)
     named = [] if comp is None else [f for f in comp.files if f.kind is FileKind.MODEL and f.world_size is not None]
@@ -158,7 +159,7 @@ def _fsdp_shards(src: Path, role_dir: Path, walked: _Walked) -> dict:
     by_rank = verl_fsdp.model_weights(comp)
     problem = ""
     if not by_rank:
-        stale = ", ".join(map(str, sorted({f.world_size for f in named})))
+        stale = ", ".join(map(str, sorted({f.world_size for f in named if f.world_size is not None})))
         problem = (
             f"{role_dir}: no model shards for world size {comp.world_size}, the shard set the checkpoint is judged by "
             f"(the one fsdp_config.json names, else the newest); the model shards for world size {stale} beside it "
