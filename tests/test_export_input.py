@@ -90,10 +90,11 @@ def test_deepspeed_optimizer_states_in_a_spelling_deepspeed_never_writes_are_not
     tag = save / "global_step2"
     for p in sorted(tag.glob("zero_pp_rank_*_optim_states.pt")):
         p.rename(tag / f"fp16_{p.name}")
-    with pytest.raises(ExportError, match="optim") as err:
+    with pytest.raises(ExportError, match=r"no optimizer states \(\[bf16_\]zero_pp_rank_D_mp_rank_MM_optim_states"):
         export_checkpoint(save, tmp_path / "hf", allow_unverified=True)
-    assert "fp16_zero_pp_rank_0" not in str(err.value) or "not" in str(err.value)
     assert not (tmp_path / "hf").exists()
+    # the module's own weights are in the model states, which are named as the load opens them
+    assert export_checkpoint(save, tmp_path / "hf", allow_unverified=True, weights="module").tensors
 
 
 @pytest.mark.slow

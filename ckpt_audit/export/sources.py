@@ -226,10 +226,7 @@ def files_to_read(inp: ExportInput, cfg_dir: Path, weights: str | None = None) -
         out += [(str(p), True) for p in inp.hf_weights]  # bridge mode: checked against the dist_ckpt too
     else:
         out += [(str(p), True) for p in inp.hf_weights]
-    if cfg_dir == inp.hf_dir:
-        out += [(str(p), False) for p in inp.hf_files]
-    elif cfg_dir.is_dir():  # --hf-config: the model the run started from, not part of the checkpoint
-        out += [(str(p), False) for p in sorted(cfg_dir.iterdir()) if p.is_file() and model_file(p.name)]
+    out += [(str(p), False) for p in config_files(inp, cfg_dir)]
     if inp.lora_config is not None:
         out.append((str(inp.lora_config), False))
     return out
@@ -338,13 +335,20 @@ def read_config(hf: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def copy_hf_files(hf: Path, tmp: Path, out_dtype) -> None:
-    """config, generation config, tokenizer and custom code; never the weights (we just wrote those)."""
-    if not hf.is_dir():
-        return
-    for p in sorted(hf.iterdir()):
-        if p.is_file() and model_file(p.name):
-            shutil.copy2(p, tmp / p.name)
+def config_files(inp: ExportInput, cfg_dir: Path) -> tuple[Path, ...]:
+    """The model's files that are no weights (config, generation config, tokenizer, custom code): the checkpoint's
+    as the walk listed them, or those of --hf-config's directory (the model the run started from, no checkpoint)."""
+    if cfg_dir == inp.hf_dir:
+        return inp.hf_files
+    if not cfg_dir.is_dir():
+        return ()
+    return tuple(p for p in sorted(cfg_dir.iterdir()) if p.is_file() and model_file(p.name))
+
+
+def copy_hf_files(inp: ExportInput, cfg_dir: Path, tmp: Path, out_dtype) -> None:
+    """config_files, the ones the source check read; never the weights (we just wrote those)."""
+    for p in config_files(inp, cfg_dir):
+        shutil.copy2(p, tmp / p.name)
     cfg = tmp / "config.json"
     if cfg.is_file() and (data := read_config(tmp)):  # one that is not a JSON object is copied as is, and refused
         name = str(out_dtype).removeprefix("torch.")

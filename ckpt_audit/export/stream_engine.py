@@ -75,7 +75,7 @@ def export_streamed(
         if inp.lora_config is not None:  # beside actor/
             shutil.copy2(inp.lora_config, tmp / "lora_adapter" / "adapter_config.json")
         lora_dir = str(out / "lora_adapter")
-    copy_hf_files(hf_dir, tmp, outcome.dtype)
+    copy_hf_files(inp, hf_dir, tmp, outcome.dtype)
     exported: list[ExportedFile] = []
     for p in sorted(tmp.rglob("*")):
         if p.is_file():

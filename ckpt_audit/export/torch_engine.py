@@ -225,7 +225,7 @@ def _export(
             shutil.copy2(inp.lora_config, tmp / "lora_adapter" / "adapter_config.json")
         lora_dir = str(out / "lora_adapter")
 
-    copy_hf_files(hf_dir, tmp, out_dtype)
+    copy_hf_files(inp, hf_dir, tmp, out_dtype)
     read_back = False
     if verify:
         _verify(tmp, base + lora, target, ranges, torch, ops)
