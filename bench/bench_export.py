@@ -170,11 +170,10 @@ def child(variant: str, step: str, out: str) -> None:
         subprocess.run(["sync", *(str(Path(out) / p.name) for p in shards)], check=True)  # as export fsyncs
     elif variant == "source-check":
         from ckpt_audit.export.guard import check_source
-        from ckpt_audit.export.sources import files_to_read
+        from ckpt_audit.export.sources import export_input, files_to_read
 
-        actor = Path(step) / "actor"
-        hf = actor / "huggingface"
-        check_source(files_to_read(actor, hf, hf), manifest={}, status=None)
+        inp = export_input(Path(step).resolve(), "actor", None, "auto")
+        check_source(files_to_read(inp, inp.hf_dir), manifest={}, status=None)
     else:
         raise SystemExit(f"unknown variant {variant}")
     # a child process of the export: transformers' load (export/transformers_load.py), where it ran

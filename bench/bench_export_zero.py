@@ -101,9 +101,9 @@ def child(variant: str, save_dir: str, out: str) -> None:
 
 
 def _read_files(save_dir: Path) -> list[Path]:
-    from ckpt_audit.export.zero import tag_dir, zero_files
+    from ckpt_audit.export.sources import export_input
 
-    return zero_files(tag_dir(save_dir)).read("fp32")
+    return export_input(Path(save_dir).resolve(), "actor", None, "auto").zero.read("fp32")
 
 
 def _peak_rss_kib() -> int:

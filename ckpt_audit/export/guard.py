@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ckpt_audit.codes import finding
@@ -377,9 +377,13 @@ def refusal(check: SourceCheck) -> ExportRefused | None:
     )
 
 
-def changed_since(check: SourceCheck) -> str | None:
-    """After the export: a source file whose stat moved since it was checked (its bytes are not what we checked)."""
+def changed_since(check: SourceCheck, listed: Mapping[str, tuple[int, int, int]] | None = None) -> str | None:
+    """After the export: a source file whose stat moved since it was checked (its bytes are not what we checked),
+    or that the check found other than the walk had listed it (`listed`: path -> (size, mtime_ns, inode), what
+    export.sources.export_input chose it by: a file replaced, or by a link, in between)."""
     for f in check.files:
+        if listed is not None and f.path in listed and listed[f.path] != (f.size_bytes, f.mtime_ns, f.inode):
+            return f.path
         try:
             st = os.stat(f.path)
         except OSError:

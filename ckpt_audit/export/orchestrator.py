@@ -47,18 +47,14 @@ from ckpt_audit.export.guard import (
 from ckpt_audit.export.model import Load, check_config, load_with_transformers, source_config_problem
 from ckpt_audit.export.result import ExportResult
 from ckpt_audit.export.sources import (
-    DEEPSPEED,
     MEGATRON,
     NEEDS_CONFIG,
     config_dir_of,
+    export_input,
     files_to_read,
-    hf_trainer_dir,
-    hf_weights,
-    locate,
     plan_source,
     read_config,
     source_kind,
-    zero_files_to_read,
 )
 from ckpt_audit.export.stream_engine import export_streamed
 from ckpt_audit.export.stream_plan import StreamUnsupported
@@ -123,26 +119,24 @@ def export_checkpoint(
         raise ExportError(f"unknown engine {engine!r} (use {', '.join(ENGINES)})")
     if dtype and dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r} (use bf16, fp16 or fp32)")
-    src = Path(step_dir).resolve()
-    role_dir, hf_dir, zero = locate(src, role, weights, engine)  # zero: a DeepSpeed tag to export from, or None
-    if zero is not None and not hf_trainer_dir(src):
-        # the checkpoint exported (and looked up in the catalog) is the tag, or the HF Trainer checkpoint-N holding it
-        src = zero.tag_dir
-    cfg_dir = config_dir_of(hf_dir, hf_config)
+    # what it reads, from the scan's walk of the run through the layouts' names (export.sources)
+    inp = export_input(Path(step_dir).resolve(), role, weights, engine)
+    src, role_dir, zero = inp.src, inp.role_dir, inp.zero  # zero: a DeepSpeed tag to export from, or None
+    cfg_dir = config_dir_of(inp, hf_config)
     ckpt, run = step_and_run(str(src))
     places = [("checkpoint", ckpt), ("run", run), *(("scanned root", r) for r in protected_roots)]
     if catalog is not None:
         places += catalog.known_places()
     dest = check_destination(to, protected=places, force=force)
-    kind = DEEPSPEED if zero is not None else source_kind(role_dir, hf_dir)
+    kind = source_kind(inp)
     if kind == MEGATRON and not (cfg_dir / "config.json").is_file():  # the names and the split need it
         raise ExportError(NEEDS_CONFIG.format(hf_dir=cfg_dir))
-    if kind == MEGATRON and engine == "torch" and not hf_weights(hf_dir):
+    if kind == MEGATRON and engine == "torch" and not inp.hf_weights:
         raise ExportError(f"{role_dir}: the torch engine does not read a Megatron dist_ckpt (use --engine stream)")
     if not allow_unverified and (no_config := source_config_problem(cfg_dir)) is not None:
         raise ExportRefused(_MODEL_REFUSAL.format(head=no_config), about="model")
     status, manifest, status_findings = catalog.export_source(str(src)) if catalog is not None else (None, {}, ())
-    reading = files_to_read(role_dir, hf_dir, cfg_dir) if zero is None else zero_files_to_read(zero, weights, hf_dir)
+    reading = files_to_read(inp, cfg_dir, weights)
     source = dict(manifest=manifest, status=status, status_findings=status_findings)
     background = None
     refused = None
@@ -180,14 +174,12 @@ def export_checkpoint(
         result = None
         if zero is not None:  # streamed only: the torch engine has no DeepSpeed source
             crc = refused is None
-            result = export_streamed(
-                role_dir, src, tmp, out, check_crc=crc, **streamed, **args, weights=weights or "fp32"
-            )
+            result = export_streamed(inp, tmp, out, check_crc=crc, **streamed, **args, weights=weights or "fp32")
         elif engine != "torch":
             try:
                 # --allow-corrupt: the CRCs already failed and the user took the bytes as they are
                 crc = refused is None
-                result = export_streamed(role_dir, src, tmp, out, check_crc=crc, **streamed, **args)
+                result = export_streamed(inp, tmp, out, check_crc=crc, **streamed, **args)
             except StreamUnsupported as why:
                 if kind == MEGATRON:
                     raise ExportError(f"{why}: not supported (the torch engine reads no dist_ckpt either)") from None
@@ -197,7 +189,7 @@ def export_checkpoint(
                 placement.remove_work_dir(tmp)
                 tmp.mkdir()
         if result is None:
-            result = export_torch(role_dir, src, tmp, out, **args)
+            result = export_torch(inp, tmp, out, **args)
             if fallback:
                 result = replace(result, warnings=(*result.warnings, fallback))
         if background is not None:
@@ -212,7 +204,7 @@ def export_checkpoint(
         placement.sync_tree(tmp)
         placement.write_marker(tmp, result)
         ops.tick()  # complete and marked: right before the rename
-        if (moved := changed_since(check)) is not None:
+        if (moved := changed_since(check, inp.listed)) is not None:
             raise ExportError(f"{moved} changed while it was exported; nothing was replaced (export again)")
         # what --to holds may have changed during a long export (a file added to the earlier one, a directory
         # made there): judge it again, as it is now, right before it is replaced
@@ -273,15 +265,12 @@ def check_export(
     from ckpt_audit.export.check import CheckError, compare
     from ckpt_audit.export.stream_plan import StreamError, StreamUnsupported
 
-    src = Path(step_dir).resolve()
-    role_dir, hf_dir, zero = locate(src, role, weights, "auto")
-    if zero is not None:
-        weights = weights or "fp32"
+    inp = export_input(Path(step_dir).resolve(), role, weights, "auto")
     out = Path(hf).resolve()
-    config = read_config(config_dir_of(hf_dir, hf_config)) or read_config(out)
+    config = read_config(config_dir_of(inp, hf_config)) or read_config(out)
     try:
-        plan = plan_source(role_dir, hf_dir, config, weights=weights)
-        return compare(plan, out, config, source=str(role_dir))
+        plan = plan_source(inp, config, weights=weights)
+        return compare(plan, out, config, source=str(inp.role_dir))
     except (StreamError, StreamUnsupported, CheckError) as exc:
         raise ExportError(str(exc)) from None
 

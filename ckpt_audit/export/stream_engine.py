@@ -11,18 +11,16 @@ from ckpt_audit.export.guard import ExportError
 from ckpt_audit.export.result import ExportedFile, ExportResult
 from ckpt_audit.export.sources import (
     MEGATRON,
+    ExportInput,
     check_bridge_weights,
     copy_hf_files,
-    hf_dir_of,
-    hf_weights,
     plan_source,
     read_config,
 )
 
 
 def export_streamed(
-    role_dir: Path,
-    src: Path,
+    inp: ExportInput,
     tmp: Path,
     out: Path,
     *,
@@ -38,16 +36,16 @@ def export_streamed(
     weights: str | None = None,
 ) -> ExportResult:
     """Tensor bytes copied from the shards in blocks, no torch; `target`: the torch dtype name floating tensors are
-    cast to, None to keep theirs. `weights`: the DeepSpeed tag `role_dir`'s weights to plan (export.zero)."""
+    cast to, None to keep theirs. `weights`: the DeepSpeed tag's weights to plan (export.zero)."""
     from ckpt_audit.export.stream_plan import StreamError
     from ckpt_audit.export.stream_write import export_tensors
     from ckpt_audit.readers.hashing import digest_file
 
     try:
         config = read_config(hf_dir)
-        plan = plan_source(role_dir, hf_dir_of(role_dir), config, weights=weights)
-        if plan.kind == MEGATRON and (bridge := hf_weights(hf_dir_of(role_dir))):
-            check_bridge_weights(plan, bridge[0].parent, config, role_dir)
+        plan = plan_source(inp, config, weights=weights)
+        if plan.kind == MEGATRON and inp.hf_weights:
+            check_bridge_weights(plan, inp, config)
         total = len(plan.tensors)  # minus a dropped tied head, corrected as the ticks come
         counter = [0]
 
@@ -74,11 +72,10 @@ def export_streamed(
         raise ExportError(str(exc)) from None
     lora_dir = None
     if outcome.lora:
-        adapter_cfg = hf_dir_of(role_dir).parent / "lora_adapter" / "adapter_config.json"  # beside actor/
-        if adapter_cfg.is_file():
-            shutil.copy2(adapter_cfg, tmp / "lora_adapter" / "adapter_config.json")
+        if inp.lora_config is not None:  # beside actor/
+            shutil.copy2(inp.lora_config, tmp / "lora_adapter" / "adapter_config.json")
         lora_dir = str(out / "lora_adapter")
-    copy_hf_files(hf_dir, tmp, outcome.dtype)
+    copy_hf_files(inp, hf_dir, tmp, outcome.dtype)
     exported: list[ExportedFile] = []
     for p in sorted(tmp.rglob("*")):
         if p.is_file():
@@ -86,8 +83,8 @@ def export_streamed(
             size, digest = outcome.hashes[rel] if rel in outcome.hashes else _digest(digest_file, p)
             exported.append(ExportedFile(path=str(out / rel), size_bytes=size, hash=digest))
     return ExportResult(
-        source=str(src),
-        role_dir=str(role_dir),
+        source=str(inp.src),
+        role_dir=str(inp.role_dir),
         out_dir=str(out),
         source_kind=plan.kind,
         world_size=plan.world_size,

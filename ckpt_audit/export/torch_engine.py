@@ -30,15 +30,7 @@ from typing import Any
 from ckpt_audit.export.guard import ExportError
 from ckpt_audit.export.page_release import drop_ranges, mapped_ranges, release_pieces
 from ckpt_audit.export.result import ExportedFile, ExportResult
-from ckpt_audit.export.sources import (
-    copy_hf_files,
-    hf_dir_of,
-    hf_trainer_dir,
-    hf_weights,
-    model_shards,
-    read_config,
-    shard_set,
-)
+from ckpt_audit.export.sources import FSDP, ExportInput, copy_hf_files, read_config, shard_set
 from ckpt_audit.export.stream_plan import SAFETENSORS_DTYPE
 from ckpt_audit.export.stream_write import output_shards
 from ckpt_audit.killpoints import OpCounter
@@ -62,28 +54,28 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def export_torch(role_dir: Path, src: Path, tmp: Path, out: Path, *, target: str | None, **args) -> ExportResult:
+def export_torch(inp: ExportInput, tmp: Path, out: Path, *, target: str | None, **args) -> ExportResult:
     """Every rank file loaded with torch (mmap), tensors joined by torch, read back by safetensors. `target`: the
     torch dtype name floating tensors are cast to, None to keep theirs."""
     try:
         import torch  # lazy: see module docstring
     except ImportError:
         raise ExportError(f"the torch engine needs torch ({TORCH_EXTRA})") from None
-    source = _ShardSource(role_dir) if model_shards(role_dir) else _HfSource(hf_dir_of(role_dir))
-    return _export(source, src, tmp, out, target=getattr(torch, target) if target else None, torch=torch, **args)
+    source = _ShardSource(inp) if inp.kind == FSDP else _HfSource(inp.hf_weights)
+    return _export(source, inp, tmp, out, target=getattr(torch, target) if target else None, torch=torch, **args)
 
 
 class _ShardSource:
     kind = "fsdp-shards"
 
-    def __init__(self, role_dir: Path) -> None:
+    def __init__(self, inp: ExportInput) -> None:
         import logging  # the torch engine only: the stream path does not pay for it
 
         import torch
         import torch.distributed.tensor  # noqa: F401 - registers DTensor for weights_only loading
 
         logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)  # "unpickled before PGs"
-        self.world_size, files = shard_set(role_dir)
+        self.world_size, files = shard_set(inp)
         first = _load(files[0])
         mesh, names = _mesh_of(first, self.world_size)
         # HSDP: ranks along the leading (replicate) mesh dims hold copies; read the first replica only.
@@ -94,7 +86,7 @@ class _ShardSource:
             if r not in self.states:
                 self.states[r] = _load(files[r])
         if 0 not in self.ranks:
-            raise ExportError(f"{role_dir}: rank 0 is not in the first replica of mesh {mesh.tolist()}")
+            raise ExportError(f"{inp.role_dir}: rank 0 is not in the first replica of mesh {mesh.tolist()}")
         self.warnings: list[str] = []
         self.tensors = self._plan(torch)
         self.ranges = mapped_ranges({str(files[r]) for r in self.ranks})
@@ -149,11 +141,11 @@ class _HfSource:
     kind = "hf-weights"
     world_size = None
 
-    def __init__(self, hf: Path) -> None:
+    def __init__(self, weights: tuple[Path, ...]) -> None:
         from safetensors import safe_open
 
         self.warnings: list[str] = []
-        self.handles = [safe_open(str(p), framework="pt") for p in hf_weights(hf)]
+        self.handles = [safe_open(str(p), framework="pt") for p in weights]
         self.tensors = []
         for h in self.handles:
             for key in h.keys():
@@ -187,7 +179,7 @@ def _mesh_of(state: dict, world_size: int):
 
 
 def _export(
-    source, src: Path, tmp: Path, out: Path, *, target, max_shard_size, verify, progress, hf_dir, torch, ops: OpCounter
+    source, inp: ExportInput, tmp: Path, out: Path, *, target, max_shard_size, verify, progress, hf_dir, torch, ops
 ):
     warnings = list(source.warnings)
     config = read_config(hf_dir)
@@ -229,12 +221,11 @@ def _export(
     if lora:
         (tmp / "lora_adapter").mkdir()
         _write_file(tmp / "lora_adapter" / "adapter_model.safetensors", lora, target, tick, ranges, torch)
-        adapter_cfg = hf_dir.parent / "lora_adapter" / "adapter_config.json"  # verl writes it beside actor/
-        if adapter_cfg.is_file():
-            shutil.copy2(adapter_cfg, tmp / "lora_adapter" / "adapter_config.json")
+        if inp.lora_config is not None:  # verl writes it beside actor/
+            shutil.copy2(inp.lora_config, tmp / "lora_adapter" / "adapter_config.json")
         lora_dir = str(out / "lora_adapter")
 
-    copy_hf_files(hf_dir, tmp, out_dtype)
+    copy_hf_files(inp, hf_dir, tmp, out_dtype)
     read_back = False
     if verify:
         _verify(tmp, base + lora, target, ranges, torch, ops)
@@ -248,8 +239,8 @@ def _export(
             d = digest_file(str(p))
             files.append(ExportedFile(path=str(out / p.relative_to(tmp)), size_bytes=d.size_bytes, hash=d.hash))
     return ExportResult(
-        source=str(src),
-        role_dir=str(hf_dir if hf_trainer_dir(hf_dir) else hf_dir.parent),
+        source=str(inp.src),
+        role_dir=str(inp.role_dir),
         out_dir=str(out),
         source_kind=source.kind,
         world_size=source.world_size,

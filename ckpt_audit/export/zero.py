@@ -26,8 +26,7 @@ training in fp32). ZeRO-3 saves no module weights (every parameter in `module` i
 
 from __future__ import annotations
 
-import os
-import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,10 +45,9 @@ from ckpt_audit.export.stream_plan import (
 from ckpt_audit.readers.deepspeed_meta import ZERO_STAGE
 from ckpt_audit.readers.pt import PtStructure, TensorInfo
 from ckpt_audit.readers.unpickler import is_record
+from ckpt_audit.rules import deepspeed as ds
 
 WEIGHTS = ("fp32", "module")
-OPTIM_RE = re.compile(r"(bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt")
-MODEL_RE = re.compile(r"(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt")
 _MAX_TAG = 4096  # `latest` holds one tag name
 
 
@@ -67,15 +65,16 @@ class ZeroFiles:
         return files + ([self.optim[r] for r in sorted(self.optim)] if weights == "fp32" else [])
 
 
-def tag_dir(src: Path) -> Path | None:
+def tag_dir(src: Path, names: Callable[[Path], Sequence[str]]) -> Path | None:
     """The DeepSpeed tag directory `src` names: itself when it holds model states, else the tag its `latest` (the
     tracker DeepSpeed's load_checkpoint reads) names, as in a save dir or an HF Trainer checkpoint-N. None: not a
-    DeepSpeed checkpoint. Raises StreamError for a `latest` naming no tag here."""
-    if _names(src, MODEL_RE):
+    DeepSpeed checkpoint. `names(d)`: the file names the walk listed in `d` (export.sources). Raises StreamError for
+    a `latest` naming no tag here."""
+    if any(map(_model_states, names(src))):
         return src
-    latest = src / "latest"
-    if not latest.is_file():
+    if "latest" not in names(src):
         return None
+    latest = src / "latest"
     try:
         with open(latest, "rb") as fh:
             tag = fh.read(_MAX_TAG).decode("utf-8").strip()
@@ -83,23 +82,26 @@ def tag_dir(src: Path) -> Path | None:
         raise StreamError(f"{latest}: unreadable ({getattr(exc, 'strerror', None) or exc})") from None
     if not tag or "/" in tag or tag in (".", ".."):
         raise StreamError(f"{latest}: does not name a tag directory ({tag[:60]!r})")
-    if not _names(src / tag, MODEL_RE):
+    if not any(map(_model_states, names(src / tag))):
         raise StreamError(f"{latest} names {tag}, which holds no DeepSpeed model states")
     return src / tag
 
 
-def zero_files(tag: Path) -> ZeroFiles:
-    """The model and optimizer states of `tag` by rank; one spelling of the optimizer shards, model-parallel rank 0
-    only. Raises StreamUnsupported for layouts zero_to_fp32 does not merge."""
-    names = _names(tag, None)
+def zero_files(tag: Path, names: Sequence[str]) -> ZeroFiles:
+    """The model and optimizer states of `tag` (whose files are `names`) by rank, named as DeepSpeed's load opens
+    them (rules.deepspeed, the scan's names); one spelling of the optimizer shards, model-parallel rank 0 only.
+    Raises StreamUnsupported for layouts zero_to_fp32 does not merge."""
     if any(n.startswith(("layer_", "expert_", "expp_rank_")) for n in names):
         raise StreamUnsupported(f"{tag}: pipeline or MoE files (layer_*, expert_*): zero_to_fp32 does not merge them")
     model, optim, spellings = {}, {}, set()
-    for n in names:
-        if m := MODEL_RE.fullmatch(n):
+    for n in sorted(names):
+        if m := ds.ZERO3_MODEL_RE.fullmatch(n):
             _mp_zero(tag, n, m[2])
-            model[int(m[1] or 0)] = tag / n
-        elif m := OPTIM_RE.fullmatch(n):
+            model[int(m[1])] = tag / n
+        elif m := ds.MODEL_RE.fullmatch(n):
+            _mp_zero(tag, n, m[1])
+            model[0] = tag / n
+        elif m := ds.OPTIM_RE.fullmatch(n):
             _mp_zero(tag, n, m[3])
             spellings.add(m[1] or "")
             optim[int(m[2])] = tag / n
@@ -109,15 +111,12 @@ def zero_files(tag: Path) -> ZeroFiles:
     return ZeroFiles(tag_dir=tag, model=model, optim=optim)
 
 
-def plan_zero(step_dir: str | Path, weights: str = "fp32") -> Plan:
-    """The Plan of a ZeRO 1/2/3 checkpoint: `step_dir` is a tag directory (global_stepN), a save directory or HF
-    Trainer checkpoint with `latest`. Raises StreamError (one line) for what cannot be exported as it is."""
+def plan_zero(files: ZeroFiles, weights: str = "fp32") -> Plan:
+    """The Plan of a ZeRO 1/2/3 checkpoint's tag `files` (zero_files). Raises StreamError (one line) for what
+    cannot be exported as it is."""
     if weights not in WEIGHTS:
         raise StreamError(f"unknown weights {weights!r} (use {' or '.join(WEIGHTS)})")
-    tag = tag_dir(Path(step_dir))
-    if tag is None:
-        raise StreamError(f"{step_dir}: not a DeepSpeed checkpoint (no *_model_states.pt, no latest)")
-    files = zero_files(tag)
+    tag = files.tag_dir
     if 0 not in files.model:
         raise StreamError(f"{tag}: no model states of rank 0")
     first = streamable_structure(files.model[0])
@@ -131,6 +130,10 @@ def plan_zero(step_dir: str | Path, weights: str = "fp32") -> Plan:
     if weights == "module":
         return _plan_module(files, first, tree)
     return _Fp32(files, first, tree).plan()
+
+
+def _model_states(name: str) -> bool:
+    return bool(ds.MODEL_RE.fullmatch(name) or ds.ZERO3_MODEL_RE.fullmatch(name))
 
 
 # ---------------------------------------------------------------------------------------------------- module
@@ -174,8 +177,9 @@ class _Fp32:
         structs = {r: streamable_structure(p) for r, p in sorted(self.files.optim.items())}
         if not structs:
             raise StreamError(
-                f"{self.files.tag_dir}: no optimizer states (*_optim_states.pt): the fp32 master "
-                "weights are in them (--weights module exports the module's own weights)"
+                f"{self.files.tag_dir}: no optimizer states ([bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt, "
+                "the names DeepSpeed saves and loads): the fp32 master weights are in them (--weights module "
+                "exports the module's own weights)"
             )
         osd = {r: _dict(s.tree, "optimizer_state_dict", s.path) for r, s in structs.items()}
         stage, world = _stage_and_world(osd[min(osd)], structs[min(structs)].path)
@@ -391,14 +395,6 @@ def _stage_and_world(osd: dict, path: str) -> tuple[int, int]:
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
         raise StreamError(f"{path}: partition_count {pc!r} is not a world size")
     return stage, world
-
-
-def _names(d: Path, pattern: re.Pattern | None) -> list[str]:
-    try:
-        names = sorted(os.listdir(d))
-    except OSError:
-        return []
-    return [n for n in names if pattern is None or pattern.fullmatch(n)]
 
 
 def _mp_zero(tag: Path, name: str, mp: str) -> None:

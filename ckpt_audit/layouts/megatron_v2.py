@@ -49,6 +49,16 @@ def is_v2(role_dir: str, tree: Tree) -> bool:
     return rules.MANIFEST in tree.file_names(role_dir) or any(d in subs for d in rules.V2_DIRS)
 
 
+def model_dirs(role_dir: str, tree: Tree) -> tuple[str | None, str]:
+    """(the model's dist_ckpt, its huggingface directory) in a verl role directory, where verl's load and merger
+    read them: model/dist_ckpt and model/huggingface (layout v2), else dist_ckpt/ and huggingface/ (pre-v2, and
+    FSDP's huggingface/). The dist_ckpt is None where neither holds a `.metadata`. What export reads."""
+    v2 = f"{role_dir}/model"
+    dist = next((d for d in (f"{v2}/dist_ckpt", f"{role_dir}/dist_ckpt") if ".metadata" in tree.file_names(d)), None)
+    moved = tree.has_dir(f"{v2}/huggingface") or tree.has_dir(f"{v2}/dist_ckpt")
+    return dist, f"{v2}/huggingface" if moved else f"{role_dir}/huggingface"
+
+
 def check_dist_ckpt(dist: str, tree: Tree, facts: Mapping[str, FileFacts]) -> tuple[int | None, list[Finding]]:
     """(writer count, findings) of one dist_checkpointing directory, as megatron-core's load needs it."""
     ws, found = check_dcp_dir(dist, tree)

@@ -266,6 +266,18 @@ class VerlFsdp:
         return replace(ckpt, findings=ckpt.findings + shards.check_step(ckpt, sft=sft))
 
 
+def model_weights(comp: Component) -> dict[int, ShardFile]:
+    """The checkpoint's model weights in a component this layout built, by rank: the model shards named for the
+    world size the scan judged it at (Component.world_size, rules.shards.current_world_size: the one fsdp_config.json
+    names, else the newest set of any kind). The one rule: the scan judges these and export reads them."""
+    ws = comp.world_size
+    return {
+        f.rank: f
+        for f in comp.files
+        if f.kind is FileKind.MODEL and f.rank is not None and f.world_size is not None and f.world_size == ws
+    }
+
+
 def config_world_size(role_dir: str) -> int | None:
     """The world_size a component's fsdp_config.json names, read now and parsed as the scan parses it
     (rules.shards.parse_fsdp_config; verify's mesh check): None when absent, unreadable or unusable (the scan

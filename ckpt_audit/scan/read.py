@@ -75,6 +75,13 @@ def _read_text(path: str, st: os.stat_result) -> str | None:
         return None
 
 
+def stat_facts(path: str, st: os.stat_result) -> FileFacts:
+    """A walked file as the layouts see it before its content is read: its stat, and the text their rules read
+    (export builds the scan's component from these: export.sources)."""
+    text = _read_text(path, st) if _wants_text(path) else None
+    return FileFacts(path=path, size_bytes=st.st_size, mtime_ns=st.st_mtime_ns, inode=st.st_ino, text=text)
+
+
 def reused(path: str, prev: FileFacts, st: os.stat_result) -> FileFacts:
     """The catalog's row of `path` with what the catalog does not keep read again: a small JSON file's text, and a
     .safetensors file's header (_header_again)."""
