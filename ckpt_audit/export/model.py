@@ -97,6 +97,19 @@ def check_config(work: Path, out: Path) -> ModelCheck:
     )
 
 
+def config_unusable(cfg_dir: Path) -> str | None:
+    """Why cfg_dir/config.json, which is there, is no JSON object to read the model from; None when it is one (or
+    is not there: source_config_problem says so)."""
+    path = cfg_dir / "config.json"
+    try:
+        config = bounded_json.load_file(str(path))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:  # JSON, UTF-8 or a bound
+        return f"{path} is not valid JSON ({exc})"
+    return None if isinstance(config, dict) else f"{path} is not a JSON object"
+
+
 def source_config_problem(hf_dir: Path) -> str | None:
     """Why the source holds no config.json to export (checked before anything is written), or None."""
     return None if (hf_dir / "config.json").is_file() else f"{hf_dir / 'config.json'}: export-no-config: {NO_CONFIG}"
