@@ -5,7 +5,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from cli_proc import ckpt_audit
 
 
@@ -102,3 +105,32 @@ def test_ray_auto_at_a_recorded_cluster_that_is_gone_is_one_line_exit_3_at_once(
         f"ckpt-audit: error: cannot reach the Ray cluster at {gone} (Connection refused)"
     ]
     assert not (tmp_path / "c.db").exists()
+
+
+@pytest.mark.slow  # waits out the gRPC handshake's CONNECT_TIMEOUT_S (5 s) once
+def test_ray_address_where_a_server_that_is_not_ray_listens_is_one_line_exit_3(tmp_path):
+    """--ray at a port that takes TCP but is no Ray GCS (a plain TCP server; a gRPC server without Ray's services):
+    the TCP check passed and Ray's connect retried past a minute. Now one line naming why, exit 3, no catalog."""
+    import grpc
+
+    plain = socket.create_server(("127.0.0.1", 0))
+    held = []
+    threading.Thread(target=lambda: held.extend(plain.accept() for _ in range(4)), daemon=True).start()
+    other = grpc.server(ThreadPoolExecutor(max_workers=1))
+    other_port = other.add_insecure_port("127.0.0.1:0")
+    other.start()
+    catalog = tmp_path / "c.db"
+    try:
+        for cmd, address, why in (
+            (["scan", tmp_path], f"127.0.0.1:{plain.getsockname()[1]}", "does not speak gRPC (no handshake in 5 s)"),
+            (["export", tmp_path, "--to", tmp_path / "hf"], f"127.0.0.1:{other_port}", "is not a Ray GCS"),
+        ):
+            out = ckpt_audit(*cmd, "--ray", address, catalog=catalog, timeout=60)
+            assert out.returncode == 3, out.stderr
+            [line] = out.stderr.strip().splitlines()
+            assert line.startswith(f"ckpt-audit: error: cannot reach the Ray cluster at {address}: the server there ")
+            assert why in line
+    finally:
+        other.stop(None)
+        plain.close()
+    assert not catalog.exists() and not (tmp_path / "hf").exists()

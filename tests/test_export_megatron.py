@@ -271,6 +271,20 @@ def test_config_disagreeing_with_the_checkpoint_is_refused(mgx, tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
+def test_a_hf_config_that_is_no_json_object_is_named_not_called_missing(mgx, tmp_path):
+    """--hf-config DIR whose config.json is garbage was "<the step's huggingface/> has no config.json": the file
+    given is named, and what is wrong with it."""
+    base = tmp_path / "base"
+    base.mkdir()
+    for text, why in (("{garbage", "is not valid JSON ("), ("[1, 2]", "is not a JSON object")):
+        (base / "config.json").write_text(text)
+        proc = _cli(_step(mgx, "llama-untied"), "--to", tmp_path / "hf", "--hf-config", base, catalog=tmp_path / "c.db")
+        assert proc.returncode == 3, proc.stderr
+        [line] = proc.stderr.strip().splitlines()
+        assert line.startswith(f"ckpt-audit: error: {base / 'config.json'} {why}"), line
+    assert not (tmp_path / "hf").exists()
+
+
 ARCH_REFUSALS = {  # tree, config change, the one-line refusal
     "qwen3-without-qk-norm": (
         "llama-untied",

@@ -221,6 +221,19 @@ def test_cli_latest_passes_over_the_old_layout(v2, tmp_path):
     assert "megatron-old-layout" in passed["reasons"]
 
 
+def test_cli_latest_print_tag_names_a_megatron_run_as_megatron(v2, tmp_path):
+    """--print tag is DeepSpeed's: refused for a verl Megatron run, which it called a verl-fsdp run (its run
+    structure's name); it is named by what its checkpoints hold."""
+    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    for case, kinds in (("old-layout", "verl-megatron + verl-megatron-v2"), ("clean", "verl-megatron-v2")):
+        cli = [sys.executable, "-m", "ckpt_audit.cli", "latest", "--print", "tag", str(_run(v2, case))]
+        out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip().splitlines()[-1] == (
+            f"Error: --print tag: {_run(v2, case)} is a {kinds} run, not a DeepSpeed one"
+        )
+
+
 def test_prune_keeps_the_newest_step_verl_loads_beside_an_old_layout_one(v2, tmp_path):
     """keep-last 1 over v2 steps 2, 4 and the old-layout step 8 (the tracker's): 8 stays, and so does 4, the newest
     step verl 0.9.1 resumes as it is (8 needs the migration first)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_proc import ckpt_audit
+from cli_proc import ckpt_audit, unprivileged
 
 from harness.checkpoint import load_file  # the trainer's own weights_only loader
 
@@ -157,3 +157,18 @@ def test_a_file_added_to_the_earlier_export_during_a_force_export_is_not_deleted
         export_checkpoint(run / "global_step_6", out, force=True, progress=meanwhile)
     assert mine.read_text() == "my notes"
     assert not [p for p in tmp_path.iterdir() if "ckpt-audit-tmp" in p.name]  # the new export's work dir is gone
+
+
+@pytest.mark.skipif(unprivileged() is None, reason="root without setpriv: chmod is not enforced")
+def test_an_unreadable_huggingface_dir_is_one_line_naming_it(copy_run, verl_run, tmp_path):
+    """huggingface/ without read permission: the export and --check were a bare 'PermissionError: [Errno 13] ...'
+    line from the last-resort handler; now the project's one line naming what could not be read, exit 3."""
+    hf = copy_run(verl_run) / "global_step_6" / "actor" / "huggingface"
+    hf.chmod(0)
+    try:
+        for args in (("--to", tmp_path / "hf"), ("--check", tmp_path)):
+            proc = ckpt_audit("export", hf.parent.parent, *args, catalog=tmp_path / "c.db", as_user=True)
+            refused_with(proc, 3, f"cannot read {hf / 'config.json'} (Permission denied); nothing was written")
+    finally:
+        hf.chmod(0o755)
+    assert not (tmp_path / "hf").exists()

@@ -93,6 +93,23 @@ def test_async_save_of_a_fresh_run_has_no_tracker_at_all(run, tmp_path):
 # ------------------------------------------------------------------------------------------ Megatron
 
 
+def test_fix_tracker_writes_no_verl_tracker_into_a_plain_dcp_run(dcp_trees, tmp_path):
+    """torch.distributed.checkpoint writes no tracker: fix-tracker wrote verl's into a plain DCP run (--yes then
+    failed re-listing it, exit 3). Refused like torchtitan's, dry run or not: exit 1, one line, nothing written."""
+    run = tmp_path / "dcp" / "checkpoint"
+    shutil.copytree(dcp_trees["dcp"], run / "ckpt_1")
+    age(run)
+    for yes in ((), ("--yes",)):
+        out = ckpt_audit("fix-tracker", *yes, run, catalog=tmp_path / "c.db")
+        assert out.returncode == 1, out.stderr
+        [line] = out.stderr.strip().splitlines()
+        assert line.endswith(
+            "not fixed: a plain DCP run has no tracker (torch.distributed.checkpoint writes none; the "
+            "training script names the directory it loads): pass `ckpt-audit latest` to it instead"
+        )
+    assert sorted(p.name for p in run.iterdir()) == ["ckpt_1"]
+
+
 @pytest.fixture(scope="module")
 def megatron_tree(dcp_trees) -> Path:
     return dcp_trees["megatron"]  # tests/conftest.py: one cached gloo run per session

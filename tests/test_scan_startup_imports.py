@@ -59,7 +59,7 @@ NOT_BEFORE_FIRST_FILE = (
     "harness",
 )
 # the command modules the scan may load: the group imports a subcommand's module only when that command runs
-SCAN_CLI_MODULES = {"ckpt_audit.cli", "ckpt_audit.cli.common", "ckpt_audit.cli.scan"}
+SCAN_CLI_MODULES = {"ckpt_audit.cli", "ckpt_audit.cli.group", "ckpt_audit.cli.common", "ckpt_audit.cli.scan"}
 
 
 def _tree(tmp_path):

@@ -92,7 +92,9 @@ def latest_command(
         raise CommandError(str(exc)) from None
     g = answer.gate
     if what == "tag" and not answer.takes_tag:  # only DeepSpeed's load takes a tag
-        raise click.UsageError(f"--print tag: {answer.run.path} is a {answer.run.layout} run, not a DeepSpeed one")
+        # named by what its checkpoints hold: a verl run's layout is verl's run structure, Megatron's or FSDP's alike
+        kinds = sorted({c.layout for ckpt in answer.run.checkpoints for c in ckpt.components}) or [answer.run.layout]
+        raise click.UsageError(f"--print tag: {answer.run.path} is a {' + '.join(kinds)} run, not a DeepSpeed one")
     tag = answer.tag
     code = ExitCode.OK if g.chosen is not None else ExitCode.FINDINGS
     if as_json:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckpt_audit.codes import finding
+from ckpt_audit.export.children import sigint_held
 from ckpt_audit.export.stream_plan import FLOATS, ITEMSIZE, SAFETENSORS_DTYPE
 from ckpt_audit.models import Finding
 from ckpt_audit.readers import bounded_json, safetensors_header
@@ -94,6 +95,19 @@ def check_config(work: Path, out: Path) -> ModelCheck:
     return ModelCheck(
         findings=tuple(finding("export-config-mismatch", cfg_path, p) for p in problems), notes=tuple(notes)
     )
+
+
+def config_unusable(cfg_dir: Path) -> str | None:
+    """Why cfg_dir/config.json, which is there, is no JSON object to read the model from; None when it is one (or
+    is not there: source_config_problem says so)."""
+    path = cfg_dir / "config.json"
+    try:
+        config = bounded_json.load_file(str(path))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:  # JSON, UTF-8 or a bound
+        return f"{path} is not valid JSON ({exc})"
+    return None if isinstance(config, dict) else f"{path} is not a JSON object"
 
 
 def source_config_problem(hf_dir: Path) -> str | None:
@@ -325,23 +339,28 @@ def load_with_transformers(work: Path, out: Path, *, total_bytes: int, max_size:
             f"({format_size(max_size)}), and the load holds it all in memory",
         )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    try:
-        proc = subprocess.run(
+    with sigint_held():  # a Ctrl-C during the fork was swallowed by Python's at-fork handlers
+        proc = subprocess.Popen(
             [sys.executable, str(LOADER), str(work)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env=env,
             stdin=subprocess.DEVNULL,
-            timeout=LOAD_TIMEOUT_S + total_bytes // (50 * 2**20),
             preexec_fn=_die_with_parent,
         )
-    except subprocess.TimeoutExpired:
-        return Load(ran=False, note="transformers load not run: it did not finish in time")
-    lines = proc.stdout.strip().splitlines()
+    with proc:  # killed on the way out, as subprocess.run does, on a timeout or a Ctrl-C alike
+        try:
+            stdout, stderr = proc.communicate(timeout=LOAD_TIMEOUT_S + total_bytes // (50 * 2**20))
+        except subprocess.TimeoutExpired:
+            return Load(ran=False, note="transformers load not run: it did not finish in time")
+        finally:
+            proc.kill()
+    lines = stdout.strip().splitlines()
     try:
         got = json.loads(lines[-1])
     except (IndexError, ValueError):
-        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
+        tail = (stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:200]
         return Load(ran=False, note=f"transformers load did not finish ({tail})")
     if not got.get("ran"):
         return Load(ran=False, note=f"transformers load not run: {got.get('why')}")

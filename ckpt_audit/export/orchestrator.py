@@ -44,7 +44,13 @@ from ckpt_audit.export.guard import (
     refusal,
     step_and_run,
 )
-from ckpt_audit.export.model import Load, check_config, load_with_transformers, source_config_problem
+from ckpt_audit.export.model import (
+    Load,
+    check_config,
+    config_unusable,
+    load_with_transformers,
+    source_config_problem,
+)
 from ckpt_audit.export.result import ExportResult
 from ckpt_audit.export.sources import (
     MEGATRON,
@@ -131,6 +137,8 @@ def export_checkpoint(
     kind = source_kind(inp)
     if kind == MEGATRON and not (cfg_dir / "config.json").is_file():  # the names and the split need it
         raise ExportError(NEEDS_CONFIG.format(hf_dir=cfg_dir))
+    if kind == MEGATRON and (unusable := config_unusable(cfg_dir)) is not None:  # was "has no config.json"
+        raise ExportError(f"{unusable}: the Megatron names and split are read from it")
     if kind == MEGATRON and engine == "torch" and not inp.hf_weights:
         raise ExportError(f"{role_dir}: the torch engine does not read a Megatron dist_ckpt (use --engine stream)")
     if not allow_unverified and (no_config := source_config_problem(cfg_dir)) is not None:

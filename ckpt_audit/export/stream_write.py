@@ -164,15 +164,20 @@ def _in_workers(files, jobs: int, target, check_crc: bool, verify: bool, tick, r
     import multiprocessing as mp
     from concurrent.futures.process import BrokenProcessPool
 
+    from ckpt_audit.export.children import answer_sigint, sigint_held
+
     # never fork: the caller's source check runs on a thread beside this
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     done: dict[int, tuple[int, str]] = {}
-    pool = cf.ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=mp.get_context(method))
+    pool = cf.ProcessPoolExecutor(
+        max_workers=min(jobs, len(files)), mp_context=mp.get_context(method), initializer=answer_sigint
+    )
     try:
-        running = {
-            pool.submit(write_and_read_back, path, group, target, check_crc, verify): i
-            for i, (path, group) in enumerate(files)
-        }
+        with sigint_held():  # the forkserver and the workers start here; each printed a traceback at a Ctrl-C
+            running = {
+                pool.submit(write_and_read_back, path, group, target, check_crc, verify): i
+                for i, (path, group) in enumerate(files)
+            }
         for fut in cf.as_completed(running):
             i = running[fut]
             done[i] = fut.result()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from ckpt_audit import models
 from ckpt_audit.codes import finding
@@ -183,7 +184,13 @@ class DcpLayout:
         }
     )
 
-    tracker = STEP_TRACKER  # a plain DCP run's: verl's tracker file, naming any directory of the step
+    # a plain DCP run's: torch.distributed.checkpoint writes no tracker, the training script names what it loads.
+    # Verl's file is read where a run has one (any directory of the step), never written there.
+    tracker = replace(
+        STEP_TRACKER,
+        refusal="a plain DCP run has no tracker (torch.distributed.checkpoint writes none; the training script names "
+        "the directory it loads): pass `ckpt-audit latest` to it instead",
+    )
 
     def is_step_dir(self, name: str) -> bool:
         return False  # its steps are verl's global_step_N (or a directory named for the step)

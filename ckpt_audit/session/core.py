@@ -273,9 +273,13 @@ class Session:
         (options: export.orchestrator.export_checkpoint's). Raises ExportError / ExportRefused."""
         from ckpt_audit.catalog.lifecycle import LifecycleLog
         from ckpt_audit.export.orchestrator import export_checkpoint
+        from ckpt_audit.session.export_terms import unreadable
 
         cat = self.catalog
-        return export_checkpoint(step_dir, to, catalog=None if cat is None else LifecycleLog(cat.db), **options)
+        try:
+            return export_checkpoint(step_dir, to, catalog=None if cat is None else LifecycleLog(cat.db), **options)
+        except OSError as exc:
+            raise unreadable(exc) from None
 
     def plan_fix_tracker(
         self,
