@@ -1,8 +1,8 @@
 """verl 0.9.1's own Megatron model merger (`python -m verl.model_merger merge --backend megatron`), run on CPU.
 
-`python tests/_verl_merger.py merge --backend megatron --local_dir STEP/actor --target_dir OUT [...]` applies the stubs
-below in this process, then runs the merger's own `main()` with those arguments. It runs as the merger does without
-torchrun: one process, WORLD_SIZE=1, its own MASTER_ADDR/PORT. The merger builds the model at TP=1 and megatron-core's
+Each run applies the stubs below, then runs the merger's own `main()` with `merge --backend megatron --local_dir
+STEP/actor --target_dir OUT [...]`, as the merger runs without torchrun: one process, WORLD_SIZE=1, its own
+MASTER_ADDR/PORT. The merger builds the model at TP=1 and megatron-core's
 `dist_checkpointing.load` reshards the TP=2 / EP=2 trees into it.
 
 Stubbed, each because a CPU-only process cannot do it, and nothing else (the merger's naming, QKV / gate-up splits,
@@ -20,10 +20,13 @@ Stubbed, each because a CPU-only process cannot do it, and nothing else (the mer
   and it saves and loads the same dist_ckpt keys (docs/megatron.md); the merger builds it instead.
 
 `merge_cases(dst, mgx)` runs the merger on copies of the cached export trees (tests/_verl_megatron_export.py), one
-run per case of CASES, each in its own subprocess: the step copied to `dst/<case>/exp/global_step_1`, the base
+run per case of CASES, each in its own process: the step copied to `dst/<case>/exp/global_step_1`, the base
 model's config.json and a one-word tokenizer put in `actor/model/huggingface/` (the merger reads both from there, as
 verl saves them when the run has a tokenizer), the output in `dst/<case>/hf`, the merger's exit status and last error
-line in `dst/results.json`.
+line in `dst/results.json`. One runner process imports torch, megatron-core and verl and applies the stubs once, then
+forks a child per case that runs the merger's `main()` (the imports are most of a run's time on CPU).
+
+Run as: python tests/_verl_merger.py CASES.json   ([[argv, stderr file], ...]; prints one exit status per case)
 """
 
 from __future__ import annotations
@@ -101,16 +104,24 @@ def _prepare(mgx: Path, tree: str, layout: str, run: Path) -> Path:
 
 
 def merge_cases(dst: Path, mgx: Path) -> None:
-    results = {}
+    runs = []
     for case, (tree, flags, layout) in CASES.items():
         actor = _prepare(mgx, tree, layout, dst / case / "exp")
-        cmd = [sys.executable, __file__, "merge", "--backend", "megatron", "--use_cpu_initialization"]
-        cmd += ["--local_dir", str(actor), "--target_dir", str(dst / case / "hf"), *flags]
-        env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
-        env["MASTER_PORT"] = str(_free_port())
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-        errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "Exception" in ln]
-        results[case] = {"rc": proc.returncode, "error": errors[-1].removeprefix("[rank0]: ") if errors else ""}
+        argv = ["merge", "--backend", "megatron", "--use_cpu_initialization"]
+        argv += ["--local_dir", str(actor), "--target_dir", str(dst / case / "hf"), *flags]
+        runs.append([argv, str(dst / f"{case}.stderr")])
+    spec = dst / "cases.json"
+    spec.write_text(json.dumps(runs))
+    proc = subprocess.run([sys.executable, __file__, str(spec)], capture_output=True, text=True, timeout=1200)
+    codes = [int(line) for line in proc.stdout.split()]
+    assert len(codes) == len(runs), proc.stderr[-3000:]
+    results = {}
+    for case, (_argv, err), rc in zip(CASES, runs, codes):
+        stderr = Path(err).read_text(errors="replace")
+        errors = [ln for ln in stderr.splitlines() if "Error" in ln or "Exception" in ln]
+        results[case] = {"rc": rc, "error": errors[-1].removeprefix("[rank0]: ") if errors else ""}
+        Path(err).unlink()
+    spec.unlink()
     (dst / "results.json").write_text(json.dumps(results, indent=2))
 
 
@@ -122,11 +133,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _run_case(argv: list[str], stderr: str) -> int:
+    """The merger's `main()` with `argv` in a forked child, as `python -m verl.model_merger ARGV` would run it
+    without torchrun: its exit status, its stderr in the file `stderr`."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.environ.update(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+            os.environ["MASTER_PORT"] = str(_free_port())
+            fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 2)
+            os.dup2(fd, 1)  # the merger's prints: kept out of the runner's stdout, which carries the statuses
+            sys.argv = ["verl.model_merger", *argv]
+            from verl.model_merger.__main__ import main
+
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            sys.excepthook(*sys.exc_info())  # torch.distributed's hook prefixes "[rank0]: ", as in a plain run
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 if __name__ == "__main__":
     import warnings
 
     warnings.filterwarnings("ignore")  # apex / Transformer Engine absent: megatron-core warns on every import
     _stub()
-    from verl.model_merger.__main__ import main
-
-    main()
+    for argv, stderr in json.loads(Path(sys.argv[1]).read_text()):
+        print(_run_case(argv, stderr), flush=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
-import shutil
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -124,15 +125,32 @@ def test_sparkline():
 # -- the reference trainer ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trainer_logs(tmp_path_factory):
-    from harness.tree import write_tree
+def _write_resumes(root: Path) -> None:
+    """The reference trainer to step 12 (saves at 6 and 12), then two restarts from step 12 to 18: one clean, one
+    with the optimizer state left out of the restore. One launcher: each phase in freshly forked ranks."""
+    from harness.config import TrainConfig
+    from harness.launch import run_phases
 
-    root = tmp_path_factory.mktemp("cont")
-    first = write_tree(root, experiment="clean", world_size=2, steps=12, save_every=6)
-    shutil.copytree(first, root / "demo" / "dropped")
-    write_tree(root, experiment="clean", world_size=2, steps=18, save_every=6, resume="auto")
-    write_tree(root, experiment="dropped", world_size=2, steps=18, save_every=6, resume="auto", drop=("optimizer",))
+    clean, dropped = root / "demo" / "clean", root / "demo" / "dropped"
+    run_phases(
+        [
+            TrainConfig(run_dir=str(clean), steps=12, save_every=6),
+            TrainConfig(
+                run_dir=str(dropped), copy_from=str(clean), steps=18, save_every=6, resume="auto", drop=("optimizer",)
+            ),
+            TrainConfig(run_dir=str(clean), steps=18, save_every=6, resume="auto"),
+        ],
+        timeout_s=900,
+    )
+
+
+@pytest.fixture(scope="session")
+def trainer_logs(tmp_path_factory):
+    """(clean, dropped) metrics.jsonl of `_write_resumes`, cached like the trees in conftest.py."""
+    from conftest import _key, build_cached
+
+    key = _key({"writer": inspect.getsource(_write_resumes)})  # the harness's sources and versions, and the phases
+    root = build_cached(tmp_path_factory, "trainer_logs", _write_resumes, key=key)
     return root / "demo" / "clean" / "metrics.jsonl", root / "demo" / "dropped" / "metrics.jsonl"
 
 

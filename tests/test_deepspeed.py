@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
 from conftest import build_cached, writer_key
+from ranks import run_ranks
 
 from ckpt_audit.rules import deepspeed as rules
 from ckpt_audit.verify import verify
@@ -39,18 +39,7 @@ def optim(tag_dir: Path, rank: int) -> Path:
 
 def _write(writer: Path, dest: Path, *args: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1"}
-    with socket.socket() as s:  # a free port for the gloo rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
-    res = subprocess.run(
-        [*run, str(writer), str(dest), *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        cwd=dest.parent,
-    )
+    res = run_ranks(writer, str(dest), *args, env=env, cwd=dest.parent, timeout=900)  # 2 ranks, as torchrun starts
     assert res.returncode == 0, res.stderr[-3000:]
 
 

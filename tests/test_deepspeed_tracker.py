@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cli_json import age, invoke, scan_json
+from ranks import run_ranks
 from test_deepspeed import ds_z2, hf_ds, optim  # noqa: F401  (the session fixtures and a helper)
 
 from ckpt_audit.killpoints import KILL_AFTER_ENV
@@ -122,14 +122,8 @@ def test_deepspeed_resumes_the_tag_fix_tracker_wrote(save_dir, tmp_path):
     _truncate(optim(save_dir / "global_step6", 1))
     age(save_dir)
     assert invoke("fix-tracker", "--yes", str(save_dir), catalog=tmp_path / "c.db").exit_code == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
-    res = subprocess.run(
-        [*run, str(LOADER), str(save_dir)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path
-    )
+    res = run_ranks(LOADER, str(save_dir), env=env, cwd=tmp_path, timeout=600)  # 2 ranks, as torchrun starts them
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"loaded {save_dir}/global_step4/mp_rank_00_model_states.pt global_steps=4" in res.stdout, res.stdout
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from cli_json import age, codes_of, findings_of, invoke, scan_json, statuses
 from conftest import build_cached, writer_key
+from ranks import run_ranks
 
 from ckpt_audit.deep import safe_load
 from ckpt_audit.rules import files as file_rules
@@ -31,11 +29,7 @@ WRITER = Path(__file__).with_name("_write_hf_trainer.py")
 
 def _write(dest: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    with socket.socket() as s:  # a free port for the gloo rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
-    res = subprocess.run([*run, str(WRITER), str(dest)], capture_output=True, text=True, timeout=600, env=env)
+    res = run_ranks(WRITER, str(dest), env=env, timeout=600)  # 2 ranks, as torchrun starts them
     assert res.returncode == 0, res.stderr[-3000:]
 
 
