@@ -107,12 +107,15 @@ def test_a_source_truncated_mid_export_leaves_nothing_at_to(verl_run, copy_run, 
 
 
 _CUT_UNDER_EXPORT = """
-import os, sys
+import os, sys, threading
 from pathlib import Path
 from ckpt_audit.export.orchestrator import export_checkpoint
 step, out, dtype = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 victim = step / "actor" / "model_world_size_2_rank_1.pt"
 def progress(done, total, name):
+    for check in threading.enumerate():  # the source check reads the files before the cut: the copy must find it
+        if check.name == "ckpt-export-check":
+            check.join()
     if victim.stat().st_size > 4096:
         os.truncate(victim, 4096)
 try:

@@ -335,6 +335,17 @@ def read_config(hf: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
+def read_source_config(hf: Path) -> dict:
+    """read_config of the source's model directory, where a config.json that cannot be opened raises its OSError
+    (the session names the file) instead of passing for no config: a check would otherwise fall back to the config
+    of the export it judges."""
+    try:
+        (hf / "config.json").open("rb").close()
+    except FileNotFoundError:
+        return {}
+    return read_config(hf)
+
+
 def config_files(inp: ExportInput, cfg_dir: Path) -> tuple[Path, ...]:
     """The model's files that are no weights (config, generation config, tokenizer, custom code): the checkpoint's
     as the walk listed them, or those of --hf-config's directory (the model the run started from, no checkpoint)."""
