@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from cli_proc import ckpt_audit
 from click.testing import CliRunner
 
 from ckpt_audit.cli import COMMANDS, cli, plugins
@@ -26,7 +27,7 @@ def test_plugins_are_registered_and_not_core_commands():
 
 
 def test_help_lists_core_and_plugged_commands():
-    out = subprocess.run([sys.executable, "-m", "ckpt_audit", "--help"], capture_output=True, text=True, timeout=120)
+    out = ckpt_audit("--help", timeout=120)
     assert out.returncode == 0, out.stderr
     listed = {line.split()[0] for line in out.stdout.split("Commands:")[1].splitlines() if line.strip()}
     assert listed == set(COMMANDS) | PLUGGED

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from click.testing import CliRunner
 
 from ckpt_audit.cli.continuity import continuity_command
@@ -174,8 +175,7 @@ def test_cli_subprocess_json_and_errors(tmp_path):
         {"step": s, "loss": _loss(s, rng) + 1.0} for s in range(21, 35)
     ]
     path = _write(tmp_path / "m.jsonl", rows)
-    cmd = [sys.executable, "-m", "ckpt_audit.cli", "continuity", path, "--resume-at", "20", "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    proc = ckpt_audit("continuity", path, "--resume-at", "20", "--json", timeout=60)
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["schema_version"] == 1 and doc["exit_code"] == 1

@@ -283,20 +283,19 @@ def test_a_mixed_root_judges_each_run_by_its_own_layout(verl_run, ds_z3, hf_ds, 
 def test_unreadable_latest_protects_every_tag_from_prune(ds_z2, tmp_path):
     """`latest` that cannot be read names an unknown tag: tracker-unread, never a dangling or missing `latest`, and
     prune deletes nothing (any tag may be the one a resume loads)."""
-    from cli_proc import unprivileged
+    from cli_proc import ckpt_audit, unprivileged
 
-    if (prefix := unprivileged()) is None:
+    if unprivileged() is None:
         pytest.skip("root without setpriv: chmod is not enforced")
     save_dir = tmp_path / "ds"
     shutil.copytree(ds_z2, save_dir)
     (save_dir / "latest").chmod(0)
     age(save_dir)
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
-    cmd = [*prefix, sys.executable, "-m", "ckpt_audit"]
-    scan = subprocess.run([*cmd, "scan", "--json", str(save_dir)], capture_output=True, text=True, env=env)
+    catalog = tmp_path / "c.db"
+    scan = ckpt_audit("scan", "--json", save_dir, catalog=catalog, as_user=True)
     doc = json.loads(scan.stdout)
     assert {f["code"] for f in doc["runs"][0]["findings"]} == {"tracker-unread", "unreadable"}, scan.stdout
-    prune = subprocess.run([*cmd, "prune", "--yes", "--keep-last", "1", str(save_dir)], capture_output=True, env=env)
+    prune = ckpt_audit("prune", "--yes", "--keep-last", "1", save_dir, catalog=catalog, as_user=True)
     assert prune.returncode == 0, prune.stderr
     assert sorted(p.name for p in save_dir.glob("global_step*")) == ["global_step2", "global_step4", "global_step6"]
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from cli_json import age, invoke, scan_json
+from cli_proc import ckpt_audit
 from ranks import run_ranks
 from test_deepspeed import ds_z2, hf_ds, optim  # noqa: F401  (the session fixtures and a helper)
 
@@ -100,15 +99,12 @@ def test_fix_tracker_killed_at_any_point_leaves_a_whole_latest(save_dir, tmp_pat
     db = tmp_path / "c.db"
     (save_dir / "latest").write_bytes(b"global_step4")
     age(save_dir)
-    cmd = [sys.executable, "-m", "ckpt_audit", "fix-tracker", "--yes", str(save_dir)]
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(db)}
-    killed = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=120, env={**env, KILL_AFTER_ENV: str(kill_after)}
-    )
+    cmd = ("fix-tracker", "--yes", save_dir)
+    killed = ckpt_audit(*cmd, catalog=db, env={KILL_AFTER_ENV: str(kill_after)}, timeout=120)
     assert killed.returncode == -9, (killed.returncode, killed.stderr)
     assert (save_dir / "latest").read_bytes() in (b"global_step4", b"global_step6")
     age(save_dir / "latest")  # the killed write is not a trainer that is alive
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    again = ckpt_audit(*cmd, catalog=db, timeout=120)
     assert again.returncode == 0, again.stderr
     assert (save_dir / "latest").read_bytes() == b"global_step6"
     assert not list(save_dir.glob(".latest.ckpt-audit-tmp-*"))

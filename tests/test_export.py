@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.tensor  # noqa: F401 - DTensor for weights_only loading
+from cli_proc import ckpt_audit
 from safetensors import safe_open
 from safetensors.torch import save_file
 from test_export_trees import write_plain, write_raw
@@ -221,9 +220,8 @@ def test_missing_rank_is_a_one_line_error(verl_run, copy_run, tmp_path):
 def test_cli_export_records_hashes_in_the_catalog(verl_run, tmp_path):
     step = latest_step(verl_run)
     catalog = tmp_path / "c.db"
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)}
-    cmd = [sys.executable, "-m", "ckpt_audit", "export", str(step), "--to", str(tmp_path / "hf"), "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    export = ("export", step, "--to", tmp_path / "hf", "--json")
+    proc = ckpt_audit(*export, catalog=catalog)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["schema_version"] == 1 and doc["verified"] is True
@@ -238,7 +236,7 @@ def test_cli_export_records_hashes_in_the_catalog(verl_run, tmp_path):
     rows = dict(db.execute("SELECT path, hash FROM export_files").fetchall())
     assert rows == {f["path"]: f["hash"] for f in doc["files"]}
 
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    again = ckpt_audit(*export, catalog=catalog)
     assert again.returncode == 2 and "exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1
 
 

@@ -11,6 +11,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from test_export_stream import latest_step
 
 from ckpt_audit.export.fsdp_shards import plan_shards
@@ -146,20 +147,14 @@ def test_a_source_truncated_under_a_serial_export_is_one_line(verl_run, copy_run
 
 
 def test_cli_jobs_option(verl_run, tmp_path):
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
+    catalog = tmp_path / "c.db"
     args = [latest_step(verl_run), "--max-shard-size", "20000", "--max-load-size", "0", "--json"]
     for jobs in ("1", "2"):
-        cmd = [sys.executable, "-m", "ckpt_audit", "export", *map(str, args), "--to", tmp_path / jobs, "--jobs", jobs]
-        proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=env, timeout=300)
+        proc = ckpt_audit("export", *args, "--to", tmp_path / jobs, "--jobs", jobs, catalog=catalog)
         assert proc.returncode == 0, proc.stderr
     assert _files(tmp_path / "1") == _files(tmp_path / "2")
-    bad = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "export", str(latest_step(verl_run)), "--to", str(tmp_path / "x")]
-        + ["--jobs", "0"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+    bad = ckpt_audit(
+        "export", latest_step(verl_run), "--to", tmp_path / "x", "--jobs", "0", catalog=catalog, timeout=60
     )
     assert bad.returncode == 2 and not (tmp_path / "x").exists()
 

@@ -12,7 +12,6 @@ models) agree with megatron-core's own TP forward on the same tokens.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_proc import ckpt_audit
 from conftest import build_cached, writer_key
 from safetensors.torch import load_file, save_file
 
@@ -54,9 +54,7 @@ def _step(mgx: Path, name: str) -> Path:
 
 
 def _cli(*args, catalog: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)}
-    cmd = [sys.executable, "-m", "ckpt_audit", "export", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    return ckpt_audit("export", *args, catalog=catalog, timeout=600)
 
 
 def reference(mgx: Path, name: str) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ from ckpt_audit.export.model import expected_tensors
 MARKER = ".ckpt-audit-export.json"
 
 
+# not cli_proc.ckpt_audit: `prelude` runs in the child before main (through -c), which `-m` cannot
 def cli(catalog: Path, *args: object, prelude: str = "") -> subprocess.CompletedProcess:
     code = f"{prelude}\nfrom ckpt_audit.cli import main\nmain()"
     return subprocess.run(

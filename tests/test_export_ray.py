@@ -129,6 +129,7 @@ def test_a_task_failing_mid_export_leaves_the_earlier_export_in_place(ray_cluste
     assert sorted(p.name for p in out.parent.iterdir()) == ["hf"]
 
 
+# not cli_proc.ckpt_audit: `code` runs in the child before the CLI (through -c), which `-m` cannot
 def _cli(args: list[str], code: str = "") -> subprocess.CompletedProcess:
     run = f"{code}from ckpt_audit.cli import cli\ncli.main({args!r})\n"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

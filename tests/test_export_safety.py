@@ -336,7 +336,7 @@ def test_a_copy_pass_failing_while_the_source_check_runs_is_one_line_and_leaves_
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (n, resource.RLIM_INFINITY))
 
-    proc = subprocess.run(
+    proc = subprocess.run(  # not cli_proc.ckpt_audit: the child needs preexec_fn for its file-size limit
         [sys.executable, "-m", "ckpt_audit", "export", str(step(run, 6)), "--to", str(out)],
         capture_output=True,
         text=True,

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from conftest import build_cached, writer_key
 from test_deepspeed import _write, hf_ds  # noqa: F401  hf_ds: the HF Trainer + DeepSpeed tree fixture
 from test_no_torch import BLOCK
@@ -119,19 +120,11 @@ def test_zero3_module_weights_are_refused_with_the_way_out(ds_export, tmp_path):
 def test_hf_trainer_deepspeed_checkpoint_exports_a_model_transformers_loads(hf_ds, tmp_path):  # noqa: F811
     ckpt = hf_ds / "checkpoint-4"
     db = tmp_path / "c.db"
-    scanned = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "scan", "-q", "--catalog", str(db), str(hf_ds)], capture_output=True
-    )
+    scanned = ckpt_audit("scan", "-q", "--catalog", db, hf_ds)
     assert scanned.returncode == 0, scanned.stderr
     to = tmp_path / "hf"
     # transformers' own load is part of the verdict, so this one runs where transformers can be imported
-    res = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "export", str(ckpt), "--to", str(to), "--weights", "fp32", "--json"]
-        + ["--catalog", str(db)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = ckpt_audit("export", ckpt, "--to", to, "--weights", "fp32", "--json", "--catalog", db)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["verified"] is True and doc["model_check"] == "transformers" and doc["source_check"] == "manifest"

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from click.testing import CliRunner
 
 from ckpt_audit.cli import cli
@@ -43,25 +42,8 @@ def test_resume_test_cli_equivalent_json_and_kept_tree(tmp_path):
 
 
 def test_resume_test_subprocess_exit_1_names_dropped_data():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ckpt_audit",
-            "resume-test",
-            "-w",
-            "1",
-            "--steps",
-            "3",
-            "--resume-step",
-            "2",
-            "--drop",
-            "data",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    proc = ckpt_audit(
+        "resume-test", "-w", "1", "--steps", "3", "--resume-step", "2", "--drop", "data", "--json", timeout=900
     )
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)

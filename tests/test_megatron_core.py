@@ -10,7 +10,6 @@ checkpoint verl would resume from loads with the saved values exactly when verif
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from conftest import build_cached, writer_key
 
 from ckpt_audit import scan
@@ -188,11 +188,9 @@ def test_cli_scan_then_verify_on_a_flipped_bit(mcore, tmp_path):
     and names the file and item; verify, through the real CLI, names the tensor too. Both exit 1."""
     run = tmp_path / "exp"
     shutil.copytree(_run(mcore, "distcp-bitflip"), run)
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
-    cli = [sys.executable, "-m", "ckpt_audit.cli"]
     found = {}
     for command in ("scan", "verify"):
-        out = subprocess.run([*cli, command, "--json", str(run)], env=env, capture_output=True, text=True, timeout=300)
+        out = ckpt_audit(command, "--json", run, catalog=tmp_path / "c.db")
         assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-500:]
         [comp] = json.loads(out.stdout)["runs"][0]["checkpoints"][0]["components"]
         found[command] = [f for f in comp["findings"] if f["code"] == "distcp-crc-mismatch"]

@@ -22,6 +22,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from conftest import build_cached, writer_key
 
 from ckpt_audit import scan
@@ -206,14 +207,7 @@ def test_young_step_without_manifest_is_in_progress(clean_copy):
 
 def test_cli_latest_passes_over_the_old_layout(v2, tmp_path):
     """The real CLI: the tracker names the old-layout step 8; `latest` answers step 4 and says why not 8."""
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
-    out = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit.cli", "latest", "--json", str(_run(v2, "old-layout"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = ckpt_audit("latest", "--json", _run(v2, "old-layout"), catalog=tmp_path / "c.db")
     assert "Traceback" not in out.stderr, out.stderr[-800:]
     doc = json.loads(out.stdout)
     assert doc["step"] == 4 and doc["checkpoint"].endswith("global_step_4"), doc
@@ -224,10 +218,8 @@ def test_cli_latest_passes_over_the_old_layout(v2, tmp_path):
 def test_cli_latest_print_tag_names_a_megatron_run_as_megatron(v2, tmp_path):
     """--print tag is DeepSpeed's: refused for a verl Megatron run, which it called a verl-fsdp run (its run
     structure's name); it is named by what its checkpoints hold."""
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
     for case, kinds in (("old-layout", "verl-megatron + verl-megatron-v2"), ("clean", "verl-megatron-v2")):
-        cli = [sys.executable, "-m", "ckpt_audit.cli", "latest", "--print", "tag", str(_run(v2, case))]
-        out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+        out = ckpt_audit("latest", "--print", "tag", _run(v2, case), catalog=tmp_path / "c.db")
         assert out.returncode == 2, out.stderr
         assert out.stderr.strip().splitlines()[-1] == (
             f"Error: --print tag: {_run(v2, case)} is a {kinds} run, not a DeepSpeed one"
@@ -237,9 +229,8 @@ def test_cli_latest_print_tag_names_a_megatron_run_as_megatron(v2, tmp_path):
 def test_prune_keeps_the_newest_step_verl_loads_beside_an_old_layout_one(v2, tmp_path):
     """keep-last 1 over v2 steps 2, 4 and the old-layout step 8 (the tracker's): 8 stays, and so does 4, the newest
     step verl 0.9.1 resumes as it is (8 needs the migration first)."""
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
-    cli = [sys.executable, "-m", "ckpt_audit.cli", "prune", "--keep-last", "1", "--dry-run", "--json"]
-    out = subprocess.run([*cli, str(_run(v2, "old-layout"))], env=env, capture_output=True, text=True, timeout=300)
+    prune = ("prune", "--keep-last", "1", "--dry-run", "--json", _run(v2, "old-layout"))
+    out = ckpt_audit(*prune, catalog=tmp_path / "c.db")
     assert out.returncode == 0, out.stdout + out.stderr
     plan = json.loads(out.stdout)["plan"]
     assert {i["step"]: i["reasons"] for i in plan["keep"]}[4] == ["newest-resumable"]
@@ -263,9 +254,7 @@ def test_fix_tracker_will_not_move_back_from_an_old_layout_step(v2, tmp_path):
     verl's migration, which keeps the progress) and leaves the tracker as it was."""
     run = tmp_path / "exp"
     shutil.copytree(_run(v2, "old-layout"), run)
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
-    cli = [sys.executable, "-m", "ckpt_audit.cli", "fix-tracker", "--yes", str(run)]
-    out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+    out = ckpt_audit("fix-tracker", "--yes", run, catalog=tmp_path / "c.db")
     assert (
         out.returncode == 1 and "names-old-layout" in out.stderr and "migrate_megatron_checkpoint_layout" in out.stderr
     )
@@ -320,10 +309,9 @@ def test_optimizer_format_flags_recorded_and_shown(v2, tmp_path):
     run = tmp_path / "exp"
     shutil.copytree(_run(v2, "clean"), run)
     db = tmp_path / "c.db"
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(db)}
 
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        out = subprocess.run([sys.executable, "-m", "ckpt_audit.cli", *args], env=env, capture_output=True, text=True)
+    def cli(*args: object) -> subprocess.CompletedProcess:
+        out = ckpt_audit(*args, catalog=db)
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
         return out
 
@@ -353,9 +341,7 @@ def test_reclaimed_trash_of_a_migrated_step_counts_each_file_once(v2, tmp_path):
     step8 = scan.scan([run], in_progress_window_s=0).runs[0].checkpoints[-1]
     trash = run / ".ckpt-audit-trash-global_step_7-0123456789ab"
     subprocess.run(["cp", "-a", str(run / "global_step_8"), str(trash)], check=True)
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
-    cli = [sys.executable, "-m", "ckpt_audit.cli", "prune", "--keep-last", "1", "--yes", "--json", str(run)]
-    out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=300)
+    out = ckpt_audit("prune", "--keep-last", "1", "--yes", "--json", run, catalog=tmp_path / "c.db")
     assert out.returncode == 0, out.stdout + out.stderr
     [reclaimed] = [o for o in json.loads(out.stdout)["result"]["outcomes"] if o["action"] == "reclaimed"]
     assert reclaimed["size_bytes"] == step8.size_bytes and not trash.exists()

@@ -33,6 +33,7 @@ finally:
 )
 
 
+# not cli_proc.ckpt_audit: the child runs BLOCK (torch made unimportable) before main, which `-m` cannot
 def cli(*args: object) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", BLOCK, *map(str, args)], capture_output=True, text=True, timeout=300)
 

@@ -60,7 +60,8 @@ def _plant(path: Path, pickle: bytes, case: str) -> None:
 
 
 def _cli_peak(*args: str) -> tuple[int, str, int]:
-    """(exit code, stdout, peak RSS in KiB) of `ckpt-audit ARGS` run in a child of its own."""
+    """(exit code, stdout, peak RSS in KiB) of `ckpt-audit ARGS` run in a child of its own (not cli_proc's: a parent
+    that ran nothing else reads the CLI's peak from RUSAGE_CHILDREN)."""
     proc = subprocess.run(
         [sys.executable, "-c", _PEAK, sys.executable, "-m", "ckpt_audit", *args],
         capture_output=True,

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -137,14 +134,8 @@ def test_a_second_prune_or_a_bad_catalog_touches_nothing(tree, tmp_path):
 def test_killed_cli_prune_leaves_marked_trash_and_the_next_run_finishes(tree, tmp_path, kill_after):
     root, run = tree
     catalog = tmp_path / "c.db"
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(catalog), KILL_AFTER_ENV: str(kill_after)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "prune", str(root), "--keep-last", "1", "--yes"],
-        env=env,
-        capture_output=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    prune = ("prune", root, "--keep-last", "1", "--yes")
+    proc = ckpt_audit(*prune, catalog=catalog, env={KILL_AFTER_ENV: str(kill_after)}, text=False, timeout=120)
     assert proc.returncode == -9
     assert 8 in steps_left(run)
     assert all(p.name.startswith("global_step_") or TRASH_RE.match(p.name) or p.is_file() for p in run.iterdir())

@@ -136,13 +136,7 @@ def test_whole_checkpoints_ahead_of_a_lagging_tracker_are_kept_and_reported(run,
     plan = planned(json.loads(proc.stdout))
     assert plan[4] == plan[6] == ("keep", "uncommitted", ["ahead-of-tracker"])
     assert steps_left(run) == [2, 4, 6]
-    scan = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "scan", str(run), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")},
-    )
+    scan = ckpt_audit("scan", run, "--json", catalog=tmp_path / "c.db", timeout=120)
     behind = [f for f in _findings(json.loads(scan.stdout)) if f["code"] == "tracker-behind"]
     assert len(behind) == 1 and behind[0]["severity"] == "warning" and "step 4, 6" in behind[0]["message"]
 
@@ -204,13 +198,7 @@ def test_execution_never_half_deletes_a_tree_it_cannot_remove(run, tmp_path, mod
 
 def test_bit_rot_in_the_newest_is_found_before_older_good_checkpoints_go(run, tmp_path):
     catalog = tmp_path / "c.db"
-    first = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "scan", str(run)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
-    )
+    first = ckpt_audit("scan", run, catalog=catalog, timeout=120)
     assert first.returncode == 0, first.stderr  # the catalog now holds every hash, reused by stat from here on
     rotten = shard(run / "global_step_6")
     flip_payload_byte(rotten)  # size, mtime and inode kept
@@ -240,13 +228,7 @@ def test_bit_rot_in_the_newest_is_found_before_older_good_checkpoints_go(run, tm
 
 def cached_status(run: Path, catalog: Path) -> dict[int, str]:
     """step -> status from a re-scan that reuses every stat-unchanged file (no scrub): what the catalog kept."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "scan", "--no-scrub", "--json", str(run)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
-    )
+    proc = ckpt_audit("scan", "--no-scrub", "--json", run, catalog=catalog, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     doc = json.loads(proc.stdout)
     run_files = sum(1 for p in run.iterdir() if p.is_file())  # tracker, metrics log: in no checkpoint, never cached
@@ -416,14 +398,7 @@ def test_a_step_another_run_links_to_is_kept_while_the_link_exists(run, tmp_path
 
 def test_a_sibling_run_outside_the_root_still_keeps_the_step_it_links_to(run, tmp_path):
     link = warm_start(run, "global_step_4")  # demo/B, beside demo/exp; prune is given demo/exp alone
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "prune", str(run), "--keep-last", "1", "--yes", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")},
-    )
+    proc = ckpt_audit("prune", run, "--keep-last", "1", "--yes", "--json", catalog=tmp_path / "c.db", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _item(json.loads(proc.stdout), run / "global_step_4")["linked_from"] == [str(link)]
     assert steps_left(run) == [4, 6]

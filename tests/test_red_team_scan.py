@@ -7,20 +7,13 @@ reports `tracker-unread` (and prune keeps every checkpoint of the run: tests/tes
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from cli_proc import ckpt_audit
 
 
 def scan_json(root: Path, catalog: Path) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "scan", "--json", str(root)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
-    )
+    proc = ckpt_audit("scan", "--json", root, catalog=catalog, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 

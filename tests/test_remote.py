@@ -12,15 +12,14 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import boto3
 import pytest
+import s3fs  # noqa: F401 - ckpt_audit reads s3:// through it: the test extra installs it, a broken install fails
 from cli_json import age
 from click.testing import CliRunner
+from moto.server import ThreadedMotoServer
 
 from ckpt_audit.cli import cli
-
-pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
-pytest.importorskip("s3fs")
 
 BUCKET = "ckpt-bucket"
 PART = 5 * 1024 * 1024
@@ -48,8 +47,6 @@ class RequestLog(logging.Handler):
 
 @pytest.fixture(scope="module")
 def s3():
-    from moto.server import ThreadedMotoServer
-
     log = RequestLog()
     logging.getLogger("werkzeug").addHandler(log)
     logging.getLogger("werkzeug").setLevel(logging.INFO)

@@ -5,13 +5,12 @@ deletion, and a prune SIGKILLed after each deletion (killpoints) never leaves a 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 
 import pytest
+from cli_proc import ckpt_audit
 from click.testing import CliRunner
 from forked_cli import ForkedCli
 from test_remote import BUCKET, multipart, s3, statuses, upload, uploaded  # noqa: F401 - fixtures
@@ -36,17 +35,8 @@ def under(found: set[str], prefix: str) -> set[str]:
 
 
 def prune_cli(*args: str, catalog, kill_after: int | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)}
-    if kill_after is not None:
-        env[KILL_AFTER_ENV] = str(kill_after)
-    return subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "prune", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+    env = {} if kill_after is None else {KILL_AFTER_ENV: str(kill_after)}
+    return ckpt_audit("prune", *args, catalog=catalog, env=env, timeout=120)
 
 
 def planned(catalog, root: str, *rules: str, read_data: bool = False):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -261,14 +259,7 @@ def test_fix_tracker_killed_at_any_point_leaves_a_whole_tracker_and_the_next_run
     holds the old or the new content, whole, and a second fix-tracker --yes ends with the tracker on the target."""
     db = tmp_path / "c.db"
     set_tracker(run, "4")
-    killed = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "fix-tracker", "--yes", str(run)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(db), KILL_AFTER_ENV: str(kill_after)},
-    )
+    killed = ckpt_audit("fix-tracker", "--yes", run, catalog=db, env={KILL_AFTER_ENV: str(kill_after)}, timeout=120)
     assert killed.returncode == -9, (killed.returncode, killed.stderr)
     assert (run / TRACKER).read_bytes() in (b"4", b"6")  # never empty, never half written
     age(run / TRACKER)  # the killed write is not a trainer that is alive

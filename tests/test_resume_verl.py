@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from click.testing import CliRunner
 
 from ckpt_audit.cli import cli
@@ -43,13 +42,8 @@ def test_verl_data_position_withheld_is_caught_and_named(tmp_path):
     from junit_read import failed, read_junit
 
     report = tmp_path / "resume-test.xml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "resume-test", *SHORT, "--checkpointer", "verl", "--drop", "data"]
-        + ["--junit-xml", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    resume_test = ("resume-test", *SHORT, "--checkpointer", "verl", "--drop", "data", "--junit-xml", report)
+    proc = ckpt_audit(*resume_test, timeout=900)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
     assert "through verl" in lines[0] and lines[1] == "DIVERGED (culprit: data)"

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_proc import unprivileged
+from cli_proc import ckpt_audit, unprivileged
 from scan_trees import base_run, flip_payload_byte, rewrite_zip, run_copy, shard, steps_of  # noqa: F401
 
 from ckpt_audit.catalog import open_catalog, read_previous
@@ -444,9 +444,9 @@ def test_an_interrupted_prune_leaves_trash_that_is_reported_not_hashed(run_copy,
     from ckpt_audit.killpoints import KILL_AFTER_ENV
 
     root = run_copy.parent.parent
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db"), KILL_AFTER_ENV: "1"}
-    prune = [sys.executable, "-m", "ckpt_audit", "prune", str(root), "--keep-last", "1", "--yes"]
-    assert subprocess.run(prune, env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL).returncode == -9
+    catalog = tmp_path / "c.db"
+    prune = ("prune", root, "--keep-last", "1", "--yes")
+    assert ckpt_audit(*prune, catalog=catalog, env={KILL_AFTER_ENV: "1"}, timeout=120).returncode == -9
     [trash] = [p for p in run_copy.iterdir() if p.name.startswith(".ckpt-audit-trash-global_step_")]
     trash_bytes = sum(f.stat().st_size for f in trash.rglob("*") if f.is_file())
     clean = do_scan(root)
@@ -456,6 +456,5 @@ def test_an_interrupted_prune_leaves_trash_that_is_reported_not_hashed(run_copy,
     assert all(not f.path.startswith(str(trash)) for c in the_run(clean).checkpoints for f in c.files)
     everything = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     assert trash_bytes > 0 and clean.bytes_hashed == everything - trash_bytes  # every file read but the trash
-    del env[KILL_AFTER_ENV]
-    assert subprocess.run(prune, env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL).returncode == 0
+    assert ckpt_audit(*prune, catalog=catalog, timeout=120).returncode == 0
     assert not trash.exists() and "prune-leftover" not in codes(do_scan(root))

@@ -18,23 +18,18 @@ import os
 import pickle
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.tensor  # noqa: F401 - the shards hold DTensors, which torch.load needs registered
+from cli_proc import ckpt_audit
 
 pytestmark = pytest.mark.slow  # trainer- and DCP-written trees
 
-CLI = [sys.executable, "-m", "ckpt_audit"]
-
 
 def _cli(*args: str, catalog: Path) -> tuple[int, str, str]:
-    proc = subprocess.run(
-        [*CLI, *args, "--catalog", str(catalog)], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
-    )
+    proc = ckpt_audit(*args, "--catalog", catalog, timeout=600)
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     return proc.returncode, proc.stdout, proc.stderr
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 
 from ckpt_audit.rules.shards import current_world_size
 
@@ -27,17 +25,6 @@ def test_policy_config_first_then_the_only_set_then_the_newest():
     assert current_world_size({}, 2) is None
 
 
-def cli(catalog: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "CKPT_AUDIT_CATALOG": str(catalog)},
-    )
-
-
 @pytest.mark.parametrize("keep_config, expected", [(False, 1), (True, 2)])
 def test_scan_and_export_take_the_same_shard_set(verl_run, verl_run_w1, copy_run, tmp_path, keep_config, expected):
     """A run resumed at world size 1 wrote a W=1 set beside the trainer's W=2 set (newer by mtime)."""
@@ -50,7 +37,7 @@ def test_scan_and_export_take_the_same_shard_set(verl_run, verl_run_w1, copy_run
         (actor / "fsdp_config.json").unlink()  # world_size 2: when present, it names the set
     catalog = tmp_path / "c.db"
 
-    scan = cli(catalog, "scan", run.parent.parent, "--json")
+    scan = ckpt_audit("scan", run.parent.parent, "--json", catalog=catalog)
     assert scan.returncode == 0, scan.stderr
     (ckpt,) = [c for r in json.loads(scan.stdout)["runs"] for c in r["checkpoints"] if c["step"] == 4]
     (comp,) = ckpt["components"]
@@ -59,6 +46,6 @@ def test_scan_and_export_take_the_same_shard_set(verl_run, verl_run_w1, copy_run
     other, n_other = {1: (2, 6), 2: (1, 3)}[expected]  # model, optim, extra_state per rank
     assert stale == [f"{n_other} shard file(s) for world size {other} sit beside the world size {expected} set"]
 
-    export = cli(catalog, "export", run / "global_step_4", "--to", tmp_path / "out", "--json")
+    export = ckpt_audit("export", run / "global_step_4", "--to", tmp_path / "out", "--json", catalog=catalog)
     assert export.returncode == 0, export.stderr
     assert json.loads(export.stdout)["world_size"] == expected == comp["world_size"]

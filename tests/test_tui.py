@@ -9,11 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_proc import ckpt_audit
 from click.testing import CliRunner
 from textual.widgets import DataTable, Input
 from tui_pilot import confirm_delete, drive, open_run, settle, steps_on_disk, text_of, wait_armed
@@ -343,11 +342,6 @@ def test_catalog_mode_and_locked_catalog(tree, tmp_path):
 def test_cli_tui_rejects_missing_root_in_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["tui", str(tmp_path / "nope")], standalone_mode=False)
     assert result.exit_code != 0
-    proc = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit.cli", "tui", str(tmp_path / "nope")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = ckpt_audit("tui", tmp_path / "nope", timeout=60)
     assert proc.returncode == 3
     assert proc.stderr.strip().count("\n") == 0 and "not a directory" in proc.stderr

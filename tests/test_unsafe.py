@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_proc import ckpt_audit
 
 from harness.checkpoint import load_file  # the trainer's own weights_only loader
-
-CLI = [sys.executable, "-m", "ckpt_audit"]
 
 
 class _Payload:
@@ -66,13 +63,7 @@ def _plant(step: Path, kind: str, container: str, marker: Path) -> Path:
 
 
 def _cli(*args: str, catalog: Path) -> tuple[int, dict, str]:
-    proc = subprocess.run(
-        [*CLI, *args, "--json", "--catalog", str(catalog)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = ckpt_audit(*args, "--json", "--catalog", catalog, timeout=600)
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 

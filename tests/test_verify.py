@@ -11,19 +11,16 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_proc import ckpt_audit
 from forked_cli import ForkedCli
 
 from ckpt_audit.deep import dcp_check, safe_load
 from ckpt_audit.models import Status
 from ckpt_audit.verify import verify
-
-CLI = [sys.executable, "-m", "ckpt_audit.cli"]
 
 
 @pytest.fixture(scope="session")
@@ -467,17 +464,17 @@ def test_safetensors_offsets_disagree_with_shape():
 
 
 def test_cli_verify_exit_codes_and_json(run, megatron, tmp_path):
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "c.db")}
-    ok = subprocess.run(CLI + ["verify", "--json", str(megatron)], env=env, capture_output=True, text=True, timeout=300)
+    catalog = tmp_path / "c.db"
+    ok = ckpt_audit("verify", "--json", megatron, catalog=catalog)
     assert ok.returncode == 0, ok.stderr[-500:]
     doc = json.loads(ok.stdout)
     assert doc["schema_version"] == 1 and doc["command"] == "verify" and doc["deep"] is True
     assert doc["summary"]["errors"] == 0
     rewrite(shard(run, "extra_state", 1), lambda e: e["lr_scheduler"].update(last_epoch=99))
-    bad = subprocess.run(CLI + ["verify", str(latest(run))], env=env, capture_output=True, text=True, timeout=300)
+    bad = ckpt_audit("verify", latest(run), catalog=catalog)
     assert bad.returncode == 1, bad.stderr[-500:]
     assert "lr-scheduler-differs" in bad.stdout and "[rank 1]" in bad.stdout
-    missing = subprocess.run(CLI + ["verify", str(tmp_path / "nope")], env=env, capture_output=True, text=True)
+    missing = ckpt_audit("verify", tmp_path / "nope", catalog=catalog)
     assert missing.returncode == 3 and missing.stderr.count("\n") == 1
     from ckpt_audit.catalog import open_catalog
 

@@ -6,14 +6,12 @@ code before issue 26 (which passed every one of them as complete, a warning at m
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_proc import ckpt_audit
 
 from ckpt_audit.codes import CODES
 from ckpt_audit.deep import safe_load
@@ -45,15 +43,8 @@ def save(value, path: Path) -> None:
 
 
 def verify(run: Path, tmp_path: Path) -> tuple[int, dict]:
-    env = {**os.environ, "CKPT_AUDIT_CATALOG": str(tmp_path / "catalog.db")}
-    p = subprocess.run(
-        [sys.executable, "-m", "ckpt_audit", "verify", str(run), "--json"],
-        env=env,
-        cwd=tmp_path,  # not the checkout: `-m` would import from the working directory first
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # cwd not the checkout: `-m` would import from the working directory first
+    p = ckpt_audit("verify", run, "--json", catalog=tmp_path / "catalog.db", cwd=tmp_path, timeout=600)
     assert p.returncode in (0, 1), p.stderr[-2000:]
     return p.returncode, json.loads(p.stdout)
 
