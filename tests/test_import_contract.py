@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "ckpt_audit.lock",
         "ckpt_audit.durable",
         "ckpt_audit.remote",  # its __init__ alone: is_remote, the scanner's test of a root
+        "ckpt_audit.roots",  # check_root: the session checks roots without loading the scan
     ),
     ("ckpt_audit.readers",),
     ("ckpt_audit.rules", "ckpt_audit.continuity"),

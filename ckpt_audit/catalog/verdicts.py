@@ -14,6 +14,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from ckpt_audit import models
 from ckpt_audit.catalog.manifest import VERIFIED_UNDER_TODAYS_RULES as VERIFIED
@@ -32,8 +33,10 @@ from ckpt_audit.models import (
     many_from_slots,
 )
 from ckpt_audit.readers import RULES
-from ckpt_audit.scan.verdicts import Row, Stored
 from ckpt_audit.tree import FileFacts
+
+if TYPE_CHECKING:
+    from ckpt_audit.scan.verdicts import Row, Stored
 
 
 def run_to_json(run: Run) -> str:
@@ -171,6 +174,9 @@ class CatalogVerdicts:
         return [] if conn is None else query_read_only(self.path, sql, params, conn=conn)  # no table yet: nothing
 
     def stored(self) -> Mapping[str, Stored]:
+        # the scan's own type, imported when a scan asks: ls and show open the catalog without the scan package
+        from ckpt_audit.scan.verdicts import Stored
+
         out: dict[str, Stored] = {}
         for run_path, key, doc in self._query(
             "SELECT run_path, key, summary FROM run_verdicts WHERE summary IS NOT NULL"

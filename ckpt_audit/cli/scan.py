@@ -178,7 +178,7 @@ def scan_command(
         ckpt-audit scan --json --catalog ./catalog.db runs/ | jq .summary
         ckpt-audit scan --junit-xml scan.xml /ckpts                  # CI: one test case per checkpoint
     """
-    from ckpt_audit.session import ScrubPolicy
+    from ckpt_audit.session.scan_terms import ScrubPolicy
 
     # for this command only (click closes them with its context: a test's CliRunner runs many in one process)
     if store_checksums:

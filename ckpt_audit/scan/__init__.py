@@ -10,9 +10,8 @@
 `reduce(partials)` the judging half, `scan(roots)` both for a local scan.
 """
 
+from ckpt_audit.roots import ScanError, check_root
 from ckpt_audit.scan.pipeline import (
-    ScanError,
-    check_root,
     focus_of,
     only_checkpoints,
     scan,

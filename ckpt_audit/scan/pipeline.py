@@ -19,7 +19,8 @@ import ckpt_audit.scan.verdicts as vc
 from ckpt_audit.codes import finding
 from ckpt_audit.layouts import Layout, enclosing_step_dir, load_layouts
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S, Finding, many_objects
-from ckpt_audit.remote import is_remote, normal  # the package's light __init__ only
+from ckpt_audit.remote import is_remote  # the package's light __init__ only
+from ckpt_audit.roots import ScanError, check_root
 from ckpt_audit.scan.read import Progress, Reader, read_all, reading
 from ckpt_audit.scan.reduce import reduce
 from ckpt_audit.scan.reuse import Caches, ReuseStage
@@ -33,10 +34,6 @@ if TYPE_CHECKING:
     from ckpt_audit.models import ScanResult, ShardFile
     from ckpt_audit.rules.deep_verdict import DeepVerdict
     from ckpt_audit.tree import Partial
-
-
-class ScanError(Exception):
-    """A root that cannot be scanned at all (missing, not a directory): a one-line error, exit 3."""
 
 
 def scan(
@@ -169,17 +166,6 @@ def only_checkpoints(result: ScanResult, focus: frozenset[str], *, whole: frozen
 
 # findings about a run's checkpoints taken together: a focused scan did not read them all
 RUN_WIDE_CODES = frozenset({"no-complete-checkpoint", "tracker-behind", "hf-last-checkpoint-unusable"})
-
-
-def check_root(root: str | Path) -> str:
-    if is_remote(root):
-        return normal(str(root))
-    path = os.path.abspath(os.fspath(root))
-    if not os.path.exists(path):
-        raise ScanError(f"root {path} does not exist")
-    if not os.path.isdir(path):
-        raise ScanError(f"root {path} is not a directory")
-    return os.path.realpath(path)
 
 
 # -- map ------------------------------------------------------------------------------------------------------

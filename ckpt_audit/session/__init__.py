@@ -14,15 +14,14 @@ Cut by concern:
 - cluster: scan --ray and prune --ray, with ckpt_audit.cluster as the injected reader and executor.
 - continuity: `ckpt-audit continuity`'s audit of a metrics log, with the catalog's checkpoints.
 - stores: s3:// roots as the CLI reaches them: compare, the scan's switches, a remote prune's plan.
-- terms (export_terms, tracker_terms): the nouns a front end passes in or matches on (prune policies, outcome
-  kinds, errors), each module imported only by the command that needs it.
+- terms (scan_terms, export_terms, tracker_terms): the nouns a front end passes in or matches on (prune policies,
+  the scrub policy, outcome kinds, errors), each module imported only by the command that needs it.
 """
 
 from ckpt_audit.session.core import (
     Locked,
     PlanError,
     Progress,
-    ScrubPolicy,  # what scan's `scrub` takes (the scanner's own import: free)
     Session,
     SessionError,
     open_session,
@@ -35,7 +34,6 @@ __all__ = [
     "Locked",
     "PlanError",
     "Progress",
-    "ScrubPolicy",
     "Session",
     "SessionError",
     "browse",

@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ckpt_audit import lock
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
-from ckpt_audit.scan import Reader, ScanError, check_root
-from ckpt_audit.scan import scan as scan_roots
-from ckpt_audit.scan.scrub import ScrubPolicy
+from ckpt_audit.roots import ScanError, check_root
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
@@ -34,6 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ckpt_audit.lifecycle.survivors import Executor, SurvivorCheck
     from ckpt_audit.models import FileFacts, Run, ScanResult
     from ckpt_audit.rules.deep_verdict import DeepVerdict
+    from ckpt_audit.scan import Reader
+    from ckpt_audit.scan.scrub import ScrubPolicy
 
 StrPath = str | os.PathLike[str]  # a catalog path as the front ends hold it (the CLI: str; the TUI: Path)
 Locked = lock.Locked
@@ -385,9 +385,10 @@ def scan_any(roots: Sequence[str | Path], **options) -> ScanResult:
     """scan.scan, or for s3:// roots the remote scan (ckpt_audit.remote.scan: listing and stored checksums,
     the same layouts and verdicts); a remote root's trouble is a ScanError like a local one's."""
     from ckpt_audit.remote import RemoteError, is_remote
+    from ckpt_audit.scan import scan  # when a command scans: ls, show and the TUI's reads load none of it
 
     if not any(is_remote(r) for r in roots):
-        return scan_roots(roots, **options)
+        return scan(roots, **options)
     from ckpt_audit.remote.scan import scan_remote
 
     keep = ("previous", "now_ns", "rehash")

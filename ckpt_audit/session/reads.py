@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_audit import lock
 from ckpt_audit.models import IN_PROGRESS_WINDOW_S
-from ckpt_audit.scan import ScanError, check_root
-from ckpt_audit.scan import scan as scan_roots
+from ckpt_audit.roots import ScanError, check_root
 from ckpt_audit.session.core import (
     Progress,
     SessionError,
@@ -50,7 +49,9 @@ def browse(
     if deep:
         result = verify_paths(roots, previous=previous, progress=progress, rehash=True)
     else:
-        result = scan_roots(list(roots), previous=previous, progress=progress, deep=read_kept_deep(catalog_path))
+        from ckpt_audit.scan import scan  # when it scans: the session's catalog reads load none of it
+
+        result = scan(list(roots), previous=previous, progress=progress, deep=read_kept_deep(catalog_path))
     return result, record_if_free(result, catalog_path)
 
 

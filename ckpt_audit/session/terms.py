@@ -1,6 +1,6 @@
-"""The nouns a front end passes to the session or matches in what it hands back, for prune and scan: keep rules
+"""The nouns a front end passes to the session or matches in what it hands back, for prune: keep rules
 and their policy, the links a plan respects, the plan and why each item is in it (`EXPLAIN`), an execution's
-outcome kinds, the scrub policy.
+outcome kinds (scan's scrub policy: session.scan_terms).
 
 Planning is pure (no IO, no catalog), so a viewer may re-plan as a person toggles rules and checkpoints
 (`plan_prune`, `read_metric`): the TUI's preview is the CLI's plan. What acts goes through `Session.prune`.
@@ -20,7 +20,6 @@ from ckpt_audit.lifecycle.retention import (
     plan_prune,
     read_metric,
 )
-from ckpt_audit.scan.scrub import ScrubPolicy
 
 __all__ = [
     "EXPLAIN",
@@ -32,7 +31,6 @@ __all__ = [
     "Links",
     "Policy",
     "PrunePlan",
-    "ScrubPolicy",
     "links_for",
     "plan_prune",
     "read_metric",
