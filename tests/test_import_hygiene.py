@@ -50,6 +50,12 @@ TABLE = {
         absent=("torch",),
     ),
     "tui-command": Row(imports=("tui.command",), absent=("textual",)),
+    # ls, show and the TUI's catalog reads: a session and the catalog, none of the scan's stages (design.md)
+    "catalog-reads-modules": Row(
+        imports=("ckpt_audit.session", "ckpt_audit.catalog.store", "ckpt_audit.catalog.verdicts"),
+        absent=("torch", "ckpt_audit.scan", "ckpt_audit.scan.pipeline", "ckpt_audit.layouts"),
+        present=("ckpt_audit.session.reads", "ckpt_audit.roots"),
+    ),
     # scan without --ray / --metrics-file: no extra it was not asked for, and no cluster code
     "scan-empty-root": Row(
         command=("scan", "-q"),
