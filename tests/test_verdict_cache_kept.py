@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from cli_json import age, invoke
-from scan_trees import flip_payload_byte, shard, steps_of, write_torch_tree
-from test_verdict_cache import cached_scan, fresh_scan
+from scan_trees import shard, steps_of, write_torch_tree
+from test_verdict_cache import cached_scan, fresh_scan, tree  # tree: the fixture, shared
 
 from ckpt_audit.catalog.verdicts import CatalogVerdicts
 from ckpt_audit.models import KeptVerdictError, LazyRuns
@@ -23,16 +23,6 @@ from ckpt_audit.readers import RULES
 from ckpt_audit.report import summary
 from ckpt_audit.scan import reuse
 from ckpt_audit.scan.scrub import DAY_NS, ScrubPolicy, plan_ordered, plan_scrub
-
-
-@pytest.fixture
-def tree(tmp_path) -> Path:
-    """A verl tree by real torch.save calls (steps 2, 4, 6), step 4's rank-1 model shard corrupt, all of it
-    older than the in-progress window."""
-    run = write_torch_tree(tmp_path / "root")
-    flip_payload_byte(shard(steps_of(run)[1], rank=1))
-    age(tmp_path / "root")
-    return run
 
 
 def last_findings(db: Path) -> list[tuple]:

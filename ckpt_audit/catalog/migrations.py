@@ -379,6 +379,7 @@ def m011_kept_run_summaries(db) -> None:
     )
     new = ", ".join(f"NEW.{c.strip()}" for c in cols.split(","))
     old = ", ".join(f"OLD.{c.strip()}" for c in cols.split(","))
+    # m007's two file triggers again over the new columns, spelled out: a migration stays as it ran
     db.execute("DROP TRIGGER run_verdicts_file_written")
     db.execute("DROP TRIGGER run_verdicts_file_changed")
     db.execute(  # BEFORE: an INSERT OR REPLACE still sees the row it replaces
