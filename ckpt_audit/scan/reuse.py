@@ -32,6 +32,7 @@ from ckpt_audit.models import FileKind, Finding, Run, RunSummary, ShardFile, for
 from ckpt_audit.readers import hashing
 from ckpt_audit.scan.read import reused, vouched
 from ckpt_audit.scan.scrub import ScrubPlan, ScrubPolicy, oldest_first, plan_ordered
+from ckpt_audit.scan.walk import subtree
 from ckpt_audit.tree import FileFacts, Tree
 
 
@@ -286,9 +287,9 @@ class _Kept:
         out: list[str] = []
         at = 0
         for below in sorted(run + "/" for run in self.runs):  # the slices' order ("a/b-c/" sorts before "a/b/")
-            lo = bisect_left(paths, below, at)
-            out.extend(paths[at:lo])
-            at = bisect_left(paths, below[:-1] + "0", lo)  # "0" follows "/": past the last path under `below`
+            inside = subtree(paths, below, at)
+            out.extend(paths[at : inside.start])
+            at = inside.stop
         out.extend(paths[at:])
         return out
 

@@ -9,7 +9,7 @@ import errno
 import os
 import stat as statmod
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from ckpt_audit.codes import finding
 from ckpt_audit.models import Finding, format_size
@@ -136,12 +136,15 @@ def files_under(dirs: Iterable[str], paths: Iterable[str]) -> dict[str, list[str
     hash kept, and a million paths are not built and held twice. (Paths built again from the tree and sorted per run
     cost ~0.3 s more at 1M, and their lookups ~0.3 s more.)"""
     every = sorted(paths)
-    out: dict[str, list[str]] = {}
-    for d in dirs:
-        below = d.rstrip("/") + "/"
-        start = bisect_left(every, below)
-        out[d] = every[start : bisect_left(every, below[:-1] + "0", start)]  # "0" follows "/": past the subtree
-    return out
+    return {d: every[subtree(every, d)] for d in dirs}
+
+
+def subtree(paths: Sequence[str], d: str, lo: int = 0) -> slice:
+    """Where the paths inside directory `d` are in the sorted `paths` (looking from `lo`): one slice, from "d/" up
+    to "d0" ("0" follows "/"), whatever sorts beside it ("d-x/" before "d/")."""
+    below = d.rstrip("/") + "/"
+    start = bisect_left(paths, below, lo)
+    return slice(start, bisect_left(paths, below[:-1] + "0", start))
 
 
 def without_trash(paths: list[str], stats: Mapping[str, os.stat_result]) -> tuple[list[str], list[Finding]]:
