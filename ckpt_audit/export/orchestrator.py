@@ -60,7 +60,6 @@ from ckpt_audit.export.sources import (
     files_to_read,
     plan_source,
     read_config,
-    read_source_config,
     source_kind,
 )
 from ckpt_audit.export.stream_engine import export_streamed
@@ -276,7 +275,7 @@ def check_export(
 
     inp = export_input(Path(step_dir).resolve(), role, weights, "auto")
     out = Path(hf).resolve()
-    config = read_source_config(config_dir_of(inp, hf_config)) or read_config(out)
+    config = read_config(config_dir_of(inp, hf_config), source=True) or read_config(out)
     try:
         plan = plan_source(inp, config, weights=weights)
         return compare(plan, out, config, source=str(inp.role_dir))

@@ -153,8 +153,10 @@ def _fsdp_shards(role_dir: Path, walked: _Walked) -> dict:
     name = "" if sft else role_dir.name
     ctx = ScanContext(now_ns=time.time_ns())
     comp = verl_fsdp.LAYOUT.build_component(name, top, walked.tree, facts, ctx)
-    named = [] if comp is None else [f for f in comp.files if f.kind is FileKind.MODEL and f.world_size is not None]
-    if comp is None or not named:
+    if comp is None:
+        return {}
+    named = [f for f in comp.files if f.kind is FileKind.MODEL and f.world_size is not None]
+    if not named:
         return {}
     by_rank = verl_fsdp.model_weights(comp)
     problem = ""
@@ -326,24 +328,21 @@ def shard_set(inp: ExportInput) -> tuple[int, dict[int, Path]]:
     return world, files
 
 
-def read_config(hf: Path) -> dict:
-    """config.json as a dict; {} when it cannot be read or is no JSON object (the model check names it)."""
+def read_config(hf: Path, *, source: bool = False) -> dict:
+    """config.json as a dict; {} when it is not there, cannot be read or is no JSON object (the model check names
+    it). `source`: the checkpoint's own (or --hf-config's), where one that is there but cannot be opened raises its
+    OSError (the session names the file): `export --check` would otherwise judge by the config of the export."""
     try:
         config = bounded_json.load_file(str(hf / "config.json"))
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
-def read_source_config(hf: Path) -> dict:
-    """read_config of the source's model directory, where a config.json that cannot be opened raises its OSError
-    (the session names the file) instead of passing for no config: a check would otherwise fall back to the config
-    of the export it judges."""
-    try:
-        (hf / "config.json").open("rb").close()
     except FileNotFoundError:
         return {}
-    return read_config(hf)
+    except OSError:
+        if source:
+            raise
+        return {}
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def config_files(inp: ExportInput, cfg_dir: Path) -> tuple[Path, ...]:
